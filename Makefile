@@ -1,0 +1,58 @@
+# counterfactual: `make help` lists the targets.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CPU wheel of torch on this kind of machine; on a GPU host set TORCH to the build you want.
+TORCH ?= torch==2.13.0
+
+DATASET ?= demo
+OUT ?= out/$(DATASET)
+IMAGE ?= inpaint
+TEXT ?= np-removal
+ROOT ?=
+ARGS ?=
+
+# Nothing in the offline demo, the tests or the benchmarks reaches the network.
+export HF_HUB_OFFLINE ?= 1
+export HF_HUB_DISABLE_TELEMETRY ?= 1
+export RAY_USAGE_STATS_ENABLED ?= 0
+
+.DEFAULT_GOAL := help
+.PHONY: help install synth test test-fast lint format bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[all,dev]"
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install the package with every extra (torch first)
+
+synth: $(STAMP) ## make counterfactual shards: DATASET=demo|coco|flickr30k [ROOT= OUT= IMAGE= TEXT= ARGS=]
+	$(BIN)/counterfactual synth --dataset $(DATASET) $(if $(ROOT),--root $(ROOT)) \
+		--out $(OUT) --image-method $(IMAGE) --text-method $(TEXT) $(ARGS)
+
+test: $(STAMP) ## the offline test suite
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP) ## the suite without the slow (model-loading, end-to-end) tests
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP) ## check style (ruff)
+	$(BIN)/ruff check counterfactual tests benchmarks
+	$(BIN)/ruff format --check counterfactual tests benchmarks
+
+format: $(STAMP) ## fix style (ruff)
+	$(BIN)/ruff check --fix counterfactual tests benchmarks
+	$(BIN)/ruff format counterfactual tests benchmarks
+
+bench: $(STAMP) ## speed figures as ratios; writes benchmarks/latest.json
+	$(BIN)/python benchmarks/bench.py --out benchmarks/latest.json
+
+clean: ## remove generated output (keeps .venv)
+	rm -rf out .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from counterfactual.cli import main
+
+raise SystemExit(main())

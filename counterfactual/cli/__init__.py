@@ -1,0 +1,46 @@
+"""The ``counterfactual`` command. Each subcommand lives in its own module with
+``register(subparsers)``, which adds a parser whose ``func(args) -> int`` does the work.
+``main(argv)`` takes an argument list so tests call it directly."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+SUBCOMMANDS = (
+    "select",
+    "caption",
+    "synth",
+    "score-boxes",
+    "perturb",
+    "filter-captions",
+    "heuristics",
+    "audit",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="counterfactual",
+        description="Counterfactual image-text data against spurious object correlations.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"counterfactual.cli.{name.replace('-', '_')}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"counterfactual {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

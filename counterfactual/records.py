@@ -1,0 +1,94 @@
+"""The typed record every reader produces and every stage consumes.
+
+Coordinates are image pixels of the decoded, EXIF-upright image. Boxes are ``xywh``
+(top-left x, top-left y, width, height), as COCO stores them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectAnnotation:
+    """One annotated object.
+
+    ``bbox`` is ``(x, y, w, h)`` in pixels. ``segmentation`` is COCO polygons
+    (``[[x1, y1, x2, y2, ...], ...]``) in the same pixel space, or ``None``.
+    """
+
+    bbox: tuple[float, float, float, float]
+    category: str
+    iscrowd: bool = False
+    segmentation: tuple[tuple[float, ...], ...] | None = None
+    score: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Phrase:
+    """An annotated phrase inside a caption (Flickr30k Entities): ``text[start:end]``."""
+
+    start: int
+    end: int
+    text: str
+    types: tuple[str, ...]
+    entity_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Caption:
+    caption_id: str
+    text: str
+    phrases: tuple[Phrase, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRecord:
+    """One image with its objects and captions.
+
+    ``file`` is the path of the image relative to ``root`` (never absolute in a dataset);
+    ``width``/``height`` are the annotated size, which the runner checks against the pixels.
+    """
+
+    image_id: str
+    file: str
+    width: int
+    height: int
+    objects: tuple[ObjectAnnotation, ...]
+    captions: tuple[Caption, ...]
+    root: Path | None = None
+    split: str | None = None
+    dataset: str = ""
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Distinct object classes in first-seen order."""
+        return tuple(dict.fromkeys(o.category for o in self.objects))
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    """A dataset: its records and the class vocabulary its objects use."""
+
+    name: str
+    records: tuple[ImageRecord, ...]
+    class_names: tuple[str, ...] = field(default=())
+    failures: tuple[Status, ...] = field(default=())
+    """Images named by the annotations that could not become a record, with the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """One row of the per-sample status record: every input image and every plan gets one.
+
+    ``status`` is ``"written"`` (a shard sample exists under ``key``), ``"skipped"`` (nothing to
+    do, e.g. ``no-removable-class``) or ``"failed"`` (``reason`` says why, ``detail`` says more).
+    """
+
+    image_id: str
+    status: str
+    reason: str | None = None
+    detail: str = ""
+    key: str | None = None
+    target: str | None = None
