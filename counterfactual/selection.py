@@ -1,0 +1,328 @@
+"""Which classes can be removed from an image: the alpha rules of Kim et al. (SPEC 1.1).
+
+For an image with class set ``C`` and a candidate class ``r``:
+
+1. ``B_r`` is the union of all boxes of ``r`` (crowd boxes included).
+2. ``C_plus = {c != r : area(B_r ∩ B_c) / area(B_c) > alpha2}`` is removed with ``r``;
+   ``R = {r} ∪ C_plus`` and ``K = C - R``, which must not be empty.
+3. Keep rule: ``area(B_R ∩ B_k) / area(B_k) < alpha1`` for every kept ``k``.
+4. Size rule: ``area(B_R) / (W * H) < alpha3``.
+
+Areas are exact areas of unions (see :mod:`counterfactual.geometry`). Boxes are clipped to the
+image first; an object whose clipped box has zero area cannot be seen, so it takes no part (its
+class does not count towards ``C``) and is listed in ``ignored``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from counterfactual.records import ImageRecord
+
+POLICIES = ("uniform", "all")
+
+# Rejection reasons of a candidate class, and of an image with no valid plan.
+NOTHING_KEPT = "nothing-kept"
+KEEP_OVERLAP = "keep-overlap"
+TOO_LARGE = "too-large"
+FEWER_THAN_TWO_CLASSES = "fewer-than-two-classes"
+NO_REMOVABLE_CLASS = "no-removable-class"
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionConfig:
+    alpha1: float = 0.4
+    alpha2: float = 0.8
+    alpha3: float = 0.7
+    policy: str = "uniform"
+    """``uniform``: one valid plan per image, drawn with ``seed``; ``all``: every valid plan."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("alpha1", "alpha2", "alpha3"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.alpha1 > self.alpha2:
+            raise ValueError(f"alpha1 ({self.alpha1}) must not exceed alpha2 ({self.alpha2})")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r} is not one of {POLICIES}")
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalPlan:
+    """One candidate class ``target`` of one image, valid or not, with its evidence.
+
+    ``co_removal[c]`` = area(B_target ∩ B_c) / area(B_c), compared with ``alpha2``;
+    ``keep_overlap[k]`` = area(B_R ∩ B_k) / area(B_k) for each kept ``k``, compared with
+    ``alpha1``; ``removed_fraction`` = area(B_R) / (W * H), compared with ``alpha3``.
+    ``mask_boxes`` are the removed boxes, ``xywh`` pixels, clipped to the image.
+    ``rejected_by`` is ``None`` for a valid plan, else the rule that failed.
+    """
+
+    image_id: str
+    target: str
+    removed: tuple[str, ...]
+    kept: tuple[str, ...]
+    co_removal: dict[str, float]
+    keep_overlap: dict[str, float]
+    removed_fraction: float
+    mask_boxes: tuple[tuple[float, float, float, float], ...]
+    alpha1: float
+    alpha2: float
+    alpha3: float
+    rejected_by: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "single" if len(self.removed) == 1 else "multi"
+
+    @property
+    def valid(self) -> bool:
+        return self.rejected_by is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, with each ratio next to the threshold it was compared with."""
+        return {
+            "image_id": self.image_id,
+            "target": self.target,
+            "removed": list(self.removed),
+            "kept": list(self.kept),
+            "kind": self.kind,
+            "valid": self.valid,
+            "rejected_by": self.rejected_by,
+            "evidence": {
+                "co_removal": {
+                    c: {"ratio": r, "alpha2": self.alpha2, "co_removed": r > self.alpha2}
+                    for c, r in self.co_removal.items()
+                },
+                "keep_overlap": {
+                    k: {"ratio": r, "alpha1": self.alpha1, "ok": r < self.alpha1}
+                    for k, r in self.keep_overlap.items()
+                },
+                "removed_fraction": {
+                    "ratio": self.removed_fraction,
+                    "alpha3": self.alpha3,
+                    "ok": self.removed_fraction < self.alpha3,
+                },
+            },
+            "mask_boxes": [list(b) for b in self.mask_boxes],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Every candidate of one image. ``reason`` says why there is no valid plan, if none."""
+
+    image_id: str
+    candidates: tuple[RemovalPlan, ...]
+    """Every candidate with its evidence (filled by :func:`candidates`, empty from ``select``)."""
+    ignored: int = 0
+    reason: str | None = None
+    plans: tuple[RemovalPlan, ...] = field(default=())
+    """The valid candidates the policy chose."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Evaluation:
+    """Every candidate of one image as arrays; plans are built from it only when wanted."""
+
+    record: ImageRecord
+    names: list[str]
+    boxes: np.ndarray  # xyxy, clipped, positive area
+    group: list[int]  # class index of each box
+    co_ratio: np.ndarray  # [r, c] = area(B_r ∩ B_c) / area(B_c)
+    removed: np.ndarray  # [r, c]: c is removed when r is the target
+    keep_ratio: np.ndarray  # [r, k] = area(B_R ∩ B_k) / area(B_k)
+    fraction: np.ndarray  # [r] = area(B_R) / (W * H)
+    rejected: list[str | None]
+    ignored: int
+
+    def plan(self, r: int, config: SelectionConfig) -> RemovalPlan:
+        names = self.names
+        rem = self.removed[r].tolist()
+        co, keep = self.co_ratio[r].tolist(), self.keep_ratio[r].tolist()
+        xywh = self.boxes[[rem[g] for g in self.group]]
+        xywh[:, 2:] -= xywh[:, :2]
+        return RemovalPlan(
+            image_id=self.record.image_id,
+            target=names[r],
+            removed=(names[r], *(c for i, c in enumerate(names) if rem[i] and i != r)),
+            kept=tuple(c for i, c in enumerate(names) if not rem[i]),
+            co_removal={c: co[i] for i, c in enumerate(names) if i != r},
+            keep_overlap={c: keep[i] for i, c in enumerate(names) if not rem[i]},
+            removed_fraction=float(self.fraction[r]),
+            mask_boxes=tuple(map(tuple, xywh.tolist())),  # type: ignore[arg-type]
+            alpha1=config.alpha1,
+            alpha2=config.alpha2,
+            alpha3=config.alpha3,
+            rejected_by=self.rejected[r],
+        )
+
+
+_REJECTIONS: tuple[str | None, ...] = (None, NOTHING_KEPT, KEEP_OVERLAP, TOO_LARGE)
+# Cells per chunk of images evaluated together (bounds memory for images with many boxes).
+_CHUNK_CELLS = 2_000_000
+
+
+def _evaluate_many(
+    records: Sequence[ImageRecord], config: SelectionConfig
+) -> list[_Evaluation | tuple[int, str]]:
+    """Evaluate every candidate of every record, vectorised over images with similar box counts.
+
+    Returns, per record, its evaluation or ``(ignored objects, reason)`` when it does not qualify.
+    """
+    out: list[_Evaluation | tuple[int, str]] = [(0, FEWER_THAN_TWO_CLASSES)] * len(records)
+    counts = [len(r.objects) for r in records]
+    flat = np.array([o.bbox for r in records for o in r.objects], dtype=np.float64).reshape(-1, 4)
+    owner = np.repeat(np.arange(len(records)), counts)
+    widths = np.array([r.width for r in records], dtype=np.float64)[owner]
+    heights = np.array([r.height for r in records], dtype=np.float64)[owner]
+    flat[:, 2:] += flat[:, :2]
+    flat[:, 0::2] = np.clip(flat[:, 0::2], 0.0, widths[:, None])
+    flat[:, 1::2] = np.clip(flat[:, 1::2], 0.0, heights[:, None])
+    visible = ((flat[:, 2] > flat[:, 0]) & (flat[:, 3] > flat[:, 1])).tolist()
+    buckets: dict[int, list[tuple[int, list[str], list[int], list[int]]]] = {}
+    offset = 0
+    for i, record in enumerate(records):
+        n = counts[i]
+        idx = [offset + j for j in range(n) if visible[offset + j]]
+        cats = [record.objects[j - offset].category for j in idx]
+        offset += n
+        names = list(dict.fromkeys(cats))
+        if len(names) < 2:
+            out[i] = (n - len(idx), FEWER_THAN_TWO_CLASSES)
+            continue
+        index = {c: k for k, c in enumerate(names)}
+        size = 1 << (len(idx) - 1).bit_length()  # pad box counts to a power of two
+        buckets.setdefault(size, []).append((i, names, idx, [index[c] for c in cats]))
+    for size, items in buckets.items():
+        per_image = size * (2 * size - 1) ** 2
+        step = max(1, _CHUNK_CELLS // per_image)
+        for start in range(0, len(items), step):
+            _evaluate_chunk(records, flat, items[start : start + step], size, config, out)
+    return out
+
+
+def _evaluate_chunk(
+    records: Sequence[ImageRecord],
+    flat: np.ndarray,
+    items: list[tuple[int, list[str], list[int], list[int]]],
+    size: int,
+    config: SelectionConfig,
+    out: list[_Evaluation | tuple[int, str]],
+) -> None:
+    n = len(items)
+    k_max = max(len(names) for _, names, _, _ in items)
+    boxes = np.zeros((n, size, 4))
+    group = np.full((n, size), k_max)
+    n_classes = np.empty(n, dtype=np.intp)
+    for j, (_, names, idx, grp) in enumerate(items):
+        boxes[j, : len(idx)] = flat[idx]
+        group[j, : len(idx)] = grp
+        n_classes[j] = len(names)
+    # The cell grid of each image (padding boxes are empty and cover no cell).
+    xs = np.sort(boxes[:, :, 0::2].reshape(n, -1), axis=1)
+    ys = np.sort(boxes[:, :, 1::2].reshape(n, -1), axis=1)
+    cx = (xs[:, :-1] + xs[:, 1:]) * 0.5
+    cy = (ys[:, :-1] + ys[:, 1:]) * 0.5
+    in_x = (boxes[:, :, 0:1] < cx[:, None, :]) & (cx[:, None, :] < boxes[:, :, 2:3])
+    in_y = (boxes[:, :, 1:2] < cy[:, None, :]) & (cy[:, None, :] < boxes[:, :, 3:4])
+    box_cover = (in_x[:, :, :, None] & in_y[:, :, None, :]).reshape(n, size, -1)
+    onehot = (group[:, None, :] == np.arange(k_max)[None, :, None]).astype(np.float32)
+    cover = np.minimum(onehot @ box_cover.astype(np.float32), 1.0).astype(np.float64)
+    cell_area = (np.diff(xs)[:, :, None] * np.diff(ys)[:, None, :]).reshape(n, -1)
+    weighted = cover * cell_area[:, None, :]
+    inter = cover @ weighted.transpose(0, 2, 1)  # [r, c] = area(B_r ∩ B_c)
+    area = inter.diagonal(axis1=1, axis2=2)
+    real = np.arange(k_max)[None, :] < n_classes[:, None]
+    safe_area = np.where(real, area, 1.0)[:, None, :]
+    co_ratio = inter / safe_area
+    removed = co_ratio > config.alpha2
+    removed |= np.eye(k_max, dtype=bool)[None]
+    cover_r = np.minimum(removed.astype(np.float64) @ cover, 1.0)
+    keep_ratio = (cover_r @ weighted.transpose(0, 2, 1)) / safe_area
+    image_area = np.array([records[i].width * records[i].height for i, *_ in items], float)
+    fraction = (cover_r @ cell_area[:, :, None])[:, :, 0] / image_area[:, None]
+    kept = ~removed & real[:, None, :]
+    worst_keep = np.where(kept, keep_ratio, -1.0).max(axis=2)
+    code = np.where(
+        ~kept.any(axis=2),
+        1,
+        np.where(worst_keep >= config.alpha1, 2, np.where(fraction >= config.alpha3, 3, 0)),
+    ).tolist()
+    for j, (i, names, idx, grp) in enumerate(items):
+        k = len(names)
+        record = records[i]
+        out[i] = _Evaluation(
+            record=record,
+            names=names,
+            boxes=flat[idx],
+            group=grp,
+            co_ratio=co_ratio[j, :k, :k],
+            removed=removed[j, :k, :k],
+            keep_ratio=keep_ratio[j, :k, :k],
+            fraction=fraction[j, :k],
+            rejected=[_REJECTIONS[c] for c in code[j][:k]],
+            ignored=len(record.objects) - len(idx),
+        )
+
+
+def candidates(record: ImageRecord, config: SelectionConfig) -> Selection:
+    """Evaluate every class of ``record`` as the removal target (no policy applied)."""
+    (ev,) = _evaluate_many([record], config)
+    if isinstance(ev, tuple):
+        return Selection(record.image_id, (), ev[0], ev[1])
+    plans = tuple(ev.plan(r, config) for r in range(len(ev.names)))
+    return Selection(record.image_id, plans, ev.ignored)
+
+
+def draw_index(seed: int, key: str, n: int) -> int:
+    """A reproducible uniform draw in ``range(n)`` from ``seed`` and ``key``, independent of
+    the order or process in which images are handled."""
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % n
+
+
+def select_many(records: Sequence[ImageRecord], config: SelectionConfig) -> list[Selection]:
+    """Apply the rules and the policy to each record: ``plans`` holds the chosen valid plans.
+
+    Only chosen plans are built (use :func:`candidates` for the evidence of every candidate).
+    Images are evaluated together, so a batch is much faster than one call per image.
+    """
+    out = []
+    for record, ev in zip(records, _evaluate_many(records, config), strict=True):
+        if isinstance(ev, tuple):
+            out.append(Selection(record.image_id, (), ev[0], ev[1]))
+            continue
+        valid = [r for r, why in enumerate(ev.rejected) if why is None]
+        if not valid:
+            out.append(Selection(record.image_id, (), ev.ignored, NO_REMOVABLE_CLASS))
+            continue
+        if config.policy == "uniform":
+            valid = [valid[draw_index(config.seed, record.image_id, len(valid))]]
+        plans = tuple(ev.plan(r, config) for r in valid)
+        out.append(Selection(record.image_id, (), ev.ignored, None, plans))
+    return out
+
+
+def select(record: ImageRecord, config: SelectionConfig) -> Selection:
+    """:func:`select_many` for one record."""
+    return select_many([record], config)[0]
+
+
+__all__: Sequence[str] = (
+    "POLICIES",
+    "RemovalPlan",
+    "Selection",
+    "SelectionConfig",
+    "candidates",
+    "draw_index",
+    "select",
+    "select_many",
+)
