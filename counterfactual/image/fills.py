@@ -1,0 +1,72 @@
+"""Constant-ish fills (Kim et al., Table 3): ``zero``, ``mean`` colour of the removed region, and
+``blur`` (a strong Gaussian blur of the removed region). Only the mask's bounding box is
+touched."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+
+from counterfactual.image import EditRequest, ImageConfig
+from counterfactual.image.checks import check_request, padded_box
+from counterfactual.masks import mask_bounds
+
+# Blur at reduced scale when sigma is large: blurring a downscaled crop with sigma
+# ``_SMALL_SIGMA`` and scaling back is a close, much cheaper stand-in for the full blur.
+_SMALL_SIGMA = 3.0
+
+
+class FillEditor:
+    def __init__(self, config: ImageConfig) -> None:
+        if config.method not in ("zero", "mean", "blur"):
+            raise ValueError(f"FillEditor does not do method {config.method!r}")
+        self.config = config
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.config.method}
+        if self.config.method == "blur":
+            out["sigma"] = self.config.blur_sigma
+        return out
+
+    def __call__(self, batch: Sequence[EditRequest]) -> list[np.ndarray]:
+        return [self.edit(req) for req in batch]
+
+    def edit(self, req: EditRequest) -> np.ndarray:
+        check_request(req)
+        bounds = mask_bounds(req.mask)
+        out = req.image.copy()
+        if bounds is None:
+            return out
+        x0, y0, x1, y1 = bounds
+        sel = req.mask[y0:y1, x0:x1] > 0
+        region = out[y0:y1, x0:x1]
+        if self.config.method == "zero":
+            region[sel] = 0
+        elif self.config.method == "mean":
+            mean = region[sel].mean(axis=0)
+            region[sel] = np.round(mean).astype(np.uint8)
+        else:
+            px0, py0, px1, py1 = padded_box(
+                bounds, math.ceil(3 * self.config.blur_sigma), *out.shape[:2]
+            )
+            blurred = blur(req.image[py0:py1, px0:px1], self.config.blur_sigma)
+            region[sel] = blurred[y0 - py0 : y1 - py0, x0 - px0 : x1 - px0][sel]
+        return out
+
+
+def blur(image: np.ndarray, sigma: float) -> np.ndarray:
+    """Gaussian blur with standard deviation ``sigma`` pixels (computed at reduced scale for
+    large ``sigma``)."""
+    if sigma <= 2 * _SMALL_SIGMA:
+        return cv2.GaussianBlur(image, (0, 0), sigma)
+    h, w = image.shape[:2]
+    scale = _SMALL_SIGMA / sigma
+    small = cv2.resize(
+        image, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA
+    )
+    small = cv2.GaussianBlur(small, (0, 0), _SMALL_SIGMA)
+    return cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR)
