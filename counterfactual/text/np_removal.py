@@ -1,0 +1,114 @@
+"""``np-removal``: drop the noun phrases that mention a removed class (Kim et al., Sec. 3.3).
+
+COCO-style captions: spaCy ``noun_chunks``; a chunk is dropped when any of its tokens matches a
+word of a removed class (see :mod:`counterfactual.vocab`). Flickr30k captions carry annotated
+phrases with types: a phrase is dropped when one of its types is removed, without parsing.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from counterfactual.records import Phrase
+from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
+from counterfactual.text.nlp import default_model_name, load_spacy
+from counterfactual.text.tidy import has_words, tidy
+from counterfactual.vocab import ClassVocabulary, load_vocabulary
+
+EMPTY_CAPTION = "empty-caption"
+
+
+class _Chunk:
+    __slots__ = ("start", "end", "classes")
+
+    def __init__(self, start: int, end: int, classes: frozenset[str]) -> None:
+        self.start, self.end, self.classes = start, end, classes
+
+
+class NounPhraseRemover:
+    """Callable rewriter; parses are cached per caption text (a caption serves many plans)."""
+
+    def __init__(
+        self,
+        config: TextConfig | None = None,
+        vocabulary: ClassVocabulary | None = None,
+        cache_size: int = 100_000,
+    ) -> None:
+        self.config = config or TextConfig()
+        self.vocabulary = vocabulary or load_vocabulary(self.config.vocabulary)
+        self.model_name = self.config.spacy_model or default_model_name()
+        self.nlp = load_spacy(self.model_name)
+        self._cache: OrderedDict[str, tuple[str, tuple[_Chunk, ...]]] = OrderedDict()
+        self._cache_size = cache_size
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": "np-removal", "spacy_model": self.model_name}
+
+    def chunks(self, texts: Sequence[str]) -> list[tuple[str, tuple[_Chunk, ...]]]:
+        """For each text: the text with its noun chunks (character spans and the classes they
+        mention)."""
+        todo = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        for text, doc in zip(
+            todo, self.nlp.pipe(todo, batch_size=self.config.batch_size), strict=True
+        ):
+            found = []
+            for chunk in doc.noun_chunks:
+                mentions = self.vocabulary.match([t.text for t in chunk], [t.lemma_ for t in chunk])
+                if mentions:
+                    classes = frozenset(m.cls for m in mentions)
+                    found.append(_Chunk(chunk.start_char, chunk.end_char, classes))
+            self._cache[text] = (text, tuple(found))
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return [self._cache[t] for t in texts]
+
+    def __call__(self, batch: Sequence[RewriteRequest]) -> list[RewriteResult]:
+        need = [
+            r.caption
+            for r in batch
+            if r.phrases is None and self.vocabulary.may_mention(r.caption, r.removed)
+        ]
+        parsed = dict(zip(need, self.chunks(need), strict=True))
+        out = []
+        for req in batch:
+            if req.phrases is not None:
+                spans = [(p.start, p.end) for p in req.phrases if set(p.types) & set(req.removed)]
+            elif req.caption in parsed:
+                removed = set(req.removed)
+                spans = [(c.start, c.end) for c in parsed[req.caption][1] if c.classes & removed]
+            else:
+                spans = []
+            out.append(_cut(req.caption, spans))
+        return out
+
+
+def _cut(caption: str, spans: list[tuple[int, int]]) -> RewriteResult:
+    """Cut ``spans`` (character offsets) and a comma that directly follows each of them."""
+    if not spans:
+        return RewriteResult(text=caption)
+    pieces, last = [], 0
+    for start, phrase_end in sorted(spans):
+        end = phrase_end
+        rest = caption[end:]
+        if rest.lstrip().startswith(","):
+            end += len(rest) - len(rest.lstrip()) + 1
+        if start >= last:
+            pieces.append(caption[last:start])
+            last = end
+        else:
+            last = max(last, end)
+    pieces.append(caption[last:])
+    text = tidy(" ".join(pieces), capitalize=caption[:1].isupper())
+    removed = tuple(caption[s:e] for s, e in sorted(spans))
+    if not has_words(text):
+        return RewriteResult(text=None, removed_phrases=removed, reason=EMPTY_CAPTION)
+    return RewriteResult(text=text, removed_phrases=removed)
+
+
+def remove_phrases(
+    caption: str, phrases: Sequence[Phrase], removed: Sequence[str]
+) -> RewriteResult:
+    """Cut the annotated ``phrases`` whose types intersect ``removed`` (Flickr30k)."""
+    return _cut(caption, [(p.start, p.end) for p in phrases if set(p.types) & set(removed)])

@@ -1,0 +1,150 @@
+"""Class word lists and matching of class mentions in text.
+
+A vocabulary file has one class per line: ``class name, word, word, ...`` (the first entry is
+the class name; entries may be several words, e.g. ``hot dog``). The COCO lists ship with the
+package (``data/coco_synonyms.txt``, Rohrbach et al. 2018, BSD-2-Clause, see ``data/NOTICE.md``).
+
+Matching works on tokens: a span of tokens matches an entry when the tokens' lower-cased text,
+or their lemmas, or the text with the last token lemmatised, equal the entry's words. The
+longest entry wins, so "hot dogs" is a hot dog and not a dog.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+_IRREGULAR_PLURALS = {
+    "child": "children",
+    "person": "people",
+    "man": "men",
+    "woman": "women",
+    "mouse": "mice",
+    "goose": "geese",
+    "foot": "feet",
+    "tooth": "teeth",
+    "ox": "oxen",
+    "die": "dice",
+    "cactus": "cacti",
+    "fungus": "fungi",
+}
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def surface_forms(word: str) -> set[str]:
+    """A superset of the inflected forms of an English noun ``word`` (lower case)."""
+    forms = {word, word + "s", word + "es"}
+    if word.endswith("y"):
+        forms.add(word[:-1] + "ies")
+    if word.endswith("f"):
+        forms.add(word[:-1] + "ves")
+    if word.endswith("fe"):
+        forms.add(word[:-2] + "ves")
+    if word.endswith("man"):
+        forms.add(word[:-3] + "men")
+    if word in _IRREGULAR_PLURALS:
+        forms.add(_IRREGULAR_PLURALS[word])
+    return forms
+
+
+@dataclass(frozen=True, slots=True)
+class Mention:
+    """Tokens ``start:end`` of a token sequence mention ``cls``."""
+
+    start: int
+    end: int
+    cls: str
+
+
+class ClassVocabulary:
+    """Word lists per class and the matcher built from them."""
+
+    def __init__(self, words: dict[str, Sequence[str]]) -> None:
+        entries: dict[tuple[str, ...], str] = {}
+        surface: dict[str, set[str]] = {}
+        for cls, items in words.items():
+            forms: set[str] = set()
+            for item in (cls, *items):
+                key = tuple(item.lower().split())
+                if not key:
+                    continue
+                if key in entries and entries[key] != cls:
+                    raise ValueError(
+                        f"word {' '.join(key)!r} is listed for both {entries[key]!r} and {cls!r}"
+                    )
+                entries[key] = cls
+                for token in key:
+                    forms |= surface_forms(token)
+            surface[cls] = forms
+        self.classes: tuple[str, ...] = tuple(words)
+        self._entries = entries
+        self._surface = surface
+        self._max_len = max((len(k) for k in entries), default=1)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ClassVocabulary:
+        words: dict[str, list[str]] = {}
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                items = [w.strip() for w in line.split(",") if w.strip()]
+                if not items or line.lstrip().startswith("#"):
+                    continue
+                name = items[0]
+                if name in words:
+                    raise ValueError(f"{path}:{lineno}: class {name!r} is listed twice")
+                words[name] = list(dict.fromkeys(items[1:]))
+        if not words:
+            raise ValueError(f"{path}: no classes in vocabulary file")
+        return cls(words)
+
+    def words(self, cls: str) -> tuple[str, ...]:
+        return tuple(" ".join(k) for k, c in self._entries.items() if c == cls)
+
+    def may_mention(self, text: str, classes: Iterable[str]) -> bool:
+        """False only when ``text`` certainly mentions none of ``classes`` (no word of theirs in
+        any inflection occurs); a cheap test that spares a parse."""
+        forms: set[str] = set()
+        for c in classes:
+            forms |= self._surface.get(c, set())
+        return any(w in forms for w in _WORD.findall(text.lower()))
+
+    def match(self, texts: Sequence[str], lemmas: Sequence[str]) -> list[Mention]:
+        """Mentions in a token sequence, given each token's text and lemma (any case)."""
+        texts = [t.lower() for t in texts]
+        lemmas = [t.lower() for t in lemmas]
+        found = []
+        i = 0
+        while i < len(texts):
+            for length in range(min(self._max_len, len(texts) - i), 0, -1):
+                span_t = tuple(texts[i : i + length])
+                span_l = tuple(lemmas[i : i + length])
+                cls = (
+                    self._entries.get(span_t)
+                    or self._entries.get(span_l)
+                    or self._entries.get(span_t[:-1] + span_l[-1:])
+                )
+                if cls is not None:
+                    found.append(Mention(i, i + length, cls))
+                    i += length
+                    break
+            else:
+                i += 1
+        return found
+
+
+@cache
+def coco_vocabulary() -> ClassVocabulary:
+    """The 80 COCO classes with the word lists of Rohrbach et al. (2018)."""
+    path = resources.files("counterfactual") / "data" / "coco_synonyms.txt"
+    with resources.as_file(path) as p:
+        return ClassVocabulary.from_file(p)
+
+
+@cache
+def load_vocabulary(path: str | None = None) -> ClassVocabulary:
+    """The vocabulary in ``path``, or COCO's when ``None``."""
+    return coco_vocabulary() if path is None else ClassVocabulary.from_file(path)
