@@ -1,0 +1,62 @@
+"""A before/after contact sheet: per row the original with the removed boxes outlined, the
+edited picture, and the old and new caption underneath."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from counterfactual.synth import Counterfactual
+
+_TILE = 320
+_TEXT_H = 92
+_GAP = 8
+
+
+def _tile(image: np.ndarray, boxes: Sequence[Sequence[float]] = ()) -> Image.Image:
+    im = Image.fromarray(image)
+    scale = _TILE / max(im.size)
+    im = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))))
+    if boxes:
+        draw = ImageDraw.Draw(im)
+        for x, y, w, h in boxes:
+            draw.rectangle(
+                [x * scale, y * scale, (x + w) * scale, (y + h) * scale],
+                outline=(255, 40, 40),
+                width=3,
+            )
+    return im
+
+
+def contact_sheet(examples: Sequence[Counterfactual], path: Path) -> Path:
+    """Write a PNG with one row per example and return its path."""
+    if not examples:
+        raise ValueError("contact_sheet needs at least one example")
+    font = ImageFont.load_default(size=14)
+    width = 2 * _TILE + 3 * _GAP
+    row_h = _TILE + _TEXT_H + _GAP
+    sheet = Image.new("RGB", (width, _GAP + row_h * len(examples)), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    for i, cf in enumerate(examples):
+        item = cf.edited.item
+        y = _GAP + i * row_h
+        # Boxes are in annotation pixels; scale to the decoded picture if they differ.
+        sx = cf.edited.original.shape[1] / item.record.width
+        sy = cf.edited.original.shape[0] / item.record.height
+        boxes = [(x * sx, yy * sy, w * sx, h * sy) for x, yy, w, h in item.plan.mask_boxes]
+        sheet.paste(_tile(cf.edited.original, boxes), (_GAP, y))
+        sheet.paste(_tile(cf.edited.image), (2 * _GAP + _TILE, y))
+        removed = ", ".join(item.plan.removed)
+        lines = [f"[{item.record.image_id}] removed: {removed} ({item.plan.kind})"]
+        lines += textwrap.wrap(f"before: {item.caption.text}", 80)[:2]
+        lines += textwrap.wrap(f"after:  {cf.caption.text}", 80)[:2]
+        for j, line in enumerate(lines):
+            draw.text((_GAP, y + _TILE + 4 + 17 * j), line, fill=(0, 0, 0), font=font)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sheet.save(path)
+    return path

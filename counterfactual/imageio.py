@@ -1,0 +1,79 @@
+"""Decode and encode pictures. Decoding is strict: every problem becomes a
+:class:`SampleError` with a reason for the status record, never a crash."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+DEFAULT_MAX_PIXELS = 100_000_000
+
+
+class SampleError(Exception):
+    """A per-sample failure: ``reason`` is a short kebab-case code for the status record."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def resolve_inside(root: Path, relative: str) -> Path:
+    """``root / relative``, refusing anything that resolves outside ``root`` (symlinks too)."""
+    base = root.resolve()
+    path = (base / relative).resolve()
+    if base != path and base not in path.parents:
+        raise SampleError("unsafe-path", relative)
+    return path
+
+
+def load_rgb(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """The picture at ``path`` as (H, W, 3) uint8 RGB, upright per its EXIF orientation.
+
+    Grayscale, palette, CMYK and alpha images are converted to RGB. Pictures of more than
+    ``max_pixels`` pixels are refused before decoding (decompression bombs).
+    """
+    if not path.is_file():
+        raise SampleError("missing-file", str(path.name))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                if im.width * im.height > max_pixels:
+                    raise SampleError("image-too-large", f"{im.width}x{im.height}")
+                im.load()
+                upright = ImageOps.exif_transpose(im)
+                rgb = upright.convert("RGB")
+    except SampleError:
+        raise
+    except (UnidentifiedImageError, Image.DecompressionBombError) as err:
+        raise SampleError("decode-error", str(err)) from err
+    except Image.DecompressionBombWarning as err:
+        raise SampleError("image-too-large", str(err)) from err
+    except (OSError, ValueError, SyntaxError) as err:  # truncated or corrupt data
+        raise SampleError("decode-error", f"{type(err).__name__}: {err}") from err
+    arr = np.asarray(rgb)
+    if arr.size == 0:
+        raise SampleError("decode-error", "empty image")
+    return arr
+
+
+def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
+    """JPEG bytes of an (H, W, 3) uint8 RGB array."""
+    ok, buf = cv2.imencode(
+        ".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
+    )
+    if not ok:
+        raise SampleError("encode-error", f"cannot encode array of shape {image.shape}")
+    return buf.tobytes()
+
+
+def decode_jpeg(data: bytes) -> np.ndarray:
+    """(H, W, 3) uint8 RGB from encoded bytes (for reading shards back)."""
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
