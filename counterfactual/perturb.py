@@ -1,0 +1,253 @@
+"""Linguistic-structure perturbations of referring expressions (Akula et al., ACL 2020).
+
+``shuffle`` puts the words in a random order, ``nouns_adj`` keeps only nouns, proper nouns and
+adjectives (spaCy POS ``NOUN``, ``PROPN``, ``ADJ``), and ``in_batch_negatives`` builds the
+contrastive negatives of section 5: for a positive ``(i, e, b)`` and another sample
+``(i', e', b')`` of the same batch, ``(i', e, b')`` and ``(i, e', b)``.
+
+``read_jsonl`` and ``perturb_records`` are what ``counterfactual perturb`` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spacy.language import Language
+
+MODES = ("shuffle", "nouns-adj", "negatives")
+KEPT_POS = frozenset({"NOUN", "PROPN", "ADJ"})
+
+
+def shuffle(expression: str, seed: int) -> str:
+    """The whitespace-separated words of ``expression`` in a random order drawn from ``seed``,
+    joined by single spaces. Same ``expression`` and ``seed``, same result."""
+    words = expression.split()
+    random.Random(seed).shuffle(words)
+    return " ".join(words)
+
+
+def _keep_nouns_adj(doc: Any) -> str:
+    return " ".join(token.text for token in doc if token.pos_ in KEPT_POS)
+
+
+def nouns_adj(expression: str, nlp: Language) -> str:
+    """Only the nouns, proper nouns and adjectives of ``expression`` (spaCy coarse POS), in
+    their order, joined by single spaces; ``""`` when there are none."""
+    return _keep_nouns_adj(nlp(expression))
+
+
+def nouns_adj_many(expressions: Iterable[str], nlp: Language, batch_size: int = 256) -> list[str]:
+    """:func:`nouns_adj` for many expressions through ``nlp.pipe``."""
+    return [_keep_nouns_adj(doc) for doc in nlp.pipe(expressions, batch_size=batch_size)]
+
+
+@dataclass(frozen=True, slots=True)
+class GroundedSample:
+    """An image, a referring expression and the box it refers to (``box`` as given, e.g. xyxy
+    or xywh pixels; it is only carried along). ``image`` is a path, URL or id."""
+
+    image: str | int
+    expression: str
+    box: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ContrastiveNegatives:
+    """The two negatives of positive ``anchor`` built with sample ``partner`` of its batch
+    (indices into the batch): ``image_swapped`` = (image_partner, expression_anchor,
+    box_partner) and ``expression_swapped`` = (image_anchor, expression_partner, box_anchor)."""
+
+    anchor: int
+    partner: int
+    image_swapped: GroundedSample
+    expression_swapped: GroundedSample
+
+
+def in_batch_negatives(
+    batch: Sequence[GroundedSample], seed: int
+) -> tuple[ContrastiveNegatives, ...]:
+    """One :class:`ContrastiveNegatives` per sample of ``batch``, in order, each with a partner
+    ``j != i`` drawn uniformly, by a generator seeded with ``seed``, from the samples that are
+    not the same object (same ``image`` and ``box``: another expression for the same object
+    would make a "negative" that is really a positive)."""
+    if len(batch) < 2:
+        raise ValueError(f"in-batch negatives need a batch of 2 or more samples, got {len(batch)}")
+    objects = [(sample.image, tuple(sample.box)) for sample in batch]
+    copies = Counter(objects)
+    rng = random.Random(seed)
+    out = []
+    for i, positive in enumerate(batch):
+        if copies[objects[i]] == len(batch):
+            raise ValueError(
+                f"sample {i} of the batch has no partner: every other sample is the same "
+                f"object (image {positive.image!r}, box {list(positive.box)})"
+            )
+        while True:  # uniform over the other objects' samples by rejection
+            j = rng.randrange(len(batch) - 1)
+            j += j >= i
+            if objects[j] != objects[i]:
+                break
+        other = batch[j]
+        out.append(
+            ContrastiveNegatives(
+                anchor=i,
+                partner=j,
+                image_swapped=GroundedSample(other.image, positive.expression, other.box),
+                expression_swapped=GroundedSample(positive.image, other.expression, positive.box),
+            )
+        )
+    return tuple(out)
+
+
+def record_seed(seed: int, index: int) -> int:
+    """The seed for item ``index`` of a run seeded with ``seed``, so items of equal length do
+    not all get the same permutation; stable across processes and platforms."""
+    return random.Random(f"{seed}:{index}").getrandbits(63)
+
+
+# --- JSON Lines records ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JsonRecord:
+    """One JSON object of a JSON Lines file; ``line`` is 1-based."""
+
+    source: str
+    line: int
+    fields: dict[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"{self.source} line {self.line}"
+
+
+REQUIRED_FIELDS = {
+    "shuffle": ("expression",),
+    "nouns-adj": ("expression",),
+    "negatives": ("image", "expression", "box"),
+}
+
+
+def read_jsonl(path: str | Path, required: Sequence[str] = ("expression",)) -> list[JsonRecord]:
+    """The JSON objects of a UTF-8 JSON Lines file, one per non-blank line. Malformed JSON, a
+    line that is not an object, or an object without a ``required`` field is a ``ValueError``
+    naming the file and line."""
+    path = Path(path)
+    records = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        where = f"{path} line {number}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{where}: not UTF-8 ({err.reason})") from None
+        if not text.strip():
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: malformed JSON: {err.msg} (column {err.colno})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(value).__name__}")
+        absent = [name for name in required if name not in value]
+        if absent:
+            raise ValueError(f"{where}: missing field(s) {', '.join(absent)}")
+        records.append(JsonRecord(source=str(path), line=number, fields=value))
+    return records
+
+
+def _expression(record: JsonRecord) -> str:
+    value = record.fields["expression"]
+    if not isinstance(value, str):
+        raise ValueError(f"{record.where}: 'expression' must be a string, got {value!r}")
+    return value
+
+
+def _sample(record: JsonRecord) -> GroundedSample:
+    image = record.fields["image"]
+    if isinstance(image, bool) or not isinstance(image, str | int):
+        raise ValueError(f"{record.where}: 'image' must be a string or an integer, got {image!r}")
+    box = record.fields["box"]
+    if (
+        not isinstance(box, list)
+        or len(box) != 4
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in box)
+    ):
+        raise ValueError(f"{record.where}: 'box' must be a list of 4 numbers, got {box!r}")
+    return GroundedSample(image=image, expression=_expression(record), box=tuple(box))
+
+
+def _batches(count: int, batch_size: int) -> list[range]:
+    """Consecutive index ranges of ``batch_size`` (0 = one batch); a last batch of one joins
+    the batch before it, since a lone sample has no partner."""
+    if batch_size == 0 or batch_size >= count:
+        return [range(count)]
+    starts = list(range(0, count, batch_size))
+    if count - starts[-1] == 1:
+        starts.pop()
+    ends = starts[1:] + [count]
+    return [range(s, e) for s, e in zip(starts, ends, strict=True)]
+
+
+def _sample_dict(sample: GroundedSample) -> dict[str, Any]:
+    return {"image": sample.image, "expression": sample.expression, "box": list(sample.box)}
+
+
+def perturb_records(
+    records: Sequence[JsonRecord],
+    mode: str,
+    *,
+    seed: int = 0,
+    nlp: Language | None = None,
+    batch_size: int = 0,
+) -> list[dict[str, Any]]:
+    """The records' objects with the perturbed field(s) of ``mode`` added, in order:
+
+    - ``shuffle``: ``expression_shuffled``, from seed ``record_seed(seed, index)``;
+    - ``nouns-adj``: ``expression_nouns_adj`` (needs ``nlp``);
+    - ``negatives``: ``negative_partner`` (0-based index of the partner record),
+      ``negative_image_swapped`` and ``negative_expression_swapped`` (each an object with
+      ``image``, ``expression``, ``box``). Partners come from the same batch of ``batch_size``
+      consecutive records (0 = all records form one batch).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+    if batch_size < 0 or batch_size == 1:
+        raise ValueError(f"batch_size must be 0 (one batch) or >= 2, got {batch_size}")
+    out = [dict(record.fields) for record in records]
+    if mode == "shuffle":
+        for index, record in enumerate(records):
+            out[index]["expression_shuffled"] = shuffle(
+                _expression(record), record_seed(seed, index)
+            )
+    elif mode == "nouns-adj":
+        if nlp is None:
+            raise ValueError("mode 'nouns-adj' needs a spaCy pipeline (nlp)")
+        expressions = [_expression(record) for record in records]
+        for fields, kept in zip(out, nouns_adj_many(expressions, nlp), strict=True):
+            fields["expression_nouns_adj"] = kept
+    else:
+        samples = [_sample(record) for record in records]
+        if len(samples) < 2:
+            raise ValueError(f"negatives need 2 or more records, got {len(samples)}")
+        for number, indices in enumerate(_batches(len(samples), batch_size)):
+            batch = [samples[i] for i in indices]
+            try:
+                negatives_of_batch = in_batch_negatives(batch, record_seed(seed, number))
+            except ValueError as err:
+                first, last = records[indices[0]], records[indices[-1]]
+                raise ValueError(
+                    f"{first.source} lines {first.line}-{last.line} (one batch): {err}"
+                ) from None
+            for negatives in negatives_of_batch:
+                fields = out[indices[negatives.anchor]]
+                fields["negative_partner"] = indices[negatives.partner]
+                fields["negative_image_swapped"] = _sample_dict(negatives.image_swapped)
+                fields["negative_expression_swapped"] = _sample_dict(negatives.expression_swapped)
+    return out
