@@ -130,11 +130,11 @@ class Selection:
 
 @dataclass(frozen=True, slots=True)
 class _Evaluation:
-    """Every candidate of one image as arrays; plans are built from it only when wanted."""
+    """Every candidate of one image as arrays; plans are built only when wanted."""
 
     record: ImageRecord
     names: list[str]
-    boxes: np.ndarray  # xyxy, clipped, positive area
+    boxes: np.ndarray  # (n, 4) xyxy, clipped, positive area
     group: list[int]  # class index of each box
     co_ratio: np.ndarray  # [r, c] = area(B_r ∩ B_c) / area(B_c)
     removed: np.ndarray  # [r, c]: c is removed when r is the target
@@ -147,17 +147,22 @@ class _Evaluation:
         names = self.names
         rem = self.removed[r].tolist()
         co, keep = self.co_ratio[r].tolist(), self.keep_ratio[r].tolist()
-        xywh = self.boxes[[rem[g] for g in self.group]]
-        xywh[:, 2:] -= xywh[:, :2]
+        boxes = self.boxes.tolist()
         return RemovalPlan(
             image_id=self.record.image_id,
             target=names[r],
-            removed=(names[r], *(c for i, c in enumerate(names) if rem[i] and i != r)),
-            kept=tuple(c for i, c in enumerate(names) if not rem[i]),
+            removed=(names[r], *[c for i, c in enumerate(names) if rem[i] and i != r]),
+            kept=tuple([c for i, c in enumerate(names) if not rem[i]]),
             co_removal={c: co[i] for i, c in enumerate(names) if i != r},
             keep_overlap={c: keep[i] for i, c in enumerate(names) if not rem[i]},
             removed_fraction=float(self.fraction[r]),
-            mask_boxes=tuple(map(tuple, xywh.tolist())),  # type: ignore[arg-type]
+            mask_boxes=tuple(
+                [
+                    (x0, y0, x1 - x0, y1 - y0)
+                    for (x0, y0, x1, y1), g in zip(boxes, self.group, strict=True)
+                    if rem[g]
+                ]
+            ),
             alpha1=config.alpha1,
             alpha2=config.alpha2,
             alpha3=config.alpha3,
@@ -168,6 +173,14 @@ class _Evaluation:
 _REJECTIONS: tuple[str | None, ...] = (None, NOTHING_KEPT, KEEP_OVERLAP, TOO_LARGE)
 # Cells per chunk of images evaluated together (bounds memory for images with many boxes).
 _CHUNK_CELLS = 2_000_000
+
+
+def _bucket(n: int) -> int:
+    """Pad box counts to a few sizes so images with similar counts are evaluated together."""
+    if n <= 8:
+        return n
+    step = 1 << max(0, n.bit_length() - 3)  # 4 sizes per doubling
+    return -(-n // step) * step
 
 
 def _evaluate_many(
@@ -199,7 +212,7 @@ def _evaluate_many(
             out[i] = (n - len(idx), FEWER_THAN_TWO_CLASSES)
             continue
         index = {c: k for k, c in enumerate(names)}
-        size = 1 << (len(idx) - 1).bit_length()  # pad box counts to a power of two
+        size = _bucket(len(idx))
         buckets.setdefault(size, []).append((i, names, idx, [index[c] for c in cats]))
     for size, items in buckets.items():
         per_image = size * (2 * size - 1) ** 2
@@ -243,12 +256,25 @@ def _evaluate_chunk(
     real = np.arange(k_max)[None, :] < n_classes[:, None]
     safe_area = np.where(real, area, 1.0)[:, None, :]
     co_ratio = inter / safe_area
-    removed = co_ratio > config.alpha2
+    removed = (co_ratio > config.alpha2) & real[:, None, :]
     removed |= np.eye(k_max, dtype=bool)[None]
-    cover_r = np.minimum(removed.astype(np.float64) @ cover, 1.0)
-    keep_ratio = (cover_r @ weighted.transpose(0, 2, 1)) / safe_area
     image_area = np.array([records[i].width * records[i].height for i, *_ in items], float)
-    fraction = (cover_r @ cell_area[:, :, None])[:, :, 0] / image_area[:, None]
+    # A single-class candidate removes B_r only: its keep ratios are its co-removal ratios and
+    # its removed area is area(B_r). Only multi-class candidates need the union B_R.
+    keep_ratio = co_ratio.copy()
+    fraction = area / image_area[:, None]
+    multi_i, multi_r = np.nonzero(removed.sum(axis=2) > 1)
+    if len(multi_i):
+        cover_r = np.minimum(
+            np.einsum("pk,pkc->pc", removed[multi_i, multi_r].astype(np.float64), cover[multi_i]),
+            1.0,
+        )
+        keep_ratio[multi_i, multi_r] = (
+            np.einsum("pc,pkc->pk", cover_r, weighted[multi_i]) / safe_area[multi_i, 0]
+        )
+        fraction[multi_i, multi_r] = (cover_r * cell_area[multi_i]).sum(axis=1) / image_area[
+            multi_i
+        ]
     kept = ~removed & real[:, None, :]
     worst_keep = np.where(kept, keep_ratio, -1.0).max(axis=2)
     code = np.where(

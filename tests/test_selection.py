@@ -7,7 +7,7 @@ import pytest
 
 from counterfactual.geometry import union_area
 from counterfactual.records import ImageRecord, ObjectAnnotation
-from counterfactual.selection import SelectionConfig, candidates, draw_index, select
+from counterfactual.selection import SelectionConfig, candidates, draw_index, select, select_many
 
 
 def rec(objects, width=100, height=100, image_id="1"):
@@ -226,3 +226,67 @@ def test_union_area_matches_rasterisation():
         for a, b, c, d in boxes:
             canvas[b:d, a:c] = True
         assert union_area(boxes) == canvas.sum()
+
+
+def brute_force(record, config):
+    """The rules on rasterised masks: slow, obvious, and independent of the cell grid."""
+    h, w = record.height, record.width
+    masks = {}
+    for o in record.objects:
+        x, y, bw, bh = (int(v) for v in o.bbox)
+        m = masks.setdefault(o.category, np.zeros((h, w), bool))
+        m[max(0, y) : max(0, y + bh), max(0, x) : max(0, x + bw)] = True
+    masks = {c: m for c, m in masks.items() if m.any()}
+    out = {}
+    for r in masks:
+        removed = {r} | {
+            c
+            for c in masks
+            if c != r and (masks[r] & masks[c]).sum() / masks[c].sum() > config.alpha2
+        }
+        union = np.logical_or.reduce([masks[c] for c in removed])
+        kept = [c for c in masks if c not in removed]
+        keep = {k: (union & masks[k]).sum() / masks[k].sum() for k in kept}
+        if not kept:
+            why = "nothing-kept"
+        elif max(keep.values()) >= config.alpha1:
+            why = "keep-overlap"
+        elif union.sum() / (w * h) >= config.alpha3:
+            why = "too-large"
+        else:
+            why = None
+        out[r] = (why, sorted(removed), keep, union.sum() / (w * h))
+    return out
+
+
+def test_vectorised_rules_match_brute_force():
+    rng = np.random.default_rng(7)
+    records = []
+    for i in range(300):
+        n = int(rng.integers(1, 14))
+        objects = []
+        for _ in range(n):
+            x, y = rng.integers(-5, 40, 2)
+            objects.append((str(rng.choice(list("abcde"))), (x, y, *rng.integers(0, 25, 2))))
+        records.append(rec(objects, 40, 30, image_id=str(i)))
+    config = SelectionConfig(alpha1=0.3, alpha2=0.6, alpha3=0.5)
+    for record in records:
+        expected = brute_force(record, config)
+        got = {
+            c.target: (c.rejected_by, sorted(c.removed), c.keep_overlap, c.removed_fraction)
+            for c in candidates(record, config).candidates
+        }
+        if len(expected) < 2:
+            assert got == {}
+            continue
+        assert got.keys() == expected.keys()
+        for target, (why, removed, keep, fraction) in expected.items():
+            g = got[target]
+            assert (g[0], g[1]) == (why, removed), record
+            assert g[2] == pytest.approx(keep) and g[3] == pytest.approx(fraction)
+    # the batch path gives the same plans as one image at a time
+    many = select_many(records, SelectionConfig(policy="all"))
+    one = [select(r, SelectionConfig(policy="all")) for r in records]
+    assert [[p.to_dict() for p in s.plans] for s in many] == [
+        [p.to_dict() for p in s.plans] for s in one
+    ]
