@@ -30,7 +30,7 @@ from counterfactual.imageio import (
 )
 from counterfactual.masks import MaskConfig, plan_mask
 from counterfactual.records import Caption, ImageRecord, Status
-from counterfactual.selection import RemovalPlan, SelectionConfig, draw_index, select
+from counterfactual.selection import RemovalPlan, SelectionConfig, draw_index, select_many
 from counterfactual.shards import Sample, ShardWriter, sample_key
 from counterfactual.text import (
     RewriteRequest,
@@ -105,24 +105,29 @@ def item_seed(seed: int, key: str) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-def plan(record: ImageRecord, config: SynthConfig) -> list[WorkItem] | Status:
-    """Work items for ``record``, or the status saying why there are none."""
-    selection = select(record, config.selection)
-    if not selection.plans:
-        return Status(record.image_id, "skipped", selection.reason, "")
-    captions: Sequence[Caption] = record.captions
-    if not captions:
-        if config.text.method == "np-removal":
-            return Status(record.image_id, "failed", "no-caption", "")
-        captions = (NO_CAPTION,)
-    elif config.captions == "one":
-        captions = (captions[draw_index(config.seed, f"caption:{record.image_id}", len(captions))],)
-    items = []
-    for p in selection.plans:
-        for cap in captions:
-            key = sample_key(record.image_id, p.target, cap.caption_id)
-            items.append(WorkItem(record, p, cap, key, item_seed(config.seed, key)))
-    return items
+def plan(records: Sequence[ImageRecord], config: SynthConfig) -> list[list[WorkItem] | Status]:
+    """Per record: its work items, or the status saying why there are none."""
+    out: list[list[WorkItem] | Status] = []
+    for record, selection in zip(records, select_many(records, config.selection), strict=True):
+        if not selection.plans:
+            out.append(Status(record.image_id, "skipped", selection.reason, ""))
+            continue
+        captions: Sequence[Caption] = record.captions
+        if not captions:
+            if config.text.method == "np-removal":
+                out.append(Status(record.image_id, "failed", "no-caption", ""))
+                continue
+            captions = (NO_CAPTION,)
+        elif config.captions == "one":
+            pick = draw_index(config.seed, f"caption:{record.image_id}", len(captions))
+            captions = (captions[pick],)
+        items = []
+        for p in selection.plans:
+            for cap in captions:
+                key = sample_key(record.image_id, p.target, cap.caption_id)
+                items.append(WorkItem(record, p, cap, key, item_seed(config.seed, key)))
+        out.append(items)
+    return out
 
 
 def load_record_image(record: ImageRecord, max_pixels: int) -> np.ndarray:
@@ -257,8 +262,7 @@ def process_batch(
     statuses: list[Status] = []
     items: list[WorkItem] = []
     images: list[np.ndarray] = []
-    for record in records:
-        planned = plan(record, config)
+    for record, planned in zip(records, plan(records, config), strict=True):
         if isinstance(planned, Status):
             statuses.append(planned)
             continue
