@@ -66,6 +66,7 @@ class ClassVocabulary:
     def __init__(self, words: dict[str, Sequence[str]]) -> None:
         entries: dict[tuple[str, ...], str] = {}
         surface: dict[str, set[str]] = {}
+        base: dict[str, str] = {}
         for cls, items in words.items():
             forms: set[str] = set()
             for item in (cls, *items):
@@ -78,11 +79,15 @@ class ClassVocabulary:
                     )
                 entries[key] = cls
                 for token in key:
-                    forms |= surface_forms(token)
+                    token_forms = surface_forms(token)
+                    forms |= token_forms
+                    for form in token_forms:
+                        base.setdefault(form, token)
             surface[cls] = forms
         self.classes: tuple[str, ...] = tuple(words)
         self._entries = entries
         self._surface = surface
+        self._base = base
         self._max_len = max((len(k) for k in entries), default=1)
 
     @classmethod
@@ -112,10 +117,19 @@ class ClassVocabulary:
             forms |= self._surface.get(c, set())
         return any(w in forms for w in _WORD.findall(text.lower()))
 
-    def match(self, texts: Sequence[str], lemmas: Sequence[str]) -> list[Mention]:
-        """Mentions in a token sequence, given each token's text and lemma (any case)."""
+    def base_form(self, word: str) -> str:
+        """The vocabulary word that ``word`` (lower case) inflects, or ``word`` itself: a
+        lemmatiser for the words of the vocabulary only."""
+        return self._base.get(word, word)
+
+    def match(self, texts: Sequence[str], lemmas: Sequence[str] | None = None) -> list[Mention]:
+        """Mentions in a token sequence, given each token's text and, optionally, its lemma
+        (any case); without lemmas, :meth:`base_form` stands in."""
         texts = [t.lower() for t in texts]
-        lemmas = [t.lower() for t in lemmas]
+        if lemmas is None:
+            lemmas = [self.base_form(t) for t in texts]
+        else:
+            lemmas = [t.lower() for t in lemmas]
         found = []
         i = 0
         while i < len(texts):

@@ -20,17 +20,59 @@ def default_model_name() -> str:
     )
 
 
+# Penn Treebank tags to universal POS, for the fast path that skips spaCy's attribute ruler.
+TAG_TO_POS = {
+    **dict.fromkeys(("NN", "NNS"), "NOUN"),
+    **dict.fromkeys(("NNP", "NNPS"), "PROPN"),
+    **dict.fromkeys(("PRP", "PRP$", "WP", "WP$", "EX"), "PRON"),
+    **dict.fromkeys(("VB", "VBD", "VBG", "VBN", "VBP", "VBZ"), "VERB"),
+    **dict.fromkeys(("JJ", "JJR", "JJS", "AFX"), "ADJ"),
+    **dict.fromkeys(("RB", "RBR", "RBS", "WRB"), "ADV"),
+    **dict.fromkeys(("DT", "PDT", "WDT"), "DET"),
+    **dict.fromkeys((".", ",", ":", "``", "''", "-LRB-", "-RRB-", "HYPH", "NFP"), "PUNCT"),
+    **dict.fromkeys(("$", "#", "SYM"), "SYM"),
+    **dict.fromkeys(("LS", "FW", "ADD", "XX"), "X"),
+    "MD": "AUX",
+    "IN": "ADP",
+    "RP": "ADP",
+    "CD": "NUM",
+    "CC": "CCONJ",
+    "UH": "INTJ",
+    "TO": "PART",
+    "POS": "PART",
+    "_SP": "SPACE",
+}
+
+
+def _tag_to_pos(doc: Any) -> Any:
+    for token in doc:
+        token.pos_ = TAG_TO_POS.get(token.tag_, "X")
+    return doc
+
+
 @lru_cache(maxsize=8)
-def load_spacy(name: str | None = None, disable: tuple[str, ...] = ("ner",)) -> Any:
+def load_spacy(
+    name: str | None = None, disable: tuple[str, ...] = ("ner",), fast_pos: bool = False
+) -> Any:
     """The spaCy ``Language`` for ``name`` (a package name or a path), cached per process.
 
     ``disable`` names pipes to leave out; the parser and tagger stay, so ``noun_chunks``,
-    POS tags, lemmas and dependencies all work.
+    POS tags, lemmas and dependencies all work. ``fast_pos`` drops the attribute ruler and the
+    lemmatizer (no lemmas) and maps tags to POS with :data:`TAG_TO_POS`: noun chunks stay the
+    same at about twice the speed, but auxiliaries are tagged ``VERB``.
     """
     import spacy
+    from spacy.language import Language
 
     model = name or default_model_name()
+    if fast_pos:
+        disable = (*disable, "attribute_ruler", "lemmatizer")
+        if not Language.has_factory("counterfactual_tag_to_pos"):
+            Language.component("counterfactual_tag_to_pos", func=_tag_to_pos)
     try:
-        return spacy.load(model, disable=list(disable))
+        nlp = spacy.load(model, disable=list(disable))
     except OSError as err:
         raise ValueError(f"cannot load spaCy model {model!r}: {err}") from err
+    if fast_pos and "tagger" in nlp.pipe_names:
+        nlp.add_pipe("counterfactual_tag_to_pos", after="tagger")
+    return nlp

@@ -39,7 +39,7 @@ class NounPhraseRemover:
         self.config = config or TextConfig()
         self.vocabulary = vocabulary or load_vocabulary(self.config.vocabulary)
         self.model_name = self.config.spacy_model or default_model_name()
-        self.nlp = load_spacy(self.model_name)
+        self.nlp = load_spacy(self.model_name, fast_pos=True)
         self._cache: OrderedDict[str, tuple[str, tuple[_Chunk, ...]]] = OrderedDict()
         self._cache_size = cache_size
 
@@ -55,7 +55,7 @@ class NounPhraseRemover:
         ):
             found = []
             for chunk in doc.noun_chunks:
-                mentions = self.vocabulary.match([t.text for t in chunk], [t.lemma_ for t in chunk])
+                mentions = self.vocabulary.match([t.text for t in chunk])
                 if mentions:
                     classes = frozenset(m.cls for m in mentions)
                     found.append(_Chunk(chunk.start_char, chunk.end_char, classes))
