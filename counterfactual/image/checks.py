@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 
 from counterfactual.image import EditRequest
@@ -30,3 +31,10 @@ def padded_box(
     """``bounds`` grown by ``pad`` pixels on each side, clipped to the image."""
     x0, y0, x1, y1 = bounds
     return max(0, x0 - pad), max(0, y0 - pad), min(width, x1 + pad), min(height, y1 + pad)
+
+
+def paste(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
+    """Copy ``src`` into ``dst`` (same shape) where ``mask`` is non-zero, in place."""
+    out = cv2.copyTo(src, mask, dst)
+    if out is not dst:  # OpenCV wrote to a new buffer (e.g. a non-contiguous view)
+        dst[...] = out

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 
 from counterfactual.image import EditRequest, ImageConfig
-from counterfactual.image.checks import check_request, padded_box
+from counterfactual.image.checks import check_request, padded_box, paste
 from counterfactual.masks import mask_bounds
 
 # Blur at reduced scale when sigma is large: blurring a downscaled crop with sigma
@@ -42,19 +42,20 @@ class FillEditor:
         if bounds is None:
             return out
         x0, y0, x1, y1 = bounds
-        sel = req.mask[y0:y1, x0:x1] > 0
-        region = out[y0:y1, x0:x1]
+        region, mask = out[y0:y1, x0:x1], req.mask[y0:y1, x0:x1]
         if self.config.method == "zero":
-            region[sel] = 0
+            fill = np.zeros_like(region)
         elif self.config.method == "mean":
-            mean = region[sel].mean(axis=0)
-            region[sel] = np.round(mean).astype(np.uint8)
+            mean = cv2.mean(region, mask=mask)[:3]
+            fill = np.empty_like(region)
+            fill[:] = np.round(mean).astype(np.uint8)
         else:
             px0, py0, px1, py1 = padded_box(
                 bounds, math.ceil(3 * self.config.blur_sigma), *out.shape[:2]
             )
             blurred = blur(req.image[py0:py1, px0:px1], self.config.blur_sigma)
-            region[sel] = blurred[y0 - py0 : y1 - py0, x0 - px0 : x1 - px0][sel]
+            fill = blurred[y0 - py0 : y1 - py0, x0 - px0 : x1 - px0]
+        paste(region, np.ascontiguousarray(fill), mask)
         return out
 
 

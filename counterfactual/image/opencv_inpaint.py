@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 
 from counterfactual.image import EditRequest, ImageConfig
-from counterfactual.image.checks import check_request, padded_box
+from counterfactual.image.checks import check_request, padded_box, paste
 from counterfactual.masks import mask_bounds
 
 _FLAGS = {"telea": cv2.INPAINT_TELEA, "ns": cv2.INPAINT_NS}
@@ -56,6 +56,5 @@ class OpenCVInpainter:
             filled = cv2.resize(filled, (x1 - x0, y1 - y0), interpolation=cv2.INTER_CUBIC)
         else:
             filled = cv2.inpaint(crop, crop_mask, self.config.opencv_radius, self.flag)
-        sel = crop_mask > 0
-        out[y0:y1, x0:x1][sel] = filled[sel]
+        paste(out[y0:y1, x0:x1], filled, crop_mask)
         return out
