@@ -1,0 +1,203 @@
+"""Speed figures for `make bench`: a table on stdout and `benchmarks/latest.json`.
+
+Every figure runs on one core (BLAS and OpenMP threads pinned to 1) and is compared with a
+baseline measured in the same run, because the machine is shared and absolute times drift:
+
+- selection: images/s of the vectorised rules at COCO statistics, and one image at a time;
+- np-removal: captions/s end to end (word pre-check, spaCy parse of the rest, rewrite), beside
+  spaCy's own parse rate on the same captions;
+- image path: per method, decode -> edit -> encode on real photos at 640x480 with about 15% of
+  the pixels masked, as a ratio to a decode -> encode loop over the same files (the floor).
+"""
+
+from __future__ import annotations
+
+import os
+
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+
+from counterfactual.generate import generate_coco  # noqa: E402
+from counterfactual.image import EditRequest, ImageConfig, make_editor  # noqa: E402
+from counterfactual.imageio import encode_jpeg, load_rgb  # noqa: E402
+from counterfactual.masks import box_mask  # noqa: E402
+from counterfactual.readers.coco import read_coco  # noqa: E402
+from counterfactual.selection import SelectionConfig, select, select_many  # noqa: E402
+from counterfactual.text import RewriteRequest, TextConfig, make_rewriter  # noqa: E402
+
+cv2.setNumThreads(1)
+
+
+def best_rate(n: int, fn: Callable[[], object], repeat: int = 3) -> float:
+    """Items per second of the fastest of ``repeat`` runs of ``fn`` over ``n`` items."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return n / min(times)
+
+
+def bench_selection(work: Path, n: int) -> dict[str, float]:
+    files = generate_coco(work / "sel", n, seed=0, write_images=False)
+    records = read_coco(files.instances, files.captions, files.images).records
+    config = SelectionConfig()
+    batch = 1024
+    fast = best_rate(
+        len(records),
+        lambda: [
+            select_many(records[i : i + batch], config) for i in range(0, len(records), batch)
+        ],
+    )
+    few = records[: n // 5]
+    one = best_rate(len(few), lambda: [select(r, config) for r in few])
+    boxes = np.mean([len(r.objects) for r in records])
+    classes = np.mean([len(r.classes) for r in records])
+    return {
+        "selection_images_per_s": fast,
+        "selection_one_at_a_time_images_per_s": one,
+        "selection_batch_speedup": fast / one,
+        "selection_boxes_per_image": float(boxes),
+        "selection_classes_per_image": float(classes),
+    }
+
+
+def bench_np_removal(work: Path, n: int) -> dict[str, float]:
+    files = generate_coco(work / "cap", n, seed=3, write_images=False)
+    records = read_coco(files.instances, files.captions, files.images).records
+    selections = select_many(records, SelectionConfig())
+    requests = [
+        RewriteRequest(c.text, s.plans[0].removed, s.plans[0].kept)
+        for r, s in zip(records, selections, strict=True)
+        if s.plans
+        for c in r.captions
+    ]
+    rewriter = make_rewriter(TextConfig())
+
+    def run() -> None:
+        rewriter._cache.clear()  # type: ignore[attr-defined]  # measure parses, not the cache
+        for i in range(0, len(requests), 256):
+            rewriter(requests[i : i + 256])
+
+    rate = best_rate(len(requests), run, repeat=2)
+    texts = [r.caption for r in requests]
+    from counterfactual.text.nlp import load_spacy
+
+    full = load_spacy(rewriter.model_name)  # type: ignore[attr-defined]
+    parse = best_rate(len(texts), lambda: list(full.pipe(texts, batch_size=256)), repeat=1)
+    mentions = sum(rewriter.vocabulary.may_mention(r.caption, r.removed) for r in requests)  # type: ignore[attr-defined]
+    return {
+        "np_removal_captions_per_s": rate,
+        "spacy_full_pipeline_parse_per_s": parse,
+        "np_removal_vs_spacy_parse": rate / parse,
+        "np_removal_share_parsed": mentions / len(requests),
+    }
+
+
+def real_photos(work: Path, n: int) -> tuple[list[Path], list[np.ndarray]]:
+    """JPEGs of scikit-image's real photos at 640x480, each with boxes masking ~15%."""
+    import skimage.data as data
+
+    names = ["astronaut", "coffee", "chelsea", "rocket", "camera", "immunohistochemistry"]
+    rng = np.random.default_rng(0)
+    paths, masks = [], []
+    for i in range(n):
+        photo = getattr(data, names[i % len(names)])()
+        if photo.ndim == 2:
+            photo = np.stack([photo] * 3, -1)
+        photo = cv2.resize(photo[:, :, :3], (640, 480), interpolation=cv2.INTER_AREA)
+        path = work / f"photo_{i:03d}.jpg"
+        cv2.imwrite(str(path), cv2.cvtColor(photo, cv2.COLOR_RGB2BGR))
+        paths.append(path)
+        boxes, mask = [], np.zeros((480, 640), np.uint8)
+        while np.count_nonzero(mask) < 0.14 * mask.size:
+            w, h = rng.integers(40, 160), rng.integers(40, 120)
+            boxes.append((int(rng.integers(0, 640 - w)), int(rng.integers(0, 480 - h)), w, h))
+            mask = box_mask(480, 640, boxes)
+        masks.append(mask)
+    return paths, masks
+
+
+def bench_images(work: Path, n: int) -> dict[str, float]:
+    paths, masks = real_photos(work, n)
+
+    def floor() -> None:
+        for p in paths:
+            encode_jpeg(load_rgb(p))
+
+    def method(config: ImageConfig) -> Callable[[], None]:
+        editor = make_editor(config)
+
+        def run() -> None:
+            for p, m in zip(paths, masks, strict=True):
+                encode_jpeg(editor([EditRequest(load_rgb(p), m)])[0])
+
+        return run
+
+    methods = {
+        "zero": ImageConfig(method="zero"),
+        "mean": ImageConfig(method="mean"),
+        "blur": ImageConfig(method="blur"),
+        "opencv_inpaint": ImageConfig(method="inpaint"),
+        "opencv_inpaint_max_side_256": ImageConfig(method="inpaint", opencv_max_side=256),
+        "opencv_inpaint_native": ImageConfig(method="inpaint", opencv_max_side=0),
+    }
+    out = {"image_floor_images_per_s": best_rate(len(paths), floor)}
+    for name, config in methods.items():
+        repeat = 1 if name == "opencv_inpaint_native" else 3
+        rate = best_rate(len(paths), method(config), repeat=repeat)
+        out[f"image_{name}_images_per_s"] = rate
+        out[f"image_{name}_vs_floor"] = rate / out["image_floor_images_per_s"]
+    out["image_masked_fraction"] = float(np.mean([np.count_nonzero(m) / m.size for m in masks]))
+    return out
+
+
+TARGETS = {
+    "selection_images_per_s": 20_000,
+    "np_removal_captions_per_s": 3_000,
+    "image_zero_vs_floor": 0.7,
+    "image_mean_vs_floor": 0.7,
+    "image_blur_vs_floor": 0.7,
+    "image_opencv_inpaint_vs_floor": 0.25,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/latest.json"))
+    parser.add_argument("--images", type=int, default=10_000, help="images for selection")
+    parser.add_argument("--captions-images", type=int, default=1_000)
+    parser.add_argument("--photos", type=int, default=30)
+    args = parser.parse_args(argv)
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        figures |= bench_selection(work, args.images)
+        figures |= bench_np_removal(work, args.captions_images)
+        figures |= bench_images(work, args.photos)
+    print(f"{'figure':<44} {'value':>12}  target")
+    for name, value in figures.items():
+        target = TARGETS.get(name)
+        mark = "" if target is None else f">= {target}  {'ok' if value >= target else 'MISSED'}"
+        print(f"{name:<44} {value:>12.3f}  {mark}")
+    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    previous.update({k: round(v, 4) for k, v in figures.items()})
+    previous["_machine"] = f"{platform.machine()}, {os.cpu_count()} cores, one used"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(previous, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
