@@ -13,7 +13,7 @@ import numpy as np
 
 from counterfactual.records import Phrase
 
-TEXT_METHODS = ("np-removal", "prompt", "captioner")
+TEXT_METHODS = ("np-removal", "prompt", "captioner", "shuffle", "nouns-adj")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,10 @@ def make_rewriter(config: TextConfig) -> TextRewriter:
         from counterfactual.text.prompts import PromptWriter
 
         return PromptWriter(config)
+    if config.method in ("shuffle", "nouns-adj"):
+        from counterfactual.text.perturbed import PerturbRewriter
+
+        return PerturbRewriter(config)
     from counterfactual.text.captioner import Captioner
 
     return Captioner(config)
