@@ -13,7 +13,6 @@ from PIL import Image, ImageDraw, ImageFont
 from counterfactual.synth import Counterfactual
 
 _TILE = 320
-_TEXT_H = 92
 _GAP = 8
 
 
@@ -37,25 +36,33 @@ def contact_sheet(examples: Sequence[Counterfactual], path: Path) -> Path:
     if not examples:
         raise ValueError("contact_sheet needs at least one example")
     font = ImageFont.load_default(size=14)
-    width = 2 * _TILE + 3 * _GAP
-    row_h = _TILE + _TEXT_H + _GAP
-    sheet = Image.new("RGB", (width, _GAP + row_h * len(examples)), (255, 255, 255))
-    draw = ImageDraw.Draw(sheet)
-    for i, cf in enumerate(examples):
+    rows = []
+    for cf in examples:
         item = cf.edited.item
-        y = _GAP + i * row_h
         # Boxes are in annotation pixels; scale to the decoded picture if they differ.
         sx = cf.edited.original.shape[1] / item.record.width
         sy = cf.edited.original.shape[0] / item.record.height
-        boxes = [(x * sx, yy * sy, w * sx, h * sy) for x, yy, w, h in item.plan.mask_boxes]
-        sheet.paste(_tile(cf.edited.original, boxes), (_GAP, y))
-        sheet.paste(_tile(cf.edited.image), (2 * _GAP + _TILE, y))
-        removed = ", ".join(item.plan.removed)
-        lines = [f"[{item.record.image_id}] removed: {removed} ({item.plan.kind})"]
+        boxes = [(x * sx, y * sy, w * sx, h * sy) for x, y, w, h in item.plan.mask_boxes]
+        before, after = _tile(cf.edited.original, boxes), _tile(cf.edited.image)
+        lines = [
+            f"[{item.record.image_id}] removed: {', '.join(item.plan.removed)} ({item.plan.kind})"
+        ]
         lines += textwrap.wrap(f"before: {item.caption.text}", 80)[:2]
         lines += textwrap.wrap(f"after:  {cf.caption.text}", 80)[:2]
-        for j, line in enumerate(lines):
-            draw.text((_GAP, y + _TILE + 4 + 17 * j), line, fill=(0, 0, 0), font=font)
+        rows.append((before, after, lines))
+    width = 2 * _TILE + 3 * _GAP
+    height = _GAP + sum(max(b.height, a.height) + 17 * len(t) + 2 * _GAP for b, a, t in rows)
+    sheet = Image.new("RGB", (width, height), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    y = _GAP
+    for before, after, lines in rows:
+        sheet.paste(before, (_GAP, y))
+        sheet.paste(after, (2 * _GAP + _TILE, y))
+        y += max(before.height, after.height) + 4
+        for line in lines:
+            draw.text((_GAP, y), line, fill=(0, 0, 0), font=font)
+            y += 17
+        y += 2 * _GAP - 4
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sheet.save(path)

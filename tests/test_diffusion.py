@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from counterfactual.masks import mask_bounds
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
@@ -22,7 +24,6 @@ from counterfactual.image import EditRequest, ImageConfig, make_editor  # noqa: 
 from counterfactual.image.diffusion import (  # noqa: E402
     DiffusionInpainter,
     crop_box,
-    mask_box,
     work_size,
 )
 
@@ -67,9 +68,9 @@ def _mask(height: int, width: int, y0: int, y1: int, x0: int, x1: int) -> np.nda
 # --- geometry (no model) -------------------------------------------------------------------
 
 
-def test_mask_box() -> None:
-    assert mask_box(np.zeros((4, 5), np.uint8)) is None
-    assert mask_box(_mask(10, 12, 2, 5, 3, 9)) == (3, 2, 9, 5)
+def test_mask_bounds() -> None:
+    assert mask_bounds(np.zeros((4, 5), np.uint8)) is None
+    assert mask_bounds(_mask(10, 12, 2, 5, 3, 9)) == (3, 2, 9, 5)
 
 
 @pytest.mark.parametrize(

@@ -9,20 +9,22 @@ from counterfactual.image import EditRequest
 
 
 def check_request(req: EditRequest) -> None:
-    """Raise ``ValueError`` unless ``req.image`` is (H, W, 3) uint8 and ``req.mask`` (H, W) uint8."""
+    """Raise ``ValueError`` unless the image is (H, W, 3) uint8 and the mask (H, W) uint8."""
     image, mask = req.image, req.mask
-    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3:
-        raise ValueError(f"image must be a uint8 (H, W, 3) array, got {_desc(image)}")
-    if image.shape[2] != 3:
-        raise ValueError(f"image must have 3 channels (RGB), got shape {image.shape}")
-    if not isinstance(mask, np.ndarray) or mask.dtype != np.uint8 or mask.shape != image.shape[:2]:
-        raise ValueError(f"mask must be a uint8 {image.shape[:2]} array, got {_desc(mask)}")
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
+        raise ValueError(f"image must be a uint8 array, got {_kind(image)}")
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"image must have shape (H, W, 3), got {image.shape}")
+    if not isinstance(mask, np.ndarray) or mask.dtype != np.uint8:
+        raise ValueError(f"mask must be a uint8 array, got {_kind(mask)}")
+    if mask.shape != image.shape[:2]:
+        raise ValueError(
+            f"mask must have shape {image.shape[:2]} (the image's H, W), got {mask.shape}"
+        )
 
 
-def _desc(a: object) -> str:
-    if isinstance(a, np.ndarray):
-        return f"{a.dtype} array of shape {a.shape}"
-    return type(a).__name__
+def _kind(a: object) -> str:
+    return str(a.dtype) if isinstance(a, np.ndarray) else type(a).__name__
 
 
 def padded_box(

@@ -30,21 +30,13 @@ from PIL import Image
 
 from counterfactual._lazy import require
 from counterfactual.image import EditRequest, ImageConfig
+from counterfactual.image.checks import check_request
+from counterfactual.masks import mask_bounds
 
 BACKGROUND = "empty background, nothing there"
 """What ``{background}`` in the prompt templates expands to."""
 
 _MULTIPLE = 8
-
-
-def mask_box(mask: np.ndarray) -> tuple[int, int, int, int] | None:
-    """Bounding box ``(x0, y0, x1, y1)`` of ``mask > 0`` in pixels, ``x1``/``y1`` exclusive;
-    ``None`` when the mask is empty."""
-    ys = np.flatnonzero(mask.any(axis=1))
-    if ys.size == 0:
-        return None
-    xs = np.flatnonzero(mask.any(axis=0))
-    return int(xs[0]), int(ys[0]), int(xs[-1]) + 1, int(ys[-1]) + 1
 
 
 def _grow(lo: int, hi: int, size: int, limit: int) -> tuple[int, int]:
@@ -85,23 +77,6 @@ def work_size(crop_width: int, crop_height: int, resolution: int) -> tuple[int, 
         return max(_MULTIPLE, round(side * scale / _MULTIPLE) * _MULTIPLE)
 
     return snap(crop_width), snap(crop_height)
-
-
-def _check_request(request: EditRequest, index: int) -> None:
-    image, mask = request.image, request.mask
-    if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
-        kind = getattr(image, "dtype", type(image).__name__)
-        raise ValueError(f"request {index}: image must be a uint8 array, got {kind}")
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"request {index}: image must have shape (H, W, 3), got {image.shape}")
-    if not isinstance(mask, np.ndarray) or mask.dtype != np.uint8:
-        kind = getattr(mask, "dtype", type(mask).__name__)
-        raise ValueError(f"request {index}: mask must be a uint8 array, got {kind}")
-    if mask.shape != image.shape[:2]:
-        raise ValueError(
-            f"request {index}: mask must have shape {image.shape[:2]} (the image's H, W), "
-            f"got {mask.shape}"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +167,10 @@ class DiffusionInpainter:
         ``ValueError`` if an image is not ``(H, W, 3)`` uint8 or a mask not ``(H, W)`` uint8.
         """
         for index, request in enumerate(batch):
-            _check_request(request, index)
+            try:
+                check_request(request)
+            except ValueError as err:
+                raise ValueError(f"request {index}: {err}") from err
         results: list[np.ndarray | None] = [None] * len(batch)
         groups: dict[tuple[int, int], list[_Job]] = {}
         for index, request in enumerate(batch):
@@ -210,7 +188,7 @@ class DiffusionInpainter:
         return [r for r in results if r is not None]
 
     def _prepare(self, index: int, request: EditRequest) -> _Job | None:
-        box = mask_box(request.mask)
+        box = mask_bounds(request.mask)
         if box is None:
             return None
         height, width = request.mask.shape
