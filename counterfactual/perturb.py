@@ -10,13 +10,14 @@ contrastive negatives of section 5: for a positive ``(i, e, b)`` and another sam
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from counterfactual.jsonl import json_objects
 
 if TYPE_CHECKING:
     from spacy.language import Language
@@ -139,26 +140,12 @@ def read_jsonl(path: str | Path, required: Sequence[str] = ("expression",)) -> l
     """The JSON objects of a UTF-8 JSON Lines file, one per non-blank line. Malformed JSON, a
     line that is not an object, or an object without a ``required`` field is a ``ValueError``
     naming the file and line."""
-    path = Path(path)
     records = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        where = f"{path} line {number}"
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{where}: not UTF-8 ({err.reason})") from None
-        if not text.strip():
-            continue
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: malformed JSON: {err.msg} (column {err.colno})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(value).__name__}")
-        absent = [name for name in required if name not in value]
+    for item in json_objects(path):
+        absent = [name for name in required if name not in item.value]
         if absent:
-            raise ValueError(f"{where}: missing field(s) {', '.join(absent)}")
-        records.append(JsonRecord(source=str(path), line=number, fields=value))
+            raise ValueError(f"{item.where}: missing field(s) {', '.join(absent)}")
+        records.append(JsonRecord(source=str(path), line=item.line, fields=item.value))
     return records
 
 

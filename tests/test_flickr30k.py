@@ -270,3 +270,34 @@ def test_records_feed_the_selection(flickr: Path) -> None:
     record = read_flickr30k(flickr, split="train").records[0]
     sel = candidates(record, SelectionConfig())
     assert [p.target for p in sel.candidates] == ["people", "animals", "vehicles"]
+
+
+def test_synth_end_to_end_removes_phrases_by_type(flickr: Path, tmp_path: Path) -> None:
+    import json
+
+    import numpy as np
+    import webdataset as wds
+    from PIL import Image
+
+    from counterfactual.cli import main
+
+    images = flickr / "flickr30k-images"
+    images.mkdir()
+    Image.fromarray(np.full((375, 500, 3), 128, np.uint8)).save(images / "1000.jpg")
+    out = tmp_path / "out"
+    args = ["synth", "--dataset", "flickr30k", "--root", str(flickr), "--out", str(out)]
+    assert (
+        main([*args, "--image-method", "zero", "--policy", "all", "--captions-per-image", "all"])
+        == 0
+    )
+    urls = sorted(str(p) for p in out.glob("shard-*.tar"))
+    samples = list(wds.WebDataset(urls, shardshuffle=False).decode().to_tuple("txt", "json"))
+    assert samples
+    for text, meta in samples:
+        removed = set(meta["plan"]["removed"])
+        for phrase in meta["removed_phrases"]:
+            assert phrase not in text
+        if meta["caption_id"] == "1000_0" and removed == {"animals"}:
+            assert text == "A man in a red hat rides past a car."
+    statuses = [json.loads(line) for line in (out / "status.jsonl").read_text().splitlines()]
+    assert {s["image_id"] for s in statuses} >= {"1000", "2000", "3000", "4000", "5000"}

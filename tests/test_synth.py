@@ -223,3 +223,22 @@ def test_missing_annotation_file_is_a_clear_error(tmp_path, capsys):
     )
     assert code == 2 and "nope.json" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "o", ignore_errors=True)
+
+
+def test_shard_writer_contract(tmp_path):
+    from counterfactual.shards import Sample, ShardWriter, sample_key
+
+    assert sample_key("123", "person", "45") == "123_person_45"
+    odd = sample_key("a.b", "hot dog", "x_y")
+    assert "." not in odd and " " not in odd and odd != sample_key("a-b", "hot dog", "x_y")
+    with ShardWriter(tmp_path, samples_per_shard=2) as writer:
+        for i in range(5):
+            writer.write(Sample(f"k{i}", b"\xff\xd8", f"t{i}", {"i": i}))
+    assert writer.written == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert not list(tmp_path.glob("*.tmp"))
+    stats = json.loads((tmp_path / "shard-000002_stats.json").read_text())
+    assert stats == {"shard": "shard-000002.tar", "count": 1, "keys": ["k4"]}
+    rows = list(wds.WebDataset(sorted(str(p) for p in tmp_path.glob("*.tar")), shardshuffle=False))
+    assert [r["__key__"] for r in rows] == [f"k{i}" for i in range(5)]
+    with pytest.raises(ValueError, match="dot"):
+        ShardWriter(tmp_path / "x").write(Sample("a.b", b"", "", {}))

@@ -37,7 +37,6 @@ person-box pairs the assignment gets right, over all samples (as *Who's Waldo* s
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -47,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from counterfactual.jsonl import json_objects
 
 NAME_TOKEN = "[NAME]"
 
@@ -178,31 +179,13 @@ def parse_sample(obj: Mapping[str, Any]) -> PersonSample:
     return PersonSample(sample_id, caption, names_t, boxes_t, truth, raw=obj)
 
 
-def _json_lines(path: Path) -> Iterable[tuple[str, Any]]:
-    """``(where, value)`` for each non-blank line; ``where`` is ``"PATH line N"``."""
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        where = f"{path} line {number}"
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{where}: not UTF-8 ({err.reason})") from None
-        if not text.strip():
-            continue
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: malformed JSON: {err.msg} (column {err.colno})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(value).__name__}")
-        yield where, value
-
-
 def read_samples(path: str | Path) -> list[PersonSample]:
     """All samples of a JSON Lines file; a malformed line or a repeated ``id`` is a
     ``ValueError`` naming the file and line."""
     samples: list[PersonSample] = []
     seen: set[str] = set()
-    for where, obj in _json_lines(Path(path)):
+    for item in json_objects(path):
+        where, obj = item.where, item.value
         try:
             sample = parse_sample(obj)
         except ValueError as err:
@@ -220,7 +203,8 @@ def read_predictions(path: str | Path) -> dict[str, dict[int, int]]:
     Persons left out of ``pred`` get no box. Errors name the file and line.
     """
     out: dict[str, dict[int, int]] = {}
-    for where, obj in _json_lines(Path(path)):
+    for item in json_objects(path):
+        where, obj = item.where, item.value
         try:
             sample_id = _sample_id(obj)
             if "pred" not in obj:

@@ -40,7 +40,7 @@ class ImageConfig:
     # OpenCV inpainting
     opencv_algorithm: str = "telea"
     opencv_radius: int = 3
-    opencv_max_side: int = 256
+    opencv_max_side: int = 192
     """The padded crop around the mask is inpainted at most this many pixels on its long side
     and scaled back (0 = native resolution)."""
     # diffusers inpainting
