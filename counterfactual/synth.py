@@ -303,18 +303,20 @@ def run_local(
     rewriter: TextRewriter | None = None,
     keep_examples: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    failures: Sequence[Status] = (),
 ) -> RunResult:
     """Run every step in this process and write shards, ``status.jsonl`` and ``summary.json``
-    into ``out_dir``. ``keep_examples`` counterfactuals are kept in memory for a contact sheet.
+    into ``out_dir``. ``keep_examples`` counterfactuals are kept in memory for a contact sheet;
+    ``failures`` (images the reader could not turn into records) join the status record.
     """
     start = time.perf_counter()
     out_dir = Path(out_dir)
     editor = editor or make_editor(config.image)
     rewriter = rewriter or make_rewriter(config.text)
     editor_info, text_info = editor.describe(), rewriter.describe()
-    statuses: list[Status] = []
+    statuses: list[Status] = list(failures)
     examples: list[Counterfactual] = []
-    seen = 0
+    seen = len(failures)
     with ShardWriter(out_dir, config.samples_per_shard) as writer:
         for batch in _batches(records, config.batch_size):
             finished, batch_status = process_batch(batch, config, editor, rewriter)

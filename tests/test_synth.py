@@ -163,6 +163,7 @@ def test_shards_read_back_with_webdataset(run):
     assert (run / "contact_sheet.png").exists()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["samples"] == len(samples)
+    assert summary["images"] == 14 and summary["counts"]["failed:unsafe-path"] == 1
 
 
 def test_pixels_outside_the_mask_survive_jpeg(run, coco):

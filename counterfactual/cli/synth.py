@@ -130,12 +130,9 @@ def run(args: argparse.Namespace) -> int:
     dataset = load_dataset(args)
     records = dataset.records[: args.limit] if args.limit else dataset.records
     print(f"{dataset.name}: {len(records)} images -> {args.out}", file=sys.stderr)
-    result = run_local(records, args.out, config, keep_examples=args.contact_sheet)
-    if dataset.failures:
-        from counterfactual.synth import write_status
-
-        result.statuses.extend(dataset.failures)
-        write_status(args.out / "status.jsonl", result.statuses)
+    result = run_local(
+        records, args.out, config, keep_examples=args.contact_sheet, failures=dataset.failures
+    )
     if result.examples:
         from counterfactual.contact_sheet import contact_sheet
 
