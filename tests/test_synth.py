@@ -243,3 +243,43 @@ def test_shard_writer_contract(tmp_path):
     assert [r["__key__"] for r in rows] == [f"k{i}" for i in range(5)]
     with pytest.raises(ValueError, match="dot"):
         ShardWriter(tmp_path / "x").write(Sample("a.b", b"", "", {}))
+
+
+@pytest.mark.slow
+def test_diffusers_inpainting_and_captioner_through_the_command(coco, tmp_path):
+    """A user's model path goes through the same loading code: tiny random models saved to disk."""
+    from tiny_captioner import build_tiny_blip
+    from tiny_diffusion import build_tiny_inpaint_pipeline
+
+    sd = build_tiny_inpaint_pipeline(tmp_path / "sd")
+    blip = build_tiny_blip(tmp_path / "blip")
+    out = tmp_path / "out"
+    code = synth(
+        coco,
+        out,
+        "--limit",
+        "5",
+        "--image-method",
+        "inpaint",
+        "--inpaint-backend",
+        "diffusers",
+        "--inpaint-model",
+        str(sd),
+        "--steps",
+        "2",
+        "--resolution",
+        "64",
+        "--text-method",
+        "captioner",
+        "--captioner-model",
+        str(blip),
+    )
+    assert code == 0
+    samples = read_shards(out)
+    assert samples
+    for _key, image, text, meta in samples:
+        assert meta["image_method"]["backend"] == "diffusers"
+        assert meta["image_method"]["model"] == str(sd)
+        assert meta["text_method"]["method"] == "captioner"
+        assert isinstance(text, str) and text == meta["caption"]
+        assert image.size == (meta["width"], meta["height"])

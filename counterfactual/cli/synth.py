@@ -48,7 +48,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i.add_argument("--inpaint-model", default=_IMAGE.model, help="diffusers id or path")
     i.add_argument("--device", default="cpu", help="torch device for learned models")
     i.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    i.add_argument("--steps", type=int, default=_IMAGE.steps)
+    i.add_argument("--steps", type=int, default=_IMAGE.steps, help="diffusion steps")
+    i.add_argument(
+        "--resolution", type=int, default=_IMAGE.resolution, help="diffusion working size (px)"
+    )
+    i.add_argument("--inpaint-batch-size", type=int, default=_IMAGE.batch_size)
+    i.add_argument("--prompt", default=_IMAGE.prompt, help="{background}, {kept}, {removed}")
+    i.add_argument("--negative-prompt", default=_IMAGE.negative_prompt)
     i.add_argument("--mask-source", choices=MASK_SOURCES, default="box")
     i.add_argument("--dilate", type=int, default=0, help="grow masks by N pixels")
     i.add_argument("--blur-sigma", type=float, default=_IMAGE.blur_sigma)
@@ -108,6 +114,10 @@ def build_config(args: argparse.Namespace) -> SynthConfig:
             device=args.device,
             dtype=args.dtype,
             steps=args.steps,
+            resolution=args.resolution,
+            batch_size=args.inpaint_batch_size,
+            prompt=args.prompt,
+            negative_prompt=args.negative_prompt,
             blur_sigma=args.blur_sigma,
         ),
         text=TextConfig(
