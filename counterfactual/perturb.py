@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from counterfactual.jsonl import json_objects
+from counterfactual.jsonl import JsonLine, json_objects
 
 if TYPE_CHECKING:
     from spacy.language import Language
@@ -116,19 +116,6 @@ def record_seed(seed: int, index: int) -> int:
 # --- JSON Lines records ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class JsonRecord:
-    """One JSON object of a JSON Lines file; ``line`` is 1-based."""
-
-    source: str
-    line: int
-    fields: dict[str, Any]
-
-    @property
-    def where(self) -> str:
-        return f"{self.source} line {self.line}"
-
-
 REQUIRED_FIELDS = {
     "shuffle": ("expression",),
     "nouns-adj": ("expression",),
@@ -136,7 +123,7 @@ REQUIRED_FIELDS = {
 }
 
 
-def read_jsonl(path: str | Path, required: Sequence[str] = ("expression",)) -> list[JsonRecord]:
+def read_jsonl(path: str | Path, required: Sequence[str] = ("expression",)) -> list[JsonLine]:
     """The JSON objects of a UTF-8 JSON Lines file, one per non-blank line. Malformed JSON, a
     line that is not an object, or an object without a ``required`` field is a ``ValueError``
     naming the file and line."""
@@ -145,22 +132,22 @@ def read_jsonl(path: str | Path, required: Sequence[str] = ("expression",)) -> l
         absent = [name for name in required if name not in item.value]
         if absent:
             raise ValueError(f"{item.where}: missing field(s) {', '.join(absent)}")
-        records.append(JsonRecord(source=str(path), line=item.line, fields=item.value))
+        records.append(item)
     return records
 
 
-def _expression(record: JsonRecord) -> str:
-    value = record.fields["expression"]
+def _expression(record: JsonLine) -> str:
+    value = record.value["expression"]
     if not isinstance(value, str):
         raise ValueError(f"{record.where}: 'expression' must be a string, got {value!r}")
     return value
 
 
-def _sample(record: JsonRecord) -> GroundedSample:
-    image = record.fields["image"]
+def _sample(record: JsonLine) -> GroundedSample:
+    image = record.value["image"]
     if isinstance(image, bool) or not isinstance(image, str | int):
         raise ValueError(f"{record.where}: 'image' must be a string or an integer, got {image!r}")
-    box = record.fields["box"]
+    box = record.value["box"]
     if (
         not isinstance(box, list)
         or len(box) != 4
@@ -187,7 +174,7 @@ def _sample_dict(sample: GroundedSample) -> dict[str, Any]:
 
 
 def perturb_records(
-    records: Sequence[JsonRecord],
+    records: Sequence[JsonLine],
     mode: str,
     *,
     seed: int = 0,
@@ -207,7 +194,7 @@ def perturb_records(
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
     if batch_size < 0 or batch_size == 1:
         raise ValueError(f"batch_size must be 0 (one batch) or >= 2, got {batch_size}")
-    out = [dict(record.fields) for record in records]
+    out = [dict(record.value) for record in records]
     if mode == "shuffle":
         for index, record in enumerate(records):
             out[index]["expression_shuffled"] = shuffle(
@@ -230,7 +217,7 @@ def perturb_records(
             except ValueError as err:
                 first, last = records[indices[0]], records[indices[-1]]
                 raise ValueError(
-                    f"{first.source} lines {first.line}-{last.line} (one batch): {err}"
+                    f"{first.path} lines {first.line}-{last.line} (one batch): {err}"
                 ) from None
             for negatives in negatives_of_batch:
                 fields = out[indices[negatives.anchor]]
