@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from counterfactual.geometry import box_cells
 from counterfactual.records import ImageRecord
 
 POLICIES = ("uniform", "all")
@@ -240,16 +241,9 @@ def _evaluate_chunk(
         group[j, : len(idx)] = grp
         n_classes[j] = len(names)
     # The cell grid of each image (padding boxes are empty and cover no cell).
-    xs = np.sort(boxes[:, :, 0::2].reshape(n, -1), axis=1)
-    ys = np.sort(boxes[:, :, 1::2].reshape(n, -1), axis=1)
-    cx = (xs[:, :-1] + xs[:, 1:]) * 0.5
-    cy = (ys[:, :-1] + ys[:, 1:]) * 0.5
-    in_x = (boxes[:, :, 0:1] < cx[:, None, :]) & (cx[:, None, :] < boxes[:, :, 2:3])
-    in_y = (boxes[:, :, 1:2] < cy[:, None, :]) & (cy[:, None, :] < boxes[:, :, 3:4])
-    box_cover = (in_x[:, :, :, None] & in_y[:, :, None, :]).reshape(n, size, -1)
+    box_cover, cell_area = box_cells(boxes)
     onehot = (group[:, None, :] == np.arange(k_max)[None, :, None]).astype(np.float32)
     cover = np.minimum(onehot @ box_cover.astype(np.float32), 1.0).astype(np.float64)
-    cell_area = (np.diff(xs)[:, :, None] * np.diff(ys)[:, None, :]).reshape(n, -1)
     weighted = cover * cell_area[:, None, :]
     inter = cover @ weighted.transpose(0, 2, 1)  # [r, c] = area(B_r ∩ B_c)
     area = inter.diagonal(axis1=1, axis2=2)
