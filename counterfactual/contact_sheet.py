@@ -1,16 +1,22 @@
 """A before/after contact sheet: per row the original with the removed boxes outlined, the
-edited picture, and the old and new caption underneath."""
+edited picture, and the old and new caption underneath; built from a run's shards."""
 
 from __future__ import annotations
 
+import io
+import json
+import tarfile
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from counterfactual.synth import Counterfactual
+from counterfactual.imageio import SampleError
+from counterfactual.records import ImageRecord
+from counterfactual.synth import load_record_image
 
 _TILE = 320
 _GAP = 8
@@ -31,24 +37,66 @@ def _tile(image: np.ndarray, boxes: Sequence[Sequence[float]] = ()) -> Image.Ima
     return im
 
 
-def contact_sheet(examples: Sequence[Counterfactual], path: Path) -> Path:
+@dataclass(frozen=True, slots=True)
+class SheetRow:
+    """One example: ``original``/``edited`` are RGB ``uint8``; ``meta`` is the sample's json;
+    ``boxes`` are the removed boxes (xywh) in the pixels of ``original``."""
+
+    original: np.ndarray
+    edited: np.ndarray
+    boxes: tuple[tuple[float, float, float, float], ...]
+    meta: dict
+
+
+def shard_samples(out_dir: Path) -> Iterator[tuple[bytes, dict]]:
+    """``(jpg, meta)`` of each sample in the run's shards, in shard order."""
+    for shard in sorted(Path(out_dir).glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            jpgs: dict[str, bytes] = {}
+            for member in tar:
+                key, _, ext = member.name.partition(".")
+                data = tar.extractfile(member)
+                if data is None:
+                    continue
+                if ext == "jpg":
+                    jpgs[key] = data.read()
+                elif ext == "json":
+                    yield jpgs.pop(key), json.loads(data.read())
+
+
+def sheet_rows(out_dir: Path, records: Mapping[str, ImageRecord], n: int) -> list[SheetRow]:
+    """The first ``n`` samples of a run whose original picture still loads."""
+    rows: list[SheetRow] = []
+    for jpg, meta in shard_samples(out_dir):
+        if len(rows) >= n:
+            break
+        record = records.get(meta["image_id"])
+        if record is None:
+            continue
+        try:
+            original = load_record_image(record, 1 << 40)
+        except SampleError:
+            continue
+        # Boxes are in annotation pixels; scale to the decoded picture if they differ.
+        sx, sy = original.shape[1] / record.width, original.shape[0] / record.height
+        boxes = tuple((x * sx, y * sy, w * sx, h * sy) for x, y, w, h in meta["mask_boxes"])
+        edited = np.asarray(Image.open(io.BytesIO(jpg)).convert("RGB"))
+        rows.append(SheetRow(original, edited, boxes, meta))
+    return rows
+
+
+def contact_sheet(examples: Sequence[SheetRow], path: Path) -> Path:
     """Write a PNG with one row per example and return its path."""
     if not examples:
         raise ValueError("contact_sheet needs at least one example")
     font = ImageFont.load_default(size=14)
     rows = []
-    for cf in examples:
-        item = cf.edited.item
-        # Boxes are in annotation pixels; scale to the decoded picture if they differ.
-        sx = cf.edited.original.shape[1] / item.record.width
-        sy = cf.edited.original.shape[0] / item.record.height
-        boxes = [(x * sx, y * sy, w * sx, h * sy) for x, y, w, h in item.plan.mask_boxes]
-        before, after = _tile(cf.edited.original, boxes), _tile(cf.edited.image)
-        lines = [
-            f"[{item.record.image_id}] removed: {', '.join(item.plan.removed)} ({item.plan.kind})"
-        ]
-        lines += textwrap.wrap(f"before: {item.caption.text}", 80)[:2]
-        lines += textwrap.wrap(f"after:  {cf.caption.text}", 80)[:2]
+    for ex in examples:
+        meta, plan = ex.meta, ex.meta["plan"]
+        before, after = _tile(ex.original, ex.boxes), _tile(ex.edited)
+        lines = [f"[{meta['image_id']}] removed: {', '.join(plan['removed'])} ({plan['kind']})"]
+        lines += textwrap.wrap(f"before: {meta['original_caption']}", 80)[:2]
+        lines += textwrap.wrap(f"after:  {meta['caption']}", 80)[:2]
         rows.append((before, after, lines))
     width = 2 * _TILE + 3 * _GAP
     height = _GAP + sum(max(b.height, a.height) + 17 * len(t) + 2 * _GAP for b, a, t in rows)

@@ -108,9 +108,9 @@ def test_synth_writes_shuffled_shards(tmp_path) -> None:
         webdataset.WebDataset(urls, shardshuffle=False).decode("pil").to_tuple("txt", "json")
     )
     assert samples
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["samples"] == len(samples)
-    assert summary["text_method"]["method"] == "shuffle"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["samples"] == len(samples)
+    assert manifest["config"]["text"]["method"] == "shuffle"
     for txt, meta in samples:
         assert meta["text_method"]["method"] == "shuffle"
         assert meta["caption"] == txt

@@ -7,59 +7,15 @@ import shutil
 import numpy as np
 import pytest
 import webdataset as wds
+from bad_coco import ODD_CAPTION, make_bad_coco
 from PIL import Image
 
 from counterfactual.cli import main
-from counterfactual.generate import generate_coco
-
-ODD_CAPTION = "Ein Hund 🐕 neben a dog — naïve café\u200b with a\ttab."
 
 
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory):
-    root = tmp_path_factory.mktemp("coco")
-    files = generate_coco(root, 14, seed=1)
-    inst = json.loads(files.instances.read_text())
-    caps = json.loads(files.captions.read_text())
-    images = {im["id"]: im for im in inst["images"]}
-    path = {i: files.images / im["file_name"] for i, im in images.items()}
-    # two small objects in opposite corners give every image a removable class
-    for i, im in images.items():
-        for cat, x, y in ((1, 0, 0), (18, im["width"] - 24, im["height"] - 24)):
-            inst["annotations"].append(
-                {
-                    "id": 10000 + 2 * i + (cat > 1),
-                    "image_id": i,
-                    "category_id": cat,
-                    "bbox": [x, y, 24, 24],
-                    "iscrowd": 0,
-                }
-            )
-    photo = np.asarray(Image.open(path[4]).convert("RGB"))
-    path[1].write_bytes(b"not a jpeg at all")  # corrupt
-    path[2].unlink()  # missing
-    path[3].write_bytes(b"")  # empty
-    Image.fromarray(photo).convert("CMYK").save(path[4], "JPEG")  # CMYK
-    Image.fromarray(photo).convert("L").save(path[5], "JPEG")  # grayscale
-    exif = Image.Exif()
-    exif[0x0112] = 6  # rotated: stored sideways, upright after EXIF transpose
-    Image.fromarray(photo).transpose(Image.Transpose.ROTATE_270).save(path[6], exif=exif)
-    Image.fromarray(np.zeros((1000, 1200, 3), np.uint8)).save(path[7].with_suffix(".png"))
-    images[7].update(file_name=path[7].with_suffix(".png").name, width=1200, height=1000)
-    images[8]["file_name"] = "../../../etc/passwd"  # must never be read
-    inst["annotations"].append(
-        {"id": 9999, "image_id": 9, "category_id": 999, "bbox": [1, 1, 5, 5], "iscrowd": 0}
-    )
-    for ann in inst["annotations"]:
-        if ann["image_id"] == 10:
-            ann["bbox"] = [ann["bbox"][0] + 500, ann["bbox"][1] - 300, 900, 900]  # outside
-    for cap in caps["annotations"]:
-        if cap["image_id"] == 11:
-            cap["caption"] = ODD_CAPTION
-    Image.fromarray(photo[:300, :100]).save(path[12])  # size disagrees with annotation
-    files.instances.write_text(json.dumps(inst))
-    files.captions.write_text(json.dumps(caps))
-    return files
+    return make_bad_coco(tmp_path_factory.mktemp("coco"))
 
 
 def synth(files, out, *extra):
@@ -161,9 +117,11 @@ def test_shards_read_back_with_webdataset(run):
     odd = [m for *_, m in samples if m["image_id"] == "11"]
     assert odd and all(m["original_caption"] == ODD_CAPTION for m in odd)
     assert (run / "contact_sheet.png").exists()
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["samples"] == len(samples)
-    assert summary["images"] == 14 and summary["counts"]["failed:unsafe-path"] == 1
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["samples"] == len(samples) and manifest["runner"] == "local"
+    assert manifest["images"] == 14 and manifest["counts"]["failed:unsafe-path"] == 1
+    assert manifest["versions"]["counterfactual"] and manifest["config"]["seed"] == 0
+    assert set(manifest["stages"]) == {"decode", "edit", "rewrite", "encode"}
 
 
 def test_pixels_outside_the_mask_survive_jpeg(run, coco):
@@ -226,23 +184,56 @@ def test_missing_annotation_file_is_a_clear_error(tmp_path, capsys):
     shutil.rmtree(tmp_path / "o", ignore_errors=True)
 
 
-def test_shard_writer_contract(tmp_path):
-    from counterfactual.shards import Sample, ShardWriter, sample_key
+def test_sample_keys_are_stable_and_dotless():
+    from counterfactual.shards import sample_key
 
     assert sample_key("123", "person", "45") == "123_person_45"
     odd = sample_key("a.b", "hot dog", "x_y")
     assert "." not in odd and " " not in odd and odd != sample_key("a-b", "hot dog", "x_y")
-    with ShardWriter(tmp_path, samples_per_shard=2) as writer:
-        for i in range(5):
-            writer.write(Sample(f"k{i}", b"\xff\xd8", f"t{i}", {"i": i}))
-    assert writer.written == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+
+
+def test_assembler_writes_item_order_whatever_the_arrival_order(tmp_path):
+    from counterfactual.records import Status
+    from counterfactual.shards import Sample, ShardAssembler, read_stats
+
+    def item(i):
+        if i == 3:  # a failed item: a status row, no sample
+            return None, Status(str(i), "failed", "decode-error", "", f"k{i}", "dog")
+        return Sample(f"k{i}", b"\xff\xd8", f"t{i}", {"i": i}), Status(str(i), "written")
+
+    asm = ShardAssembler(tmp_path, {0: 2, 1: 2, 2: 1})
+    committed = []
+    for shard, index in [(1, 1), (2, 0), (0, 1), (1, 0), (0, 0), (0, 0)]:
+        stats = asm.add(shard, index, *item(2 * shard + index))
+        committed.append(stats.shard if stats else None)
+    assert committed == [
+        None,
+        "shard-000002.tar",
+        None,
+        "shard-000001.tar",
+        "shard-000000.tar",
+        None,
+    ]
+    assert asm.duplicates == 1 and asm.pending == []
     assert not list(tmp_path.glob("*.tmp"))
-    stats = json.loads((tmp_path / "shard-000002_stats.json").read_text())
-    assert stats == {"shard": "shard-000002.tar", "count": 1, "keys": ["k4"]}
-    rows = list(wds.WebDataset(sorted(str(p) for p in tmp_path.glob("*.tar")), shardshuffle=False))
-    assert [r["__key__"] for r in rows] == [f"k{i}" for i in range(5)]
+    done = read_stats(tmp_path)
+    assert sorted(done) == [0, 1, 2]
+    assert (done[1].count, done[1].items, done[1].keys) == (1, 2, ("k2",))
+    assert [s.reason for s in done[1].status] == [None, "decode-error"]
+    urls = sorted(str(p) for p in tmp_path.glob("*.tar"))
+    rows = list(wds.WebDataset(urls, shardshuffle=False))
+    assert [r["__key__"] for r in rows] == ["k0", "k1", "k2", "k4"]
+    with pytest.raises(ValueError, match="not planned"):
+        asm.add(7, 0, *item(0))
     with pytest.raises(ValueError, match="dot"):
-        ShardWriter(tmp_path / "x").write(Sample("a.b", b"", "", {}))
+        ShardAssembler(tmp_path / "x", {0: 1}).add(
+            0, 0, Sample("a.b", b"", "", {}), Status("a", "written")
+        )
+    # a writer that stops half-way leaves no temporary file behind
+    half = ShardAssembler(tmp_path / "half", {0: 2})
+    half.add(0, 0, *item(0))
+    half.abort()
+    assert not list((tmp_path / "half").iterdir())
 
 
 @pytest.mark.slow
