@@ -7,10 +7,13 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 
 DATASET ?= demo
-OUT ?= out/$(DATASET)
-IMAGE ?= inpaint
-TEXT ?= np-removal
+CONFIG ?= pipelines/configs/$(DATASET).yaml
+RUNNER ?= ray
+IMAGE ?=
+TEXT ?=
+OUT ?= out/$(DATASET)$(if $(IMAGE),-$(IMAGE))$(if $(TEXT),-$(TEXT))
 ROOT ?=
+DOWNLOAD ?= 1
 ARGS ?=
 
 # Nothing in the offline demo, the tests or the benchmarks reaches the network.
@@ -19,7 +22,7 @@ export HF_HUB_DISABLE_TELEMETRY ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install synth test test-fast lint format bench clean
+.PHONY: help install synth data test test-fast lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,9 +36,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install the package with every extra (torch first)
 
-synth: $(STAMP) ## make counterfactual shards: DATASET=demo|coco|flickr30k [ROOT= OUT= IMAGE= TEXT= ARGS=]
-	$(BIN)/counterfactual synth --dataset $(DATASET) $(if $(ROOT),--root $(ROOT)) \
-		--out $(OUT) --image-method $(IMAGE) --text-method $(TEXT) $(ARGS)
+synth: $(STAMP) ## make shards on Ray: DATASET=demo|coco|flickr30k [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
+	$(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) --out $(OUT) \
+		$(if $(ROOT),--root $(ROOT)) $(if $(IMAGE),--image-method $(IMAGE)) \
+		$(if $(TEXT),--text-method $(TEXT)) $(ARGS)
+
+data: $(STAMP) ## fetch and verify the official files: DATASET=coco|flickr30k [ROOT=data/DATASET DOWNLOAD=0 lists only]
+	$(BIN)/counterfactual data --dataset $(DATASET) --root $(or $(ROOT),data/$(DATASET)) \
+		$(if $(filter 1 yes true,$(DOWNLOAD)),--download) $(ARGS)
 
 test: $(STAMP) ## the offline test suite
 	$(BIN)/python -m pytest -q
@@ -44,12 +52,12 @@ test-fast: $(STAMP) ## the suite without the slow (model-loading, end-to-end) te
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP) ## check style (ruff)
-	$(BIN)/ruff check counterfactual tests benchmarks
-	$(BIN)/ruff format --check counterfactual tests benchmarks
+	$(BIN)/ruff check counterfactual pipelines tests benchmarks
+	$(BIN)/ruff format --check counterfactual pipelines tests benchmarks
 
 format: $(STAMP) ## fix style (ruff)
-	$(BIN)/ruff check --fix counterfactual tests benchmarks
-	$(BIN)/ruff format counterfactual tests benchmarks
+	$(BIN)/ruff check --fix counterfactual pipelines tests benchmarks
+	$(BIN)/ruff format counterfactual pipelines tests benchmarks
 
 bench: $(STAMP) ## speed figures as ratios; writes benchmarks/latest.json
 	$(BIN)/python benchmarks/bench.py --out benchmarks/latest.json

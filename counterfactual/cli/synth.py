@@ -1,4 +1,5 @@
-"""``counterfactual synth``: make counterfactual shards from a dataset (in-process runner)."""
+"""``counterfactual synth``: make counterfactual shards from a dataset, in this process
+(``--runner local``) or on Ray (``--runner ray``), optionally from a YAML config."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from counterfactual.image import IMAGE_METHODS, INPAINT_BACKENDS, ImageConfig
 from counterfactual.masks import MASK_SOURCES, MaskConfig
 from counterfactual.readers import DATASETS
 from counterfactual.records import Dataset
-from counterfactual.synth import CAPTION_CHOICES, SynthConfig, run_local
+from counterfactual.synth import CAPTION_CHOICES, SynthConfig
 from counterfactual.text import TEXT_METHODS, TextConfig
 
 _IMAGE, _TEXT, _SYNTH = ImageConfig(), TextConfig(), SynthConfig()
@@ -23,7 +24,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="erase objects, rewrite captions, write WebDataset shards",
         description="Select removable classes, erase them from the images, rewrite the captions "
         "and write WebDataset shards (jpg, txt, json per sample) plus status.jsonl (one row per "
-        "input image or sample, with the reason for anything not written) and summary.json.",
+        "input image or sample, with the reason for anything not written) and manifest.json. "
+        "Rerunning the same command into the same --out resumes: finished shards are kept.",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="YAML file of options (keys are the long option names, e.g. image_method: blur); "
+        "options given on the command line win",
+    )
+    p.add_argument(
+        "--runner",
+        choices=("local", "ray"),
+        default="local",
+        help="local: every step in this process; ray: Ray Data stages on a local Ray or the "
+        "cluster in RAY_ADDRESS",
     )
     d = p.add_argument_group("data")
     d.add_argument("--dataset", choices=DATASETS, default="demo")
@@ -40,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--split-file", type=Path, help="Karpathy dataset_coco.json")
     d.add_argument("--split", default=None, help="train, val or test (Karpathy / Flickr30k)")
     d.add_argument("--limit", type=int, default=None, help="only the first N images")
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--out", type=Path, default=None, help="output folder (required)")
     add_selection_args(p)
     i = p.add_argument_group("image")
     i.add_argument("--image-method", choices=IMAGE_METHODS, default="inpaint")
@@ -71,6 +87,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     o.add_argument(
         "--contact-sheet", type=int, default=8, help="rows in contact_sheet.png (0: none)"
+    )
+    o.add_argument(
+        "--batch-size", type=int, default=_SYNTH.batch_size, help="items per CPU-step batch"
+    )
+    r = p.add_argument_group("ray (with --runner ray)")
+    r.add_argument("--ray-address", default=None, help="cluster to join (default: RAY_ADDRESS)")
+    r.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
+    r.add_argument("--cpu-actors", type=int, default=None, help="actors per CPU stage")
+    r.add_argument("--model-actors", type=int, default=None, help="actors per model stage")
+    r.add_argument("--gpus-per-actor", type=float, default=1.0)
+    r.add_argument("--model-batch-size", type=int, default=None, help="items per model call")
+    r.add_argument(
+        "--no-dashboard",
+        dest="dashboard",
+        action="store_false",
+        help="do not start the Ray dashboard (local Ray)",
     )
     p.set_defaults(func=run)
 
@@ -132,23 +164,42 @@ def build_config(args: argparse.Namespace) -> SynthConfig:
         seed=args.seed,
         samples_per_shard=args.samples_per_shard,
         max_pixels=args.max_pixels,
+        batch_size=args.batch_size,
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is None:
+        raise ValueError("--out is required (on the command line or in --config)")
     config = build_config(args)
     dataset = load_dataset(args)
     records = dataset.records[: args.limit] if args.limit else dataset.records
-    print(f"{dataset.name}: {len(records)} images -> {args.out}", file=sys.stderr)
-    result = run_local(
-        records, args.out, config, keep_examples=args.contact_sheet, failures=dataset.failures
-    )
-    if result.examples:
-        from counterfactual.contact_sheet import contact_sheet
+    print(f"{dataset.name}: {len(records)} images -> {args.out} ({args.runner})", file=sys.stderr)
+    if args.runner == "ray":
+        from pipelines.synth import RayOptions, run_ray
 
-        sheet = contact_sheet(result.examples, args.out / "contact_sheet.png")
-        print(f"contact sheet: {sheet}", file=sys.stderr)
-    print(f"{result.written} samples in {len(result.shards)} shards, {result.seconds:.1f} s")
-    for name, n in result.counts().items():
-        print(f"  {name:<40} {n}")
+        options = RayOptions(
+            cpu_actors=args.cpu_actors,
+            model_actors=args.model_actors,
+            gpus_per_actor=args.gpus_per_actor,
+            model_batch_size=args.model_batch_size,
+            address=args.ray_address,
+            num_cpus=args.num_cpus,
+            dashboard=args.dashboard,
+        )
+        result = run_ray(records, args.out, config, options, failures=dataset.failures)
+    else:
+        from counterfactual.runner import run_local
+
+        result = run_local(records, args.out, config, failures=dataset.failures)
+    if args.contact_sheet:
+        from counterfactual.contact_sheet import contact_sheet, sheet_rows
+
+        rows = sheet_rows(args.out, {r.image_id: r for r in records}, args.contact_sheet)
+        if rows:
+            sheet = contact_sheet(rows, args.out / "contact_sheet.png")
+            print(f"contact sheet: {sheet}", file=sys.stderr)
+    from counterfactual.run import summary_table
+
+    print(summary_table(result))
     return 0
