@@ -19,6 +19,8 @@ SUBCOMMANDS = (
     "filter-captions",
     "heuristics",
     "audit",
+    "mix",
+    "data",
 )
 
 
@@ -31,12 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"counterfactual.cli.{name.replace('-', '_')}")
         module.register(subparsers)
+    parser.set_defaults(_subcommands=subparsers.choices)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
+        if getattr(args, "config", None) is not None:
+            from counterfactual.cli.config import load_config
+
+            sub = args._subcommands[args.command]
+            sub.set_defaults(**load_config(args.config, sub))
+            args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as err:
         print(f"counterfactual {args.command}: error: {err}", file=sys.stderr)

@@ -1,0 +1,90 @@
+"""``counterfactual mix``: shard list and sampling weights for original + synthetic at a ratio."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from counterfactual.mix import MixPlan, plan_mix
+
+_PAPER_RANGE = (0.08, 0.2)  # SPEC 1.6: synthetic per original in the paper
+_LONG_LIST = 32  # above this many shards, with --out, the flags are left to the JSON
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "mix",
+        help="weights that mix original and synthetic shards at a ratio (open_clip flags)",
+        description="Count the samples of both shard lists and print the per-shard upsampling "
+        "weights that give RATIO synthetic samples per original one when shards are drawn with "
+        "replacement (open_clip --dataset-resampled). A SPEC is a brace pattern "
+        "(data/{00000..00009}.tar), a glob, a directory (its *.tar) or a path; '::' separates "
+        "several. Counts come from each shard's <stem>_stats.json ('successes' or 'count') or "
+        "from reading the tar.",
+    )
+    p.add_argument("--original", nargs="+", required=True, metavar="SPEC", help="original shards")
+    p.add_argument("--synthetic", nargs="+", required=True, metavar="SPEC", help="synthetic shards")
+    p.add_argument(
+        "--ratio",
+        type=float,
+        required=True,
+        help="synthetic samples per original sample (the paper: about 0.08-0.2)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="write the plan as JSON to this file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_mix(args.original, args.synthetic, args.ratio)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(plan.to_dict(), indent=1) + "\n", encoding="utf-8")
+    print(render(plan, args.out))
+    return 0
+
+
+def render(plan: MixPlan, out: Path | None = None) -> str:
+    """The human summary: a table per side, the ratios, repeats and the open_clip flags."""
+    rows = [("", "shards", "samples", "weight", "per epoch")]
+    for name, side in (("original", plan.original), ("synthetic", plan.synthetic)):
+        rows.append(
+            (
+                name,
+                str(len(side.shards)),
+                str(side.samples),
+                f"{side.weight:.6g}",
+                f"{side.weight * side.samples:.1f}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    lines.append(
+        f"expected synthetic per original: {plan.expected_ratio:.4g} "
+        f"(synthetic share {plan.synthetic_fraction:.2%}); "
+        f"all shards concatenated without weights: {plan.concat_ratio:.4g}"
+    )
+    repeats = plan.synthetic_repeats
+    if repeats > 1:
+        what = f"fewer synthetic samples than ratio x original: each repeats {repeats:.3g}x"
+    else:
+        what = f"each synthetic sample is drawn {repeats:.3g}x on average"
+    lines.append(f"per epoch of {plan.samples_per_epoch} samples, {what}")
+    low, high = _PAPER_RANGE
+    if not low <= plan.ratio <= high:
+        lines.append(f"note: the paper mixed {low}-{high} synthetic per original")
+    if out is not None:
+        lines.append(f"plan written to {out}")
+    shards = len(plan.shards)
+    if out is not None and shards > _LONG_LIST:
+        lines.append(f"open_clip flags ({shards} shards): see open_clip.args in {out}")
+    else:
+        lines.append("open_clip flags:")
+        lines.append("  " + plan.open_clip_flags())
+    return "\n".join(lines)
