@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -44,6 +47,27 @@ TAG_TO_POS = {
 }
 
 
+@contextmanager
+def _thinc_without_torch(model: str) -> Iterator[None]:
+    """Keep thinc from importing torch while spaCy is first imported.
+
+    thinc imports torch whenever it is installed (seconds of start-up in every worker), though
+    spaCy's CNN pipelines never use it. Torch stays importable afterwards. Nothing is hidden when
+    torch or thinc is already imported or the pipeline is a transformer one (``trf``); a
+    transformer pipeline loaded later in a process that started with a CNN one needs
+    ``import torch`` first.
+    """
+    if "torch" in sys.modules or "thinc" in sys.modules or "trf" in model:
+        yield
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` fail
+    try:
+        yield
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+
+
 def _tag_to_pos(doc: Any) -> Any:
     for token in doc:
         token.pos_ = TAG_TO_POS.get(token.tag_, "X")
@@ -61,10 +85,10 @@ def load_spacy(
     lemmatizer (no lemmas) and maps tags to POS with :data:`TAG_TO_POS`: noun chunks stay the
     same at about twice the speed, but auxiliaries are tagged ``VERB``.
     """
-    import spacy
-    from spacy.language import Language
-
     model = name or default_model_name()
+    with _thinc_without_torch(model):
+        import spacy
+        from spacy.language import Language
     if fast_pos:
         disable = (*disable, "attribute_ruler", "lemmatizer")
         if not Language.has_factory("counterfactual_tag_to_pos"):
