@@ -30,7 +30,7 @@ from typing import Any
 
 from counterfactual.records import ImageRecord, Status
 from counterfactual.shards import ShardAssembler, ShardStats, read_stats, shard_name
-from counterfactual.stages import Job
+from counterfactual.stages import Done, Job
 from counterfactual.synth import SynthConfig, WorkItem, plan
 
 RUN_FILE = "run.json"
@@ -240,11 +240,11 @@ def finish_run(
     return result
 
 
-def deliver(assembler: ShardAssembler, jobs: Iterable[Job]) -> list[ShardStats]:
+def deliver(assembler: ShardAssembler, finished: Iterable[Done]) -> list[ShardStats]:
     """Hand finished jobs to the writer; return the shards they completed."""
     done = []
-    for job in jobs:
-        stats = assembler.add(job.shard, job.index, job.sample, job.status(), job.seconds)
+    for d in finished:
+        stats = assembler.add(d.shard, d.index, d.sample, d.status, d.seconds)
         if stats is not None:
             done.append(stats)
     return done

@@ -49,7 +49,7 @@ def run_local(
         if total:
             chain = Chain(build_steps(config, editor=editor, rewriter=rewriter))
             for batch in batched(run.jobs(), config.batch_size):
-                deliver(assembler, chain(batch))
+                deliver(assembler, (job.done() for job in chain(batch)))
                 done += len(batch)
                 if progress is not None:
                     progress(done, total)

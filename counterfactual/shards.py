@@ -11,9 +11,11 @@ splits ``key.ext`` correctly.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
+import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,26 @@ def read_stats(out_dir: Path, prefix: str = "shard") -> dict[int, ShardStats]:
     return done
 
 
+class _TarStream:
+    """A tar file written member by member, with fixed owner, mode and mtime so that the same
+    samples give the same bytes. (Plain ``tarfile``: importing webdataset would import torch.)"""
+
+    def __init__(self, path: Path, mtime: float) -> None:
+        self.mtime = mtime
+        self._file = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)
+
+    def add(self, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(data), self.mtime, 0o444
+        info.uname = info.gname = "counterfactual"
+        self._tar.addfile(info, io.BytesIO(data))
+
+    def close(self) -> None:
+        self._tar.close()
+        self._file.close()
+
+
 @dataclass
 class _Open:
     size: int
@@ -106,8 +128,7 @@ class _Open:
     keys: list[str] = field(default_factory=list)
     status: list[Status] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
-    stream: Any = None
-    writer: Any = None
+    writer: _TarStream | None = None
 
 
 class ShardAssembler:
@@ -174,7 +195,6 @@ class ShardAssembler:
         for i, state in self._open.items():
             if state.writer is not None:
                 state.writer.close()
-                state.stream.close()
                 self._tmp(i).unlink(missing_ok=True)
                 state.writer = None
 
@@ -195,30 +215,20 @@ class ShardAssembler:
         if sample is None:
             return
         if state.writer is None:
-            import webdataset as wds
-
-            state.stream = open(self._tmp(i), "wb")  # noqa: SIM115 - closed in _commit/abort
-            state.writer = wds.TarWriter(state.stream, mtime=self.mtime)
-        state.writer.write(
-            {
-                "__key__": sample.key,
-                "jpg": sample.jpg,
-                "txt": sample.txt,
-                "json": json.dumps(sample.meta, ensure_ascii=False, sort_keys=True),
-            }
-        )
+            state.writer = _TarStream(self._tmp(i), self.mtime)
+        meta = json.dumps(sample.meta, ensure_ascii=False, sort_keys=True)
+        # members in the order WebDataset's TarWriter uses: extensions sorted
+        state.writer.add(f"{sample.key}.jpg", sample.jpg)
+        state.writer.add(f"{sample.key}.json", meta.encode("utf-8"))
+        state.writer.add(f"{sample.key}.txt", sample.txt.encode("utf-8"))
         state.keys.append(sample.key)
 
     def _commit(self, i: int) -> ShardStats:
         state = self._open.pop(i)
         name = shard_name(self.prefix, i)
         if state.writer is None:  # every item failed: an empty but valid tar
-            import webdataset as wds
-
-            state.stream = open(self._tmp(i), "wb")  # noqa: SIM115
-            state.writer = wds.TarWriter(state.stream, mtime=self.mtime)
+            state.writer = _TarStream(self._tmp(i), self.mtime)
         state.writer.close()
-        state.stream.close()
         os.replace(self._tmp(i), self.out_dir / name)
         stats = ShardStats(
             name, len(state.keys), state.size, tuple(state.keys), tuple(state.status), state.seconds

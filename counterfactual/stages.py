@@ -33,6 +33,18 @@ MODEL_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSErr
 batch is then retried one item at a time and the items that still fail get ``model-error``."""
 
 
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A finished job as the writer takes it: where it goes, its sample (``None`` when it
+    failed), its status row and the seconds each step spent on it."""
+
+    shard: int
+    index: int
+    sample: Sample | None
+    status: Status
+    seconds: dict[str, float]
+
+
 @dataclass(slots=True)
 class Job:
     """One work item between steps. ``shard``/``index`` place it in the output; arrays are
@@ -64,6 +76,10 @@ class Job:
             self.item.plan.target,
         )
         self.image = self.mask = self.edited = None
+
+    def done(self) -> Done:
+        """What the writer needs of a finished job, without the record and the pixels."""
+        return Done(self.shard, self.index, self.sample, self.status(), dict(self.seconds))
 
     def status(self) -> Status:
         """The row this job leaves in the status record."""

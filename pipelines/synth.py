@@ -18,7 +18,7 @@ import math
 import os
 import pickle
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ import numpy as np
 from counterfactual.records import ImageRecord, Status
 from counterfactual.run import RunResult, deliver, finish_run, layout, prepare_run
 from counterfactual.shards import ShardAssembler
-from counterfactual.stages import Chain, Job, build_steps, step_order, uses_model
+from counterfactual.stages import Chain, Done, Job, build_steps, step_order, uses_model
 from counterfactual.synth import SynthConfig
 
 
@@ -83,14 +83,27 @@ def plan_stages(config: SynthConfig) -> list[Stage]:
     return stages
 
 
-def _pack(jobs: Iterable[Job]) -> dict[str, np.ndarray]:
+def _pack(jobs: Iterable[Job | Done]) -> dict[str, np.ndarray]:
     packed = [pickle.dumps(job, protocol=5) for job in jobs]
     out = np.empty(len(packed), dtype=object)
     out[:] = packed
     return {"job": out}
 
 
-def _unpack(batch: dict[str, np.ndarray]) -> list[Job]:
+def _blocks(jobs: list[bytes], block_items: int, cpus: int) -> list[Any]:
+    """Arrow tables of about ``block_items`` pickled jobs, at least two per CPU while jobs last:
+    the input blocks, in output order."""
+    import pyarrow as pa
+
+    n = min(len(jobs), max(math.ceil(len(jobs) / block_items), 2 * cpus))
+    size = math.ceil(len(jobs) / n)
+    return [
+        pa.table({"job": pa.array(jobs[i : i + size], pa.binary())})
+        for i in range(0, len(jobs), size)
+    ]
+
+
+def _unpack(batch: dict[str, np.ndarray]) -> list[Any]:
     return [pickle.loads(raw) for raw in batch["job"]]
 
 
@@ -103,9 +116,12 @@ class _Steps:
 
             cv2.setNumThreads(1)  # one CPU per actor: OpenCV must not spread over the others
         self.chain = Chain(build_steps(config, steps))
+        self.last = steps[-1] == "encode"
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return _pack(self.chain(_unpack(batch)))
+        jobs = self.chain(_unpack(batch))
+        # the last stage sends the driver only what the writer needs
+        return _pack([job.done() for job in jobs] if self.last else jobs)
 
 
 # One class per role, so Ray's progress bars and dashboard name the stages.
@@ -234,10 +250,12 @@ def run_ray(
     config: SynthConfig,
     options: RayOptions | None = None,
     failures: Sequence[Status] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> RunResult:
     """Make the shards of ``records`` in ``out_dir`` on Ray, resuming a run of the same config.
 
-    Same contract and same bytes as :func:`counterfactual.runner.run_local`.
+    Same contract and same bytes as :func:`counterfactual.runner.run_local`;
+    ``progress(items_done, items_todo)`` is called after every batch that comes back.
     """
     import ray
 
@@ -246,13 +264,11 @@ def run_ray(
     run = prepare_run(out_dir, layout(records, config, failures), config)
     info = init_ray(out_dir, options)
     assembler = ShardAssembler(run.out_dir, run.todo_sizes())
-    jobs = [{"job": pickle.dumps(job, protocol=5)} for job in run.jobs()]
+    jobs = [pickle.dumps(job, protocol=5) for job in run.jobs()]
     stages = plan_stages(config)
     try:
         if jobs:
-            # blocks of about `block_items` jobs, and at least two per CPU while jobs last
-            blocks = max(math.ceil(len(jobs) / options.block_items), 2 * int(info["cpus"]))
-            ds = ray.data.from_items(jobs, override_num_blocks=min(len(jobs), blocks))
+            ds = ray.data.from_arrow(_blocks(jobs, options.block_items, int(info["cpus"])))
             for position, stage in enumerate(stages):
                 ds = ds.map_batches(
                     _stage_class(stage, position, stages),
@@ -260,8 +276,13 @@ def run_ray(
                     batch_format="numpy",
                     **stage_args(stage, stages, config, options, info["cpus"], info["gpus"]),
                 )
+            done = 0
             for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-                deliver(assembler, _unpack(batch))
+                finished = _unpack(batch)
+                deliver(assembler, finished)
+                done += len(finished)
+                if progress is not None:
+                    progress(done, len(jobs))
     finally:
         assembler.abort()
     extra = {
