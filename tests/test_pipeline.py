@@ -320,3 +320,58 @@ def test_shipped_configs_are_valid(name):
     sub = build_parser().parse_args(["synth"]).__dict__["_subcommands"]["synth"]
     values = load_config(path, sub)
     assert values["dataset"] == name and values["runner"] == "ray"
+
+
+@pytest.mark.parametrize(
+    ("image", "text", "device", "expected"),
+    [
+        ("blur", "np-removal", "cpu", [("CpuSteps", ("rewrite", "decode", "edit", "encode"))]),
+        (
+            "diffusers",
+            "np-removal",
+            "cuda",
+            [("Prepare", ("rewrite", "decode")), ("Inpaint", ("edit",)), ("Finish", ("encode",))],
+        ),
+        (
+            "blur",
+            "captioner",
+            "cuda",
+            [("Prepare", ("decode", "edit")), ("Caption", ("rewrite",)), ("Finish", ("encode",))],
+        ),
+        (
+            "diffusers",
+            "captioner",
+            "cuda",
+            [
+                ("Prepare", ("decode",)),
+                ("Inpaint", ("edit",)),
+                ("Caption", ("rewrite",)),
+                ("Finish", ("encode",)),
+            ],
+        ),
+    ],
+)
+def test_stages_and_their_resources(image, text, device, expected):
+    from counterfactual.image import ImageConfig
+    from counterfactual.synth import SynthConfig
+    from counterfactual.text import TextConfig
+    from pipelines.synth import RayOptions, _stage_class, plan_stages, stage_args
+
+    method = ("inpaint", "diffusers") if image == "diffusers" else (image, "opencv")
+    config = SynthConfig(
+        image=ImageConfig(method=method[0], backend=method[1], device=device, batch_size=4),
+        text=TextConfig(method=text, device=device),
+    )
+    stages = plan_stages(config)
+    got = [(_stage_class(s, i, stages).__name__, s.steps) for i, s in enumerate(stages)]
+    assert got == expected
+    options = RayOptions(gpus_per_actor=0.5)
+    for stage in stages:
+        kwargs = stage_args(stage, stages, config, options, cpus=16, gpus=4)
+        if stage.uses_model:  # 4 GPUs at half a GPU each: 8 actors, one model each
+            assert kwargs["num_gpus"] == 0.5 and kwargs["compute"].min_size == 8
+        else:
+            assert "num_gpus" not in kwargs and kwargs["num_cpus"] == 1
+    assert stage_args(stages[-1], stages, config, options, cpus=16, gpus=4)["batch_size"] == 16
+    with pytest.raises(ValueError, match="gpus_per_actor"):
+        RayOptions(gpus_per_actor=0)
