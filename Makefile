@@ -60,7 +60,7 @@ format: $(STAMP) ## fix style (ruff)
 	$(BIN)/ruff format counterfactual pipelines tests benchmarks
 
 bench: $(STAMP) ## speed figures as ratios; writes benchmarks/latest.json
-	$(BIN)/python benchmarks/bench.py --out benchmarks/latest.json
+	$(BIN)/python benchmarks/bench.py --out benchmarks/latest.json $(ARGS)
 
 clean: ## remove generated output (keeps .venv)
 	rm -rf out .pytest_cache .ruff_cache

@@ -306,6 +306,39 @@ def bench_pipeline(work: Path, n: int, memory_sizes: tuple[int, int]) -> dict[st
     return out
 
 
+def bench_diffusion_gpu(work: Path, n: int, model: str | None) -> dict[str, float]:
+    """Images/s per GPU of the diffusion inpainting stage (padded crop, 512 px, 30 steps, batch
+    8, float16) on real photos, when a CUDA device and a model (hub id in the local cache, or a
+    path: ``--inpaint-model``) are there; otherwise nothing is measured."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available() or not model:
+        print("diffusion on GPU: not measured (needs a CUDA device and --inpaint-model)")
+        return {}
+    paths, masks = real_photos(work, n)
+    config = ImageConfig(
+        method="inpaint",
+        backend="diffusers",
+        model=model,
+        device="cuda",
+        dtype="float16",
+        batch_size=8,
+    )
+    editor = make_editor(config)
+    requests = [
+        EditRequest(load_rgb(p), m, ("object",), ("background",), i)
+        for i, (p, m) in enumerate(zip(paths, masks, strict=True))
+    ]
+    editor(requests[:8])  # warm-up: kernels, allocator
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    editor(requests)
+    torch.cuda.synchronize()
+    return {"diffusion_images_per_s_per_gpu": len(requests) / (time.perf_counter() - start)}
+
+
 TARGETS = {
     "pipeline_ray_vs_local": 1.6,
     "pipeline_ray_vs_floor_x_cores": 0.7,
@@ -328,10 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-images", type=int, default=2_000)
     parser.add_argument("--memory-images", type=int, nargs=2, default=(1_000, 10_000))
     parser.add_argument(
-        "--only", nargs="+", choices=("selection", "np-removal", "images", "pipeline"), default=None
+        "--only",
+        nargs="+",
+        choices=("selection", "np-removal", "images", "pipeline", "diffusion"),
+        default=None,
     )
+    parser.add_argument("--inpaint-model", default=None, help="diffusers model for the GPU figure")
     args = parser.parse_args(argv)
-    todo = set(args.only or ("selection", "np-removal", "images", "pipeline"))
+    todo = set(args.only or ("selection", "np-removal", "images", "pipeline", "diffusion"))
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -343,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             figures |= bench_images(work, args.photos)
         if "pipeline" in todo:
             figures |= bench_pipeline(work, args.pipeline_images, tuple(args.memory_images))
+        if "diffusion" in todo:
+            figures |= bench_diffusion_gpu(work, 64, args.inpaint_model)
     print(f"{'figure':<44} {'value':>12}  target")
     for name, value in figures.items():
         if (target := TARGETS.get(name)) is not None:

@@ -262,9 +262,10 @@ def run_ray(
     options = options or RayOptions()
     out_dir = Path(out_dir)
     run = prepare_run(out_dir, layout(records, config, failures), config)
-    info = init_ray(out_dir, options)
     assembler = ShardAssembler(run.out_dir, run.todo_sizes())
     jobs = [pickle.dumps(job, protocol=5) for job in run.jobs()]
+    # a run whose shards are all committed only rewrites its records: no Ray needed
+    info = init_ray(out_dir, options) if jobs else {"skipped": "every shard was committed"}
     stages = plan_stages(config)
     try:
         if jobs:
