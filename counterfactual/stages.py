@@ -172,11 +172,8 @@ class Edit:
             return []
         try:
             return list(self.editor(requests))
-        except SampleError:
-            pass  # one bad request: find it below
-        except MODEL_ERRORS:
-            if len(requests) == 1:
-                raise
+        except (SampleError, *MODEL_ERRORS):
+            pass  # one bad request, or a model failure: retry one by one below
         out: list[np.ndarray | Status] = []
         for job, request in zip(jobs, requests, strict=True):
             try:
