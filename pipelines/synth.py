@@ -215,26 +215,32 @@ def stage_args(
 
     model_stages = [s for s in stages if s.uses_model]
     cpu_stages = len(stages) - len(model_stages)
-    on_gpu = {
-        s.steps: (config.image.device if s.steps == ("edit",) else config.text.device).startswith(
-            "cuda"
-        )
-        for s in model_stages
-    }
+
+    def on_gpu(s: Stage) -> bool:
+        device = config.image.device if s.steps == ("edit",) else config.text.device
+        return device.startswith("cuda")
+
+    gpu_stages = sum(on_gpu(s) for s in model_stages)
+
+    def actors(s: Stage) -> int:
+        """The stage's actors: as asked, else the GPUs shared out among the GPU stages."""
+        if options.model_actors:
+            return options.model_actors
+        if not on_gpu(s):
+            return 1
+        return max(1, int(gpus / gpu_stages // options.gpus_per_actor))
+
     if stage.uses_model:
-        gpu = on_gpu[stage.steps]
-        default = max(1, int(gpus // options.gpus_per_actor)) if gpu else 1
-        n = options.model_actors or default
         batch = options.model_batch_size or (
             config.image.batch_size if stage.steps == ("edit",) else config.text.batch_size
         )
         return {
-            "compute": ray.data.ActorPoolStrategy(size=n),
+            "compute": ray.data.ActorPoolStrategy(size=actors(stage)),
             "num_cpus": 1,
-            "num_gpus": options.gpus_per_actor if gpu else 0,
+            "num_gpus": options.gpus_per_actor if on_gpu(stage) else 0,
             "batch_size": batch,
         }
-    reserved = sum(options.model_actors or 1 for _ in model_stages)
+    reserved = sum(actors(s) for s in model_stages)  # each model actor holds one CPU
     n = options.cpu_actors or max(1, int(cpus) - reserved)
     pool = (
         ray.data.ActorPoolStrategy(size=n)

@@ -366,12 +366,14 @@ def test_stages_and_their_resources(image, text, device, expected):
     got = [(_stage_class(s, i, stages).__name__, s.steps) for i, s in enumerate(stages)]
     assert got == expected
     options = RayOptions(gpus_per_actor=0.5)
+    models = sum(s.uses_model for s in stages)
     for stage in stages:
         kwargs = stage_args(stage, stages, config, options, cpus=16, gpus=4)
-        if stage.uses_model:  # 4 GPUs at half a GPU each: 8 actors, one model each
-            assert kwargs["num_gpus"] == 0.5 and kwargs["compute"].min_size == 8
-        else:
+        if stage.uses_model:  # 4 GPUs at half a GPU each, shared by the model stages
+            assert kwargs["num_gpus"] == 0.5 and kwargs["compute"].min_size == 8 // models
+        else:  # the CPUs left after one per model actor
             assert "num_gpus" not in kwargs and kwargs["num_cpus"] == 1
+            assert kwargs["compute"].max_size == (16 if models == 0 else 16 - 8)
     assert stage_args(stages[-1], stages, config, options, cpus=16, gpus=4)["batch_size"] == 16
     with pytest.raises(ValueError, match="gpus_per_actor"):
         RayOptions(gpus_per_actor=0)
