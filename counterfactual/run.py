@@ -54,8 +54,9 @@ PACKAGES = (
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """Every work item of a run in output order, and the status of each input image that
-    yields none (reader failures, records with no removable class, ...)."""
+    """Every work item of a run in output order, the status of each input image that yields
+    none (reader failures, records with no removable class, ...) and of each valid plan the
+    policy did not draw."""
 
     items: tuple[WorkItem, ...]
     skipped: tuple[Status, ...]
@@ -98,7 +99,7 @@ def layout(
     batch: list[ImageRecord] = []
 
     def flush() -> None:
-        for planned in plan(batch, config):
+        for planned in plan(batch, config, not_drawn=skipped):
             if isinstance(planned, Status):
                 skipped.append(planned)
             else:

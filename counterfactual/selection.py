@@ -127,6 +127,8 @@ class Selection:
     reason: str | None = None
     plans: tuple[RemovalPlan, ...] = field(default=())
     """The valid candidates the policy chose."""
+    not_drawn: tuple[str, ...] = field(default=())
+    """Target classes of the valid candidates the policy did not choose."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,10 +326,13 @@ def select_many(records: Sequence[ImageRecord], config: SelectionConfig) -> list
         if not valid:
             out.append(Selection(record.image_id, (), ev.ignored, NO_REMOVABLE_CLASS))
             continue
+        others: tuple[str, ...] = ()
         if config.policy == "uniform":
-            valid = [valid[draw_index(config.seed, record.image_id, len(valid))]]
+            pick = valid[draw_index(config.seed, record.image_id, len(valid))]
+            others = tuple(ev.names[r] for r in valid if r != pick)
+            valid = [pick]
         plans = tuple(ev.plan(r, config) for r in valid)
-        out.append(Selection(record.image_id, (), ev.ignored, None, plans))
+        out.append(Selection(record.image_id, (), ev.ignored, None, plans, others))
     return out
 
 

@@ -89,10 +89,18 @@ def item_seed(seed: int, key: str) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-def plan(records: Sequence[ImageRecord], config: SynthConfig) -> list[list[WorkItem] | Status]:
-    """Per record: its work items, or the status saying why there are none."""
+def plan(
+    records: Sequence[ImageRecord], config: SynthConfig, not_drawn: list[Status] | None = None
+) -> list[list[WorkItem] | Status]:
+    """Per record: its work items, or the status saying why there are none. Valid plans the
+    policy did not choose are appended to ``not_drawn`` as ``skipped: not-drawn`` rows."""
     out: list[list[WorkItem] | Status] = []
     for record, selection in zip(records, select_many(records, config.selection), strict=True):
+        if not_drawn is not None:
+            not_drawn.extend(
+                Status(record.image_id, "skipped", "not-drawn", "", None, target)
+                for target in selection.not_drawn
+            )
         if not selection.plans:
             out.append(Status(record.image_id, "skipped", selection.reason, ""))
             continue

@@ -64,10 +64,11 @@ def test_a_model_failure_is_one_status_row_not_a_crash(tmp_path):
     bad = plan(recs[1:2], config)[0][0].seed
     editor = FailingEditor(bad)
     result = run_local(recs, tmp_path / "out", config, editor=editor, rewriter=FailingRewriter())
-    by_image = {s.image_id: (s.status, s.reason) for s in result.statuses}
+    by_image = {s.image_id: (s.status, s.reason) for s in result.statuses if s.key}
+    assert sum(s.reason == "not-drawn" for s in result.statuses) == 5  # dog or frisbee
     assert by_image["1"] == ("failed", "model-error")  # the editor failed on it
     assert by_image["2"] == ("failed", "model-error")  # the rewriter failed on it
     assert {by_image[i] for i in ("0", "3", "4")} == {("written", None)}
     assert editor.calls[0] == 4 and editor.calls[1:] == [1, 1, 1, 1]  # batch, then one by one
-    detail = next(s.detail for s in result.statuses if s.image_id == "1")
+    detail = next(s.detail for s in result.statuses if s.image_id == "1" and s.key)
     assert "CUDA out of memory" in detail

@@ -274,3 +274,20 @@ def test_diffusers_inpainting_and_captioner_through_the_command(coco, tmp_path):
         assert meta["text_method"]["method"] == "captioner"
         assert isinstance(text, str) and text == meta["caption"]
         assert image.size == (meta["width"], meta["height"])
+
+
+def test_every_valid_plan_has_a_row_even_when_not_drawn(coco, tmp_path, run):
+    """Under the uniform policy the valid plans not drawn are `skipped: not-drawn` rows, so
+    each image has as many plan rows as the `all` policy makes samples or failures."""
+    assert synth(coco, tmp_path, "--image-method", "blur") == 0
+
+    def plan_rows(rows, reasons):
+        out = {}
+        for r in rows:
+            if r["target"] is not None and (r["key"] is not None or r["reason"] in reasons):
+                out.setdefault(r["image_id"], set()).add(r["target"])
+        return out
+
+    uniform = read_status(tmp_path)
+    assert any(r["reason"] == "not-drawn" for r in uniform)
+    assert plan_rows(uniform, {"not-drawn"}) == plan_rows(read_status(run), set())
