@@ -204,3 +204,15 @@ def test_caption_command(capsys):
     assert capsys.readouterr().out == "Watches.\n"
     assert main(["caption", "--remove", "unicorn", "A unicorn."]) == 2
     assert "unicorn" in capsys.readouterr().err
+
+
+def test_parse_cache_never_loses_an_answer():
+    """A full FIFO cache once evicted a caption it was about to return (KeyError)."""
+    from counterfactual.text.np_removal import NounPhraseRemover
+
+    remover = NounPhraseRemover(cache_size=2)
+    remover.chunks(["A dog.", "A cat."])
+    got = remover.chunks(["A dog.", "A cow.", "A horse.", "A dog."])
+    assert [text for text, _ in got] == ["A dog.", "A cow.", "A horse.", "A dog."]
+    assert [c.classes for c in got[0][1]] == [frozenset({"dog"})]
+    assert len(remover._cache) == 2

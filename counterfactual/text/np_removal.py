@@ -27,6 +27,18 @@ class _Chunk:
         self.start, self.end, self.classes = start, end, classes
 
 
+def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
+    """The noun chunks of a parsed ``doc`` that mention a class: character spans and classes."""
+    found = []
+    for chunk in doc.noun_chunks:
+        mentions = vocabulary.match([t.text for t in chunk])
+        if mentions:
+            found.append(
+                _Chunk(chunk.start_char, chunk.end_char, frozenset(m.cls for m in mentions))
+            )
+    return tuple(found)
+
+
 class NounPhraseRemover:
     """Callable rewriter; parses are cached per caption text (a caption serves many plans)."""
 
@@ -49,20 +61,18 @@ class NounPhraseRemover:
     def chunks(self, texts: Sequence[str]) -> list[tuple[str, tuple[_Chunk, ...]]]:
         """For each text: the text with its noun chunks (character spans and the classes they
         mention)."""
-        todo = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        known = {t: self._cache[t] for t in dict.fromkeys(texts) if t in self._cache}
+        todo = [t for t in dict.fromkeys(texts) if t not in known]
         for text, doc in zip(
             todo, self.nlp.pipe(todo, batch_size=self.config.batch_size), strict=True
         ):
-            found = []
-            for chunk in doc.noun_chunks:
-                mentions = self.vocabulary.match([t.text for t in chunk])
-                if mentions:
-                    classes = frozenset(m.cls for m in mentions)
-                    found.append(_Chunk(chunk.start_char, chunk.end_char, classes))
-            self._cache[text] = (text, tuple(found))
+            known[text] = (text, chunk_mentions(doc, self.vocabulary))
+        # remember the newest parses; the answer comes from `known`, so eviction loses nothing
+        for text in todo:
+            self._cache[text] = known[text]
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        return [self._cache[t] for t in texts]
+        return [known[t] for t in texts]
 
     def __call__(self, batch: Sequence[RewriteRequest]) -> list[RewriteResult]:
         need = [
