@@ -147,40 +147,49 @@ _NO_CHECKSUM = (
 _F30K_REPO = "https://github.com/BryanPlummer/flickr30k_entities"
 _F30K_RAW = "https://raw.githubusercontent.com/BryanPlummer/flickr30k_entities/master"
 
+
+def _coco(
+    name: str, size: int, sha256: str, part: str, provides: tuple[str, ...], default: bool = True
+) -> RemoteFile:
+    """An official COCO zip; size and sha256 as published in tensorflow/datasets
+    tensorflow_datasets/url_checksums/coco.txt (same sha256 in torchvision)."""
+    folder = "annotations" if name.startswith("annotations") else "zips"
+    return RemoteFile(
+        name=name,
+        url=f"http://images.cocodataset.org/{folder}/{name}",
+        size=size,
+        sha256=sha256,
+        md5=None,
+        extract_to=".",
+        source_note=_COCO_SOURCE,
+        part=part,
+        provides=provides,
+        default=default,
+    )
+
+
 DATASET_FILES: dict[str, tuple[RemoteFile, ...]] = {
     "coco": (
-        RemoteFile(
-            name="annotations_trainval2017.zip",
-            url="http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
-            size=252_907_541,  # tensorflow/datasets tensorflow_datasets/url_checksums/coco.txt
-            sha256="113a836d90195ee1f884e704da6304dfaaecff1f023f49b6ca93c4aaae470268",  # same
-            md5=None,
-            extract_to=".",
-            source_note=_COCO_SOURCE,
-            part="annotations",
-            provides=_COCO_ANNOTATIONS_2017,
+        _coco(
+            "annotations_trainval2017.zip",
+            252_907_541,
+            "113a836d90195ee1f884e704da6304dfaaecff1f023f49b6ca93c4aaae470268",
+            "annotations",
+            _COCO_ANNOTATIONS_2017,
         ),
-        RemoteFile(
-            name="val2017.zip",
-            url="http://images.cocodataset.org/zips/val2017.zip",
-            size=815_585_330,  # tensorflow/datasets tensorflow_datasets/url_checksums/coco.txt
-            sha256="4f7e2ccb2866ec5041993c9cf2a952bbed69647b115d0f74da7ce8f4bef82f05",  # same
-            md5=None,
-            extract_to=".",
-            source_note=_COCO_SOURCE,
-            part="val2017",
-            provides=("val2017",),
+        _coco(
+            "val2017.zip",
+            815_585_330,
+            "4f7e2ccb2866ec5041993c9cf2a952bbed69647b115d0f74da7ce8f4bef82f05",
+            "val2017",
+            ("val2017",),
         ),
-        RemoteFile(
-            name="train2017.zip",
-            url="http://images.cocodataset.org/zips/train2017.zip",
-            size=19_336_861_798,  # tensorflow/datasets tensorflow_datasets/url_checksums/coco.txt
-            sha256="69a8bb58ea5f8f99d24875f21416de2e9ded3178e903f1f7603e283b9e06d929",  # same
-            md5=None,
-            extract_to=".",
-            source_note=_COCO_SOURCE,
-            part="train2017",
-            provides=("train2017",),
+        _coco(
+            "train2017.zip",
+            19_336_861_798,
+            "69a8bb58ea5f8f99d24875f21416de2e9ded3178e903f1f7603e283b9e06d929",
+            "train2017",
+            ("train2017",),
         ),
         RemoteFile(
             name="caption_datasets.zip",
@@ -197,40 +206,28 @@ DATASET_FILES: dict[str, tuple[RemoteFile, ...]] = {
             provides=("dataset_coco.json",),
         ),
         # COCO 2014, the file set Karpathy's split names (--coco-set train2014 / val2014).
-        RemoteFile(
-            name="annotations_trainval2014.zip",
-            url="http://images.cocodataset.org/annotations/annotations_trainval2014.zip",
-            size=252_872_794,  # tensorflow/datasets tensorflow_datasets/url_checksums/coco.txt
-            sha256="031296bbc80c45a1d1f76bf9a90ead27e94e99ec629208449507a4917a3bf009",  # same
-            md5=None,
-            extract_to=".",
-            source_note=_COCO_SOURCE,
-            part="annotations2014",
-            provides=_COCO_ANNOTATIONS_2014,
+        _coco(
+            "annotations_trainval2014.zip",
+            252_872_794,
+            "031296bbc80c45a1d1f76bf9a90ead27e94e99ec629208449507a4917a3bf009",
+            "annotations2014",
+            _COCO_ANNOTATIONS_2014,
             default=False,
         ),
-        RemoteFile(
-            name="val2014.zip",
-            url="http://images.cocodataset.org/zips/val2014.zip",
-            size=6_645_013_297,  # tensorflow/datasets tensorflow_datasets/url_checksums/coco.txt
-            sha256="fe9be816052049c34717e077d9e34aa60814a55679f804cd043e3cbee3b9fde0",  # same
-            md5=None,
-            extract_to=".",
-            source_note=_COCO_SOURCE,
-            part="val2014",
-            provides=("val2014",),
+        _coco(
+            "val2014.zip",
+            6_645_013_297,
+            "fe9be816052049c34717e077d9e34aa60814a55679f804cd043e3cbee3b9fde0",
+            "val2014",
+            ("val2014",),
             default=False,
         ),
-        RemoteFile(
-            name="train2014.zip",
-            url="http://images.cocodataset.org/zips/train2014.zip",
-            size=13_510_573_713,  # tensorflow/datasets tensorflow_datasets/url_checksums/coco.txt
-            sha256="ede4087e640bddba550e090eae701092534b554b42b05ac33f0300b984b31775",  # same
-            md5=None,
-            extract_to=".",
-            source_note=_COCO_SOURCE,
-            part="train2014",
-            provides=("train2014",),
+        _coco(
+            "train2014.zip",
+            13_510_573_713,
+            "ede4087e640bddba550e090eae701092534b554b42b05ac33f0300b984b31775",
+            "train2014",
+            ("train2014",),
             default=False,
         ),
     ),

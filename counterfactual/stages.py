@@ -340,6 +340,24 @@ def uses_model(config: SynthConfig, name: str) -> bool:
     return False
 
 
+def step_device(config: SynthConfig, name: str) -> str:
+    """The torch device of a model step (``cpu`` for the others)."""
+    if name == "edit" and uses_model(config, name):
+        return config.image.device
+    if name == "rewrite" and uses_model(config, name):
+        return config.text.device
+    return "cpu"
+
+
+def step_batch_size(config: SynthConfig, name: str) -> int:
+    """Items per call of step ``name``: the model's batch size, or the run's for CPU steps."""
+    if name == "edit" and uses_model(config, name):
+        return config.image.batch_size
+    if name == "rewrite" and uses_model(config, name):
+        return config.text.batch_size
+    return config.batch_size
+
+
 class Chain:
     """Several steps applied in order to one batch: one stage of a pipeline."""
 

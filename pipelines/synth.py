@@ -19,7 +19,7 @@ import os
 import pickle
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,16 @@ import numpy as np
 from counterfactual.records import ImageRecord, Status
 from counterfactual.run import RunResult, deliver, finish_run, layout, prepare_run
 from counterfactual.shards import ShardAssembler
-from counterfactual.stages import Chain, Done, Job, build_steps, step_order, uses_model
+from counterfactual.stages import (
+    Chain,
+    Done,
+    Job,
+    build_steps,
+    step_batch_size,
+    step_device,
+    step_order,
+    uses_model,
+)
 from counterfactual.synth import SynthConfig
 
 
@@ -217,8 +226,7 @@ def stage_args(
     cpu_stages = len(stages) - len(model_stages)
 
     def on_gpu(s: Stage) -> bool:
-        device = config.image.device if s.steps == ("edit",) else config.text.device
-        return device.startswith("cuda")
+        return step_device(config, s.steps[0]).startswith("cuda")
 
     gpu_stages = sum(on_gpu(s) for s in model_stages)
 
@@ -231,9 +239,7 @@ def stage_args(
         return max(1, int(gpus / gpu_stages // options.gpus_per_actor))
 
     if stage.uses_model:
-        batch = options.model_batch_size or (
-            config.image.batch_size if stage.steps == ("edit",) else config.text.batch_size
-        )
+        batch = options.model_batch_size or step_batch_size(config, stage.steps[0])
         return {
             "compute": ray.data.ActorPoolStrategy(size=actors(stage)),
             "num_cpus": 1,
@@ -247,7 +253,7 @@ def stage_args(
         if cpu_stages == 1
         else ray.data.ActorPoolStrategy(min_size=1, max_size=n)
     )
-    return {"compute": pool, "num_cpus": 1, "batch_size": config.batch_size}
+    return {"compute": pool, "num_cpus": 1, "batch_size": step_batch_size(config, stage.steps[0])}
 
 
 def run_ray(
@@ -292,11 +298,5 @@ def run_ray(
                     progress(done, len(jobs))
     finally:
         assembler.abort()
-    extra = {
-        "ray": {**info, "stages": [list(s.steps) for s in stages], "options": _asdict(options)}
-    }
+    extra = {"ray": {**info, "stages": [list(s.steps) for s in stages], "options": asdict(options)}}
     return finish_run(run, assembler.committed, "ray", extra)
-
-
-def _asdict(options: RayOptions) -> dict[str, Any]:
-    return {name: getattr(options, name) for name in RayOptions.__slots__}

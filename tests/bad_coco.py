@@ -57,3 +57,21 @@ def make_bad_coco(root: Path, n: int = 14, size: tuple[int, int] = (640, 480)) -
     files.instances.write_text(json.dumps(inst))
     files.captions.write_text(json.dumps(caps))
     return files
+
+
+def synth_args(files: CocoFiles, out: Path, *extra: str) -> list[str]:
+    """The `counterfactual synth` argument list for a generated COCO-format dataset."""
+    return [
+        "synth",
+        "--dataset",
+        "coco",
+        "--instances",
+        str(files.instances),
+        "--captions",
+        str(files.captions),
+        "--images",
+        str(files.images),
+        "--out",
+        str(out),
+        *extra,
+    ]

@@ -75,31 +75,24 @@ def test_nouns_adj_without_nouns_is_a_failure(nouns_adj_rewriter: Any) -> None:
 
 def test_synth_writes_shuffled_shards(tmp_path) -> None:
     webdataset = pytest.importorskip("webdataset")
+    from bad_coco import synth_args
+
     from counterfactual.cli import main
     from counterfactual.generate import generate_coco
 
     files = generate_coco(tmp_path / "coco", 6, seed=0, size=(160, 120))
     out = tmp_path / "out"
     code = main(
-        [
-            "synth",
-            "--dataset",
-            "coco",
-            "--instances",
-            str(files.instances),
-            "--captions",
-            str(files.captions),
-            "--images",
-            str(files.images),
-            "--out",
-            str(out),
+        synth_args(
+            files,
+            out,
             "--image-method",
             "zero",
             "--text-method",
             "shuffle",
             "--contact-sheet",
             "0",
-        ]
+        )
     )
     assert code == 0
     urls = sorted(str(p) for p in out.glob("*.tar"))

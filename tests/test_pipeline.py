@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import webdataset as wds
-from bad_coco import make_bad_coco
+from bad_coco import make_bad_coco, synth_args
 from PIL import Image
 
 from counterfactual.cli import main
@@ -46,22 +46,7 @@ def big(tmp_path_factory):
 
 
 def args(files, out, *extra):
-    return [
-        "synth",
-        "--dataset",
-        "coco",
-        "--instances",
-        str(files.instances),
-        "--captions",
-        str(files.captions),
-        "--images",
-        str(files.images),
-        "--out",
-        str(out),
-        "--max-pixels",
-        "1000000",
-        *extra,
-    ]
+    return synth_args(files, out, "--max-pixels", "1000000", *extra)
 
 
 def outputs(out):

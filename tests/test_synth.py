@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import webdataset as wds
-from bad_coco import ODD_CAPTION, make_bad_coco
+from bad_coco import ODD_CAPTION, make_bad_coco, synth_args
 from PIL import Image
 
 from counterfactual.cli import main
@@ -20,18 +20,9 @@ def coco(tmp_path_factory):
 
 def synth(files, out, *extra):
     return main(
-        [
-            "synth",
-            "--dataset",
-            "coco",
-            "--instances",
-            str(files.instances),
-            "--captions",
-            str(files.captions),
-            "--images",
-            str(files.images),
-            "--out",
-            str(out),
+        synth_args(
+            files,
+            out,
             "--samples-per-shard",
             "3",
             "--max-pixels",
@@ -39,7 +30,7 @@ def synth(files, out, *extra):
             "--contact-sheet",
             "2",
             *extra,
-        ]
+        )
     )
 
 
