@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,6 @@ from counterfactual.cli import main
 ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.slow
-CLI = str(Path(sys.executable).with_name("counterfactual"))
 
 
 @pytest.fixture(scope="module")
@@ -140,24 +138,21 @@ def test_rerun_keeps_finished_shards_and_refuses_another_config(ray_run, coco, c
     assert code == 2 and "different config" in capsys.readouterr().err
 
 
-def _run_and_kill(cluster, files, out, when, kill):
-    """Start the command in another process joined to the test's Ray; ``kill`` once
-    ``when(out)`` holds; return the process's exit code."""
+KILLING_RUN = Path(__file__).with_name("killing_run.py")
+KILL_ARGS = ("--image-method", "blur", "--samples-per-shard", "4", "--batch-size", "2")
+
+
+def _run_and_kill(cluster, files, out, target, n):
+    """Run the command in another process joined to the test's Ray, with a SIGKILL of
+    ``target`` at a fixed point (see killing_run.py); return the process's exit code."""
     env = {**os.environ, "RAY_ADDRESS": cluster["address"]}
-    extra = ("--image-method", "blur", "--samples-per-shard", "4", "--batch-size", "2")
-    cmd = [CLI, *args(files, out, *extra, "--runner", "ray", "--contact-sheet", "0")]
-    log = open(out.parent / f"{out.name}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 240
-    try:
-        while proc.poll() is None and time.monotonic() < deadline and not when(out):
-            time.sleep(0.02)
-        assert proc.poll() is None, f"the run ended before the kill: {proc.returncode}"
-        kill(proc)
-        return proc.wait(timeout=240)
-    finally:
-        proc.kill()
-        log.close()
+    extra = (*KILL_ARGS, "--block-items", "8", "--runner", "ray", "--contact-sheet", "0")
+    cmd = [sys.executable, str(KILLING_RUN), target, str(n), *args(files, out, *extra)]
+    log = out.parent / f"{out.name}.log"
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=240)
+    assert code.returncode != 1, log.read_text()[-3000:]
+    return code.returncode
 
 
 @pytest.fixture(scope="module")
@@ -175,47 +170,24 @@ def _committed(out):
 def test_resume_after_sigkill_of_the_driver(cluster, big, big_clean, tmp_path):
     out = tmp_path / "out"
     total = len(list(big_clean.glob("shard-*.tar")))
-    code = _run_and_kill(
-        cluster,
-        big,
-        out,
-        when=lambda o: len(list(o.glob("*_stats.json"))) >= 2,
-        kill=lambda p: p.send_signal(signal.SIGKILL),
-    )
-    assert code == -signal.SIGKILL
+    assert _run_and_kill(cluster, big, out, "driver", 2) == -signal.SIGKILL
     done = _committed(out)
     assert 2 <= len(done) < total, "the kill did not land mid-run"
+    assert list(out.glob("*.tmp")), "the kill landed between shards, not inside one"
     assert not (out / "status.jsonl").exists()
-    extra = ("--image-method", "blur", "--samples-per-shard", "4", "--batch-size", "2")
-    assert main(args(big, out, *extra, "--runner", "ray", "--contact-sheet", "0")) == 0
+    assert main(args(big, out, *KILL_ARGS, "--runner", "ray", "--contact-sheet", "0")) == 0
     assert {k: v for k, v in _committed(out).items() if k in done} == done  # not redone
     assert outputs(out) == outputs(big_clean)  # nothing dropped, nothing twice
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["shards_resumed"] == len(done) and not list(out.glob("*.tmp"))
 
 
-def _kill_a_worker(proc):
-    import psutil
-
-    workers = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if any("MapBatches(CpuSteps)" in part for part in (p.info["cmdline"] or []))
-    ]
-    assert workers, "no CPU stage worker to kill"
-    workers[0].send_signal(signal.SIGKILL)
-
-
-def test_resume_after_sigkill_of_a_worker(cluster, big, big_clean, tmp_path):
+def test_a_killed_worker_loses_nothing(cluster, big, big_clean, tmp_path):
     out = tmp_path / "out"
-    code = _run_and_kill(
-        cluster, big, out, when=lambda o: any(o.glob("*_stats.json")), kill=_kill_a_worker
-    )
-    # Ray restarts the actor and retries its batches, so the run usually finishes by itself;
-    # when it does not, the rerun below must.
-    extra = ("--image-method", "blur", "--samples-per-shard", "4", "--batch-size", "2")
-    assert main(args(big, out, *extra, "--runner", "ray", "--contact-sheet", "0")) == 0
-    assert outputs(out) == outputs(big_clean), f"first run exited {code}"
+    # Ray restarts the actor and retries its batches, so the run finishes by itself.
+    assert _run_and_kill(cluster, big, out, "worker", 8) == 0
+    assert "killed worker" in (tmp_path / "out.log").read_text()
+    assert outputs(out) == outputs(big_clean)
 
 
 def _samples(out):

@@ -99,6 +99,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--gpus-per-actor", type=float, default=1.0)
     r.add_argument("--model-batch-size", type=int, default=None, help="items per model call")
     r.add_argument(
+        "--block-items",
+        type=int,
+        default=64,
+        help="items per Ray input block: smaller streams finer, larger costs less overhead",
+    )
+    r.add_argument(
         "--no-dashboard",
         dest="dashboard",
         action="store_false",
@@ -186,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
             address=args.ray_address,
             num_cpus=args.num_cpus,
             dashboard=args.dashboard,
+            block_items=args.block_items,
         )
         result = run_ray(records, args.out, config, options, failures=dataset.failures)
     else:
