@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +74,6 @@ def mentions_fingerprint(
     words = hashlib.sha256()
     for cls in vocabulary.classes:
         words.update(json.dumps([cls, sorted(vocabulary.words(cls))]).encode())
-    captions = hashlib.sha256()
-    for text in texts:
-        data = text.encode("utf-8", "surrogatepass")
-        captions.update(b"%d:" % len(data))
-        captions.update(data)
     return {
         "format": CACHE_FORMAT,
         "classes": list(vocabulary.classes),
@@ -86,8 +81,18 @@ def mentions_fingerprint(
         "spacy_model": spacy_model,
         "spacy_model_version": spacy_version,
         "n_captions": len(texts),
-        "captions_sha256": captions.hexdigest(),
+        "captions_sha256": texts_sha256(texts),
     }
+
+
+def texts_sha256(texts: Iterable[str]) -> str:
+    """A hash of a sequence of strings (length-prefixed, so boundaries count)."""
+    digest = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8", "surrogatepass")
+        digest.update(b"%d:" % len(data))
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def save_mentions(
@@ -151,3 +156,34 @@ def load_mentions(
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def mentions_cache_path(cache_dir: str | Path, fingerprint: Mapping[str, Any]) -> Path:
+    """Where the mention sets with this fingerprint are cached under ``cache_dir``."""
+    key = hashlib.sha256(json.dumps(dict(fingerprint), sort_keys=True).encode()).hexdigest()
+    return Path(cache_dir) / f"mentions-{key[:24]}.npz"
+
+
+def cached_mentions(
+    texts: Sequence[str],
+    indexer: MentionIndexer,
+    cache_dir: str | Path | None = None,
+    compute: Callable[[Sequence[str]], list[frozenset[str]]] | None = None,
+) -> tuple[list[frozenset[str]], bool]:
+    """The mention sets of ``texts`` and whether they came from the cache.
+
+    Read from ``cache_dir`` when a cache with ``indexer``'s fingerprint of ``texts`` is there;
+    else computed by ``compute`` (default: ``indexer`` itself, in this process; the Ray
+    pipeline passes its parallel version) and cached.
+    """
+    fingerprint = indexer.fingerprint(texts)
+    path = mentions_cache_path(cache_dir, fingerprint) if cache_dir is not None else None
+    if path is not None and path.exists():
+        return load_mentions(path, fingerprint), True
+    found = (compute or indexer)(texts)
+    if len(found) != len(texts):
+        raise ValueError(f"{len(found)} mention sets for {len(texts)} captions")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_mentions(path, found, indexer.vocabulary.classes, fingerprint)
+    return found, False
