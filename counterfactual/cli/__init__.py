@@ -21,6 +21,7 @@ SUBCOMMANDS = (
     "audit",
     "mix",
     "data",
+    "eval",
 )
 
 
