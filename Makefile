@@ -15,6 +15,13 @@ OUT ?= out/$(DATASET)$(if $(IMAGE),-$(IMAGE))$(if $(TEXT),-$(TEXT))
 ROOT ?=
 DOWNLOAD ?= 1
 ARGS ?=
+# make eval: MODEL is one or more specs (hf-clip:ID_OR_PATH, blip:..., open_clip:ARCH:TAG).
+MODEL ?=
+QUERIES ?=
+EVAL_OUT ?= out/$(DATASET)-eval
+# the test split the ODmAP queries are made from (SPEC 1.5); the demo uses all its images
+TEST_SPLIT_coco = --coco-set val2014 --split-file $(ROOT)/dataset_coco.json --split test
+TEST_SPLIT_flickr30k = --split test
 
 # Nothing in the offline demo, the tests or the benchmarks reaches the network.
 export HF_HUB_OFFLINE ?= 1
@@ -22,7 +29,7 @@ export HF_HUB_DISABLE_TELEMETRY ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install synth data test test-fast lint format bench clean
+.PHONY: help install synth eval data test test-fast lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -40,6 +47,13 @@ synth: $(STAMP) ## make shards on Ray: DATASET=demo|coco|flickr30k [ROOT= OUT= I
 	$(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) --out $(OUT) \
 		$(if $(ROOT),--root $(ROOT)) $(if $(IMAGE),--image-method $(IMAGE)) \
 		$(if $(TEXT),--text-method $(TEXT)) $(ARGS)
+
+eval: $(STAMP) ## ODmAP@k + R@K report: MODEL="spec ..." [DATASET= ROOT= QUERIES= EVAL_OUT= ARGS=]
+	@test -n "$(MODEL)" || { echo "make eval needs MODEL=hf-clip:ID_OR_PATH (or blip:..., open_clip:ARCH:TAG)"; exit 2; }
+	$(if $(QUERIES),,$(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) \
+		--out $(EVAL_OUT)/queries $(if $(ROOT),--root $(ROOT)) $(TEST_SPLIT_$(DATASET)))
+	$(BIN)/counterfactual eval --dataset $(DATASET) --queries $(or $(QUERIES),$(EVAL_OUT)/queries) \
+		--out $(EVAL_OUT)/report $(if $(ROOT),--root $(ROOT)) $(foreach m,$(MODEL),--model $(m)) $(ARGS)
 
 data: $(STAMP) ## fetch and verify the official files: DATASET=coco|flickr30k [ROOT=data/DATASET DOWNLOAD=0 lists only]
 	$(BIN)/counterfactual data --dataset $(DATASET) --root $(or $(ROOT),data/$(DATASET)) \

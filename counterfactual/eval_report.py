@@ -42,7 +42,7 @@ def markdown_tables(results: Sequence[ModelResult], dataset: str) -> str:
         head = [f"i→t R@{k}" for k in rks] + [f"t→i R@{k}" for k in rks]
         lines += [
             "",
-            f"### Standard retrieval ({dataset} test split): R@K, %",
+            f"### Standard retrieval ({dataset}, test images): R@K, %",
             "",
             "| Model | " + " | ".join(head) + " | RSUM |",
             "|---|" + "---:|" * (len(head) + 1),
@@ -60,6 +60,7 @@ def markdown_tables(results: Sequence[ModelResult], dataset: str) -> str:
 def odmap_plot(results: Sequence[ModelResult], path: Path, dataset: str) -> Path:
     """ODmAP@k (percent) against k, one line per model."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -68,6 +69,7 @@ def odmap_plot(results: Sequence[ModelResult], path: Path, dataset: str) -> Path
     for r in results:
         ks = sorted(r.odmap_curve)
         ax.plot(ks, [100.0 * r.odmap_curve[k] for k in ks], marker="o", ms=3, label=r.model)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("k")
     ax.set_ylabel("ODmAP@k (%)")
     ax.set_title(f"Object decorrelation, {dataset}")
@@ -122,7 +124,8 @@ def qualitative_grid(
         image = query.image.copy()
         image.thumbnail((thumb, thumb))
         sheet.paste(image, (gap, y))
-        draw.text((gap, y + thumb + 2), "removed: " + ", ".join(query.removed), RED, font=font)
+        label = "removed: " + ", ".join(query.removed)
+        draw.text((gap, y + image.height + 2), label, RED, font=font)
         for c, (model, texts) in enumerate(blocks):
             x = gap + thumb + gap + c * column
             draw.text((x, y), model[-wrap:], BLACK, font=font)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -36,17 +36,10 @@ from counterfactual.metrics import (
     recall_at_k,
     topk_chunked,
 )
+from counterfactual.models import Embedder
 
 ODMAP_KS = (1, 5, 10)
 """The k of the paper's Table 1."""
-
-
-class Embedder(Protocol):
-    """What evaluation needs of a model (see :mod:`counterfactual.models`): L2-normalised
-    float32 rows, one per input."""
-
-    def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray: ...
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,180 @@
+"""``counterfactual eval``: ODmAP@k on counterfactual queries and R@K on the test split, for one
+or more retrieval models, written as a report (JSON, Markdown tables, plot, qualitative grid)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from counterfactual.evalset import Corpus, corpus_from_records, read_karpathy, read_queries
+from counterfactual.evaluate import ODMAP_KS, EvalConfig, evaluate_model
+from counterfactual.metrics import RECALL_KS
+from counterfactual.readers import DATASETS
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="ODmAP@k and R@K of retrieval models; report with tables, plot and examples",
+        description="Score retrieval models (SPEC 1.5). Queries: the synthetic samples in "
+        "--queries (shards made from the test split by `counterfactual synth`). Gallery: every "
+        "caption of train + val + test. A retrieved caption is correct when it mentions no "
+        "removed class and at least one kept class. R@K (image->text, text->image) on the test "
+        "split's own images and captions. Writes report.json, report.md, odmap_at_k.png and "
+        "qualitative.png into --out; class mentions and gallery embeddings are cached.",
+    )
+    p.add_argument("--queries", required=True, help="synthetic shards: a folder, glob or braces")
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="SPEC",
+        help="hf-clip:ID_OR_PATH, blip:ID_OR_PATH, open_clip:ARCH:TAG_OR_CKPT or a local folder "
+        "(repeat to compare models)",
+    )
+    p.add_argument("--out", type=Path, required=True, help="report folder")
+    p.add_argument("--dataset", choices=DATASETS, default="demo")
+    p.add_argument(
+        "--root", type=Path, default=None, help="dataset folder (demo: QUERIES/demo-data)"
+    )
+    p.add_argument(
+        "--split-file",
+        type=Path,
+        default=None,
+        help="Karpathy's dataset_coco.json / dataset_flickr30k.json (default: ROOT/dataset_*.json"
+        " when there; Flickr30k falls back to the Entities split files)",
+    )
+    p.add_argument("--test-split", default="test", help="split for R@K (demo: all images)")
+    p.add_argument("--no-recall", dest="recall", action="store_false", help="skip R@K")
+    p.add_argument("--cache", type=Path, default=None, help="cache folder (default OUT/cache)")
+    p.add_argument(
+        "--runner", choices=("local", "ray"), default="local", help="where mentions are computed"
+    )
+    p.add_argument("--vocabulary", default=None, help="class word lists (default: COCO's)")
+    p.add_argument("--spacy-model", default=None, help="spaCy pipeline (as for synth)")
+    p.add_argument("--device", default=None, help="model device (default: cuda when present)")
+    p.add_argument("--batch-size", type=int, default=64, help="images or texts per model call")
+    p.add_argument("--topk-device", default=None, help="top-k on torch here (e.g. cuda)")
+    p.add_argument("--ks", type=int, nargs="+", default=list(ODMAP_KS), help="ODmAP@k columns")
+    p.add_argument("--curve-k", type=int, default=20, help="plot ODmAP@k for k = 1..this")
+    p.add_argument("--grid", type=int, default=6, help="queries in qualitative.png (0: none)")
+    p.set_defaults(func=run)
+
+
+def load_corpus(args: argparse.Namespace) -> tuple[Corpus, str | None]:
+    """The gallery (every caption of every split) and the split to use for R@K."""
+    if args.dataset == "demo":
+        from counterfactual.readers.demo import read_demo
+
+        root = args.root or _queries_dir(args.queries) / "demo-data"
+        return corpus_from_records(read_demo(root).records), None
+    if args.root is None and args.split_file is None:
+        raise ValueError(f"--dataset {args.dataset} needs --root or --split-file")
+    split_file = args.split_file
+    if split_file is None:
+        candidate = args.root / f"dataset_{args.dataset}.json"
+        split_file = candidate if candidate.exists() else None
+    if split_file is not None:
+        image_root = args.root
+        if image_root is not None and args.dataset == "flickr30k":
+            image_root = image_root / "flickr30k-images"
+        return read_karpathy(split_file, image_root), args.test_split
+    if args.dataset == "flickr30k":
+        from counterfactual.readers.flickr30k import read_flickr30k
+
+        return corpus_from_records(read_flickr30k(args.root, split=None).records), args.test_split
+    raise ValueError(
+        f"COCO needs Karpathy's split file: --split-file or {args.root}/dataset_coco.json"
+    )
+
+
+def _queries_dir(spec: str) -> Path:
+    path = Path(spec)
+    return path if path.is_dir() else path.parent
+
+
+def gallery_mentions(
+    args: argparse.Namespace, gallery: Corpus, cache: Path
+) -> list[frozenset[str]]:
+    """Annotated phrase classes where the corpus has them; the rest parsed (cached)."""
+    from counterfactual.mentions import MentionIndexer, cached_mentions
+    from counterfactual.vocab import load_vocabulary
+
+    vocabulary = args.vocabulary
+    if vocabulary is None and args.dataset == "demo":
+        from counterfactual.readers.demo import demo_vocabulary_path
+
+        vocabulary = str(demo_vocabulary_path())
+    annotated = gallery.annotated or (None,) * len(gallery.captions)
+    todo = [i for i, a in enumerate(annotated) if a is None]
+    texts = [gallery.captions[i] for i in todo]
+    found: list[frozenset[str]] = [a or frozenset() for a in annotated]
+    if texts:
+        indexer = MentionIndexer(load_vocabulary(vocabulary), args.spacy_model)
+        compute = None
+        if args.runner == "ray":
+            from pipelines.mentions import index_mentions_ray
+
+            compute = functools.partial(index_mentions_ray, indexer=indexer, work_dir=args.out)
+        start = time.perf_counter()
+        parsed, hit = cached_mentions(texts, indexer, cache, compute)
+        where = "from the cache" if hit else f"in {time.perf_counter() - start:.1f} s"
+        print(f"mentions of {len(texts)} captions {where}", file=sys.stderr)
+        for i, classes in zip(todo, parsed, strict=True):
+            found[i] = classes
+    return found
+
+
+def run(args: argparse.Namespace) -> int:
+    from counterfactual.eval_report import markdown_tables, write_report
+    from counterfactual.mix import expand_shards
+    from counterfactual.models import load_embedder
+
+    config = EvalConfig(
+        odmap_ks=tuple(args.ks),
+        curve_k=args.curve_k,
+        recall_ks=RECALL_KS,
+        device=args.topk_device,
+    )
+    cache = args.cache or args.out / "cache"
+    queries, problems = read_queries(expand_shards(args.queries))
+    if not queries:
+        raise ValueError(f"no usable query in {args.queries} ({len(problems)} unusable samples)")
+    gallery, test_split = load_corpus(args)
+    test = gallery.split(test_split) if args.recall else None
+    splits = sorted({q.split or "none" for q in queries})
+    if test_split is not None and splits != [test_split]:
+        print(f"warning: queries come from splits {splits}, not {test_split}", file=sys.stderr)
+    print(
+        f"{len(queries)} queries, gallery of {len(gallery.captions)} captions "
+        f"({gallery.splits}), {len(problems)} unusable samples",
+        file=sys.stderr,
+    )
+    mentions = gallery_mentions(args, gallery, cache)
+    results = []
+    for spec in args.model:
+        embedder = load_embedder(spec, device=args.device, batch_size=args.batch_size)
+        log = functools.partial(print, file=sys.stderr)
+        results.append(
+            evaluate_model(embedder, spec, queries, gallery, mentions, test, config, cache, log)
+        )
+    context = {
+        "dataset": args.dataset,
+        "queries": str(args.queries),
+        "query_splits": splits,
+        "unusable_samples": [asdict(p) for p in problems],
+        "gallery_captions": len(gallery.captions),
+        "gallery_splits": gallery.splits,
+        "test_split": test_split,
+        "mentioning_captions": sum(1 for m in mentions if m),
+        "config": {"odmap_ks": list(config.odmap_ks), "curve_k": config.curve_k},
+    }
+    paths = write_report(args.out, results, queries, gallery.captions, mentions, context, args.grid)
+    print(markdown_tables(results, args.dataset))
+    print(json.dumps({k: str(v) for k, v in paths.items()}), file=sys.stderr)
+    return 0
