@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     "heuristics",
     "audit",
     "mix",
+    "train",
     "data",
     "eval",
 )
