@@ -254,18 +254,19 @@ def _looks_local(name: str) -> bool:
 class _HFEmbedder(_TorchEmbedder):
     """A transformers model + processor, checked to be ``model_type`` and fully loaded."""
 
+    _kind = ""
     _model_type = ""
     _model_class = ""
 
     def __init__(
         self,
-        spec: ModelSpec,
-        device: str | torch.device | None,
-        dtype: str | torch.dtype | None,
-        batch_size: int,
+        name: str,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        batch_size: int = 64,
     ) -> None:
         super().__init__(device, dtype, batch_size)
-        self.spec = spec
+        spec = self.spec = ModelSpec(self._kind, name)
         transformers = require("transformers", "models")
         name = spec.name
         if not os.path.isdir(name) and _looks_local(name):
@@ -335,18 +336,13 @@ class HFClipEmbedder(_HFEmbedder):
     float32. Texts are cut at the model's 77 tokens (end token kept).
     """
 
+    _kind = "hf-clip"
     _model_type = "clip"
     _model_class = "CLIPModel"
 
-    def __init__(
-        self,
-        name: str,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        batch_size: int = 64,
-    ) -> None:
-        super().__init__(ModelSpec("hf-clip", name), device, dtype, batch_size)
-        self.dim = int(self._model.config.projection_dim)
+    @property
+    def dim(self) -> int:  # type: ignore[override]
+        return int(self._model.config.projection_dim)
 
     def _needed(self, key: str) -> bool:
         return key != "logit_scale"
@@ -369,18 +365,13 @@ class BlipEmbedder(_HFEmbedder):
     image-text pair run together) is not used. Texts are cut at the text encoder's positions.
     """
 
+    _kind = "blip"
     _model_type = "blip"
     _model_class = "BlipForImageTextRetrieval"
 
-    def __init__(
-        self,
-        name: str,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        batch_size: int = 64,
-    ) -> None:
-        super().__init__(ModelSpec("blip", name), device, dtype, batch_size)
-        self.dim = int(self._model.config.image_text_hidden_size)
+    @property
+    def dim(self) -> int:  # type: ignore[override]
+        return int(self._model.config.image_text_hidden_size)
 
     def _needed(self, key: str) -> bool:
         return not key.startswith("itm_head.")
