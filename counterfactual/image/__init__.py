@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 IMAGE_METHODS = ("inpaint", "zero", "mean", "blur")
-INPAINT_BACKENDS = ("opencv", "diffusers")
+INPAINT_BACKENDS = ("opencv", "diffusers", "lama")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,10 @@ class ImageConfig:
     opencv_max_side: int = 192
     """The padded crop around the mask is inpainted at most this many pixels on its long side
     and scaled back (0 = native resolution)."""
+    # LaMa inpainting (TorchScript; ``model`` is the .pt file, ``device`` and ``batch_size`` apply)
+    lama_max_side: int = 0
+    """A LaMa crop whose long side is larger is inpainted at this size and scaled back
+    (0 = native resolution)."""
     # diffusers inpainting
     model: str = "stabilityai/stable-diffusion-2-inpainting"
     device: str = "cpu"
@@ -70,6 +74,8 @@ class ImageConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.crop_padding < 0:
             raise ValueError(f"crop_padding must be >= 0, got {self.crop_padding}")
+        if self.lama_max_side < 0:
+            raise ValueError(f"lama_max_side must be >= 0 (0 = native), got {self.lama_max_side}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype {self.dtype!r} is not float32, float16 or bfloat16")
 
@@ -96,6 +102,10 @@ def make_editor(config: ImageConfig) -> ImageEditor:
         from counterfactual.image.opencv_inpaint import OpenCVInpainter
 
         return OpenCVInpainter(config)
+    if config.backend == "lama":
+        from counterfactual.image.lama import LamaInpainter
+
+        return LamaInpainter(config)
     from counterfactual.image.diffusion import DiffusionInpainter
 
     return DiffusionInpainter(config)
