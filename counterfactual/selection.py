@@ -16,16 +16,20 @@ class does not count towards ``C``) and is listed in ``ignored``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from counterfactual.cooccurrence import CooccurrenceStats
 from counterfactual.geometry import box_cells
 from counterfactual.records import ImageRecord
 
-POLICIES = ("uniform", "all")
+POLICIES = ("uniform", "all", "spurious")
+SPURIOUS_SMOOTHING = 1.0
+"""PMI smoothing of the ``spurious`` policy (see :meth:`CooccurrenceStats.pmi`)."""
 
 # Rejection reasons of a candidate class, and of an image with no valid plan.
 NOTHING_KEPT = "nothing-kept"
@@ -41,7 +45,9 @@ class SelectionConfig:
     alpha2: float = 0.8
     alpha3: float = 0.7
     policy: str = "uniform"
-    """``uniform``: one valid plan per image, drawn with ``seed``; ``all``: every valid plan."""
+    """``uniform``: one valid plan per image, drawn with ``seed``; ``all``: every valid plan;
+    ``spurious``: the valid plan whose target co-occurs most over-proportionally with its kept
+    classes over the dataset (see :func:`select_many`), ties drawn with ``seed``."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -78,6 +84,9 @@ class RemovalPlan:
     alpha2: float
     alpha3: float
     rejected_by: str | None = None
+    pmi: dict[str, float] | None = None
+    """``spurious`` policy only: PMI(target, k) for each kept ``k``; the plan's score is their
+    mean. ``None`` under the other policies (and then absent from :meth:`to_dict`)."""
 
     @property
     def kind(self) -> str:
@@ -89,7 +98,7 @@ class RemovalPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, with each ratio next to the threshold it was compared with."""
-        return {
+        out: dict[str, Any] = {
             "image_id": self.image_id,
             "target": self.target,
             "removed": list(self.removed),
@@ -114,6 +123,14 @@ class RemovalPlan:
             },
             "mask_boxes": [list(b) for b in self.mask_boxes],
         }
+        if self.pmi is not None:
+            out["evidence"]["pmi"] = {
+                "with_kept": dict(self.pmi),
+                "score": spurious_score(self.pmi.values()),
+                "aggregate": "mean",
+                "smoothing": SPURIOUS_SMOOTHING,
+            }
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,12 +328,67 @@ def draw_index(seed: int, key: str, n: int) -> int:
     return int.from_bytes(digest, "little") % n
 
 
-def select_many(records: Sequence[ImageRecord], config: SelectionConfig) -> list[Selection]:
+def spurious_score(pmis: Iterable[float]) -> float:
+    """The ``spurious`` policy's score of a plan: the mean PMI of its target with each kept
+    class (``-inf`` when there are none, which a valid plan never has)."""
+    values = list(pmis)
+    return math.fsum(values) / len(values) if values else -math.inf
+
+
+class _PMILookup:
+    """PMI of two class names from a :class:`CooccurrenceStats`; 0 (independence) for a class
+    the counts never saw, which is also what smoothing gives a pair with no counts."""
+
+    def __init__(self, stats: CooccurrenceStats) -> None:
+        self.matrix = stats.pmi(SPURIOUS_SMOOTHING).tolist()
+        self.index = stats.index
+
+    def __call__(self, a: str, b: str) -> float:
+        i, j = self.index.get(a), self.index.get(b)
+        return 0.0 if i is None or j is None else self.matrix[i][j]
+
+
+def _spurious_pick(
+    ev: _Evaluation, valid: list[int], pmi: _PMILookup, seed: int
+) -> tuple[int, dict[str, float]]:
+    """The valid target with the highest score, a seeded draw among equal scores."""
+    evidence, scores = [], []
+    for r in valid:
+        rem = ev.removed[r].tolist()
+        kept = [c for i, c in enumerate(ev.names) if not rem[i]]
+        values = {k: pmi(ev.names[r], k) for k in kept}
+        evidence.append(values)
+        scores.append(spurious_score(values.values()))
+    best = max(scores)
+    tol = 1e-12 * max(1.0, abs(best)) if math.isfinite(best) else 0.0
+    ties = [n for n, score in enumerate(scores) if score >= best - tol]
+    n = ties[draw_index(seed, ev.record.image_id, len(ties))] if len(ties) > 1 else ties[0]
+    return valid[n], evidence[n]
+
+
+def select_many(
+    records: Sequence[ImageRecord],
+    config: SelectionConfig,
+    stats: CooccurrenceStats | None = None,
+) -> list[Selection]:
     """Apply the rules and the policy to each record: ``plans`` holds the chosen valid plans.
 
     Only chosen plans are built (use :func:`candidates` for the evidence of every candidate).
     Images are evaluated together, so a batch is much faster than one call per image.
+
+    The ``spurious`` policy keeps, among an image's valid plans, the one whose target ``r`` is
+    most over-represented next to the plan's kept classes ``K``: the highest mean over ``k`` in
+    ``K`` of ``PMI(r, k)``, from the image-level co-occurrence ``stats`` of the whole dataset
+    (smoothing :data:`SPURIOUS_SMOOTHING`); equal scores are broken by the same seeded draw as
+    ``uniform``, among the tied plans. ``stats`` defaults to the counts of ``records``, so pass
+    the dataset's counts when ``records`` is one batch of it. Other aggregates are possible and
+    not offered: ``max`` picks a target by its single strongest partner (one rare pair decides),
+    ``sum`` favours targets with many kept classes; the mean compares plans that keep different
+    numbers of classes fairly. ``stats`` is ignored by the other policies.
     """
+    pmi = None
+    if config.policy == "spurious":
+        pmi = _PMILookup(stats if stats is not None else CooccurrenceStats.from_records(records))
     out = []
     for record, ev in zip(records, _evaluate_many(records, config), strict=True):
         if isinstance(ev, tuple):
@@ -331,18 +403,27 @@ def select_many(records: Sequence[ImageRecord], config: SelectionConfig) -> list
             pick = valid[draw_index(config.seed, record.image_id, len(valid))]
             others = tuple(ev.names[r] for r in valid if r != pick)
             valid = [pick]
+        elif pmi is not None:
+            pick, evidence = _spurious_pick(ev, valid, pmi, config.seed)
+            others = tuple(ev.names[r] for r in valid if r != pick)
+            plan = replace(ev.plan(pick, config), pmi=evidence)
+            out.append(Selection(record.image_id, (), ev.ignored, None, (plan,), others))
+            continue
         plans = tuple(ev.plan(r, config) for r in valid)
         out.append(Selection(record.image_id, (), ev.ignored, None, plans, others))
     return out
 
 
-def select(record: ImageRecord, config: SelectionConfig) -> Selection:
-    """:func:`select_many` for one record."""
-    return select_many([record], config)[0]
+def select(
+    record: ImageRecord, config: SelectionConfig, stats: CooccurrenceStats | None = None
+) -> Selection:
+    """:func:`select_many` for one record (pass the dataset's ``stats`` for ``spurious``)."""
+    return select_many([record], config, stats)[0]
 
 
 __all__: Sequence[str] = (
     "POLICIES",
+    "SPURIOUS_SMOOTHING",
     "RemovalPlan",
     "Selection",
     "SelectionConfig",
@@ -350,4 +431,5 @@ __all__: Sequence[str] = (
     "draw_index",
     "select",
     "select_many",
+    "spurious_score",
 )

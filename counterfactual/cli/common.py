@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from counterfactual.readers import DATASETS
 from counterfactual.selection import POLICIES, SelectionConfig
 
 
@@ -12,7 +14,13 @@ def add_selection_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--alpha1", type=float, default=0.4, help="keep rule threshold (default 0.4)")
     g.add_argument("--alpha2", type=float, default=0.8, help="co-removal threshold (default 0.8)")
     g.add_argument("--alpha3", type=float, default=0.7, help="size rule threshold (default 0.7)")
-    g.add_argument("--policy", choices=POLICIES, default="uniform", help="plans kept per image")
+    g.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="uniform",
+        help="plans kept per image: uniform (one, seeded draw), all, or spurious (the target "
+        "with the highest mean PMI with the kept classes over the dataset)",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of every random choice")
 
 
@@ -24,3 +32,27 @@ def selection_config(args: argparse.Namespace) -> SelectionConfig:
         policy=args.policy,
         seed=args.seed,
     )
+
+
+def add_data_args(
+    parser: argparse.ArgumentParser, demo_root: str = "OUT/demo-data"
+) -> argparse._ArgumentGroup:
+    """The dataset options of ``synth`` (read by ``counterfactual.cli.synth.load_dataset``,
+    which also needs an ``out`` attribute: the demo is written to ``OUT/demo-data``, named
+    ``demo_root`` in the help)."""
+    d = parser.add_argument_group("data")
+    d.add_argument("--dataset", choices=DATASETS, default="demo")
+    d.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help=f"dataset folder (demo: where the demo pictures are written, default {demo_root})",
+    )
+    d.add_argument("--instances", type=Path, help="COCO instances_*.json")
+    d.add_argument("--captions", type=Path, help="COCO captions_*.json")
+    d.add_argument("--images", type=Path, help="folder the file names are relative to")
+    d.add_argument("--coco-set", default="train2017", help="COCO file set under ROOT")
+    d.add_argument("--split-file", type=Path, help="Karpathy dataset_coco.json")
+    d.add_argument("--split", default=None, help="train, val or test (Karpathy / Flickr30k)")
+    d.add_argument("--limit", type=int, default=None, help="only the first N images")
+    return d

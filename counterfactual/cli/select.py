@@ -34,10 +34,15 @@ def run(args: argparse.Namespace) -> int:
     dataset = read_coco(args.annotations, None, args.annotations.parent)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
     plans = rejected = images = 0
+    stats = None
+    if config.policy == "spurious":  # PMI over the whole file, before any image is chosen
+        from counterfactual.cooccurrence import CooccurrenceStats
+
+        stats = CooccurrenceStats.from_records(dataset.records)
     try:
         for record in dataset.records:
             images += 1
-            sel = select(record, config)
+            sel = select(record, config, stats)
             rows = list(sel.plans)
             if args.rejected:
                 refused = [c for c in candidates(record, config).candidates if not c.valid]

@@ -51,6 +51,10 @@ class TextConfig:
     vocabulary: str | None = None
     """Class word-list file (one class per line, first entry the class name); ``None`` = COCO."""
     batch_size: int = 256
+    repair: bool = False
+    """``np-removal`` only: drop the prepositions, conjunctions, determiners and commas a cut
+    left dangling ("fighting over a frisbee" -> "fighting over" -> "fighting"); see
+    :mod:`counterfactual.text.repair`. Off by default, as the paper."""
     # captioner
     model: str = "Salesforce/blip-image-captioning-base"
     device: str = "cpu"
@@ -65,6 +69,10 @@ class TextConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype {self.dtype!r} is not float32, float16 or bfloat16")
+        if not isinstance(self.repair, bool):
+            raise ValueError(f"repair must be True or False, got {self.repair!r}")
+        if self.repair and self.method != "np-removal":
+            raise ValueError(f"repair applies to np-removal only, not to {self.method!r}")
 
 
 class TextRewriter(Protocol):

@@ -3,17 +3,21 @@
 COCO-style captions: spaCy ``noun_chunks``; a chunk is dropped when any of its tokens matches a
 word of a removed class (see :mod:`counterfactual.vocab`). Flickr30k captions carry annotated
 phrases with types: a phrase is dropped when one of its types is removed, without parsing.
+With ``TextConfig.repair`` the rewritten captions are parsed once more and the words left
+dangling at the cuts are dropped (:mod:`counterfactual.text.repair`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from counterfactual.records import Phrase
 from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
 from counterfactual.text.nlp import default_model_name, load_spacy
+from counterfactual.text.repair import cut_offsets, repair_caption
 from counterfactual.text.tidy import has_words, tidy
 from counterfactual.vocab import ClassVocabulary, load_vocabulary
 
@@ -56,7 +60,10 @@ class NounPhraseRemover:
         self._cache_size = cache_size
 
     def describe(self) -> dict[str, Any]:
-        return {"method": "np-removal", "spacy_model": self.model_name}
+        info: dict[str, Any] = {"method": "np-removal", "spacy_model": self.model_name}
+        if self.config.repair:
+            info["repair"] = True
+        return info
 
     def chunks(self, texts: Sequence[str]) -> list[tuple[str, tuple[_Chunk, ...]]]:
         """For each text: the text with its noun chunks (character spans and the classes they
@@ -81,7 +88,7 @@ class NounPhraseRemover:
             if r.phrases is None and self.vocabulary.may_mention(r.caption, r.removed)
         ]
         parsed = dict(zip(need, self.chunks(need), strict=True))
-        out = []
+        out, cuts = [], []
         for req in batch:
             if req.phrases is not None:
                 spans = [(p.start, p.end) for p in req.phrases if set(p.types) & set(req.removed)]
@@ -90,14 +97,34 @@ class NounPhraseRemover:
                 spans = [(c.start, c.end) for c in parsed[req.caption][1] if c.classes & removed]
             else:
                 spans = []
-            out.append(_cut(req.caption, spans))
+            result, pieces = _cut_pieces(req.caption, spans)
+            out.append(result)
+            if self.config.repair and result.text is not None and len(pieces) > 1:
+                cuts.append((len(out) - 1, cut_offsets(pieces, result.text)))
+        if cuts:
+            out = self._repair(out, cuts)
         return out
+
+    def _repair(
+        self, results: list[RewriteResult], cuts: list[tuple[int, list[int]]]
+    ) -> list[RewriteResult]:
+        """Drop the words left dangling at the cut points (``TextConfig.repair``)."""
+        texts = [results[i].text or "" for i, _ in cuts]
+        docs = self.nlp.pipe(texts, batch_size=self.config.batch_size)
+        for (i, offsets), text, doc in zip(cuts, texts, docs, strict=True):
+            results[i] = replace(results[i], text=repair_caption(text, doc, offsets))
+        return results
 
 
 def _cut(caption: str, spans: list[tuple[int, int]]) -> RewriteResult:
     """Cut ``spans`` (character offsets) and a comma that directly follows each of them."""
+    return _cut_pieces(caption, spans)[0]
+
+
+def _cut_pieces(caption: str, spans: list[tuple[int, int]]) -> tuple[RewriteResult, list[str]]:
+    """:func:`_cut`, and the parts of ``caption`` left between the cuts."""
     if not spans:
-        return RewriteResult(text=caption)
+        return RewriteResult(text=caption), [caption]
     pieces, last = [], 0
     for start, phrase_end in sorted(spans):
         end = phrase_end
@@ -113,8 +140,8 @@ def _cut(caption: str, spans: list[tuple[int, int]]) -> RewriteResult:
     text = tidy(" ".join(pieces), capitalize=caption[:1].isupper())
     removed = tuple(caption[s:e] for s, e in sorted(spans))
     if not has_words(text):
-        return RewriteResult(text=None, removed_phrases=removed, reason=EMPTY_CAPTION)
-    return RewriteResult(text=text, removed_phrases=removed)
+        return RewriteResult(text=None, removed_phrases=removed, reason=EMPTY_CAPTION), pieces
+    return RewriteResult(text=text, removed_phrases=removed), pieces
 
 
 def remove_phrases(
