@@ -9,7 +9,8 @@ layout depends only on the records and the config, so a rerun finds the same sha
 refuses a rerun with another config; it lists the committed shards (their stats file exists) and
 removes unfinished temporary files. :func:`finish_run` writes ``status.jsonl`` (every input
 image and every item, with reasons) and ``manifest.json`` (config, package versions, git
-revision, counts, timings). Both runners, in-process and Ray, go through these two functions.
+revision, counts, timings and, when samples were verified, a summary of the verdicts). Both
+runners, in-process and Ray, go through these two functions.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import platform
 import subprocess
 import sys
+import tarfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,10 +30,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from counterfactual.cooccurrence import CooccurrenceStats
 from counterfactual.records import ImageRecord, Status
 from counterfactual.shards import ShardAssembler, ShardStats, read_stats, shard_name
 from counterfactual.stages import Done, Job
 from counterfactual.synth import SynthConfig, WorkItem, plan
+from counterfactual.verify import VerifySummary
 
 RUN_FILE = "run.json"
 STATUS_FILE = "status.jsonl"
@@ -97,9 +101,13 @@ def layout(
     skipped: list[Status] = list(failures)
     images = len(failures)
     batch: list[ImageRecord] = []
+    stats = None
+    if config.selection.policy == "spurious":  # PMI over the whole dataset, not per chunk
+        records = list(records)
+        stats = CooccurrenceStats.from_records(records)
 
     def flush() -> None:
-        for planned in plan(batch, config, not_drawn=skipped):
+        for planned in plan(batch, config, not_drawn=skipped, stats=stats):
             if isinstance(planned, Status):
                 skipped.append(planned)
             else:
@@ -175,6 +183,8 @@ class RunResult:
     images: int
     items_run: int
     """Items processed by this run (not counting shards committed by an earlier one)."""
+    verify: dict[str, Any] | None = None
+    """:meth:`VerifySummary.to_dict` over every shard, when verification was on."""
 
     def counts(self) -> dict[str, int]:
         c = Counter(f"{s.status}:{s.reason}" if s.reason else s.status for s in self.statuses)
@@ -217,6 +227,8 @@ def finish_run(
         run.layout.images,
         sum(committed[i].items for i in committed),
     )
+    if run.config.verify.enabled:
+        result.verify = verify_summary(run.out_dir, result.shards, statuses)
     manifest = {
         "runner": runner,
         "command": sys.argv,
@@ -230,6 +242,7 @@ def finish_run(
         "samples_per_shard": run.config.samples_per_shard,
         "counts": result.counts(),
         "stages": stage_table(result),
+        **({"verify": result.verify} if result.verify is not None else {}),
         "config": run.config.to_dict(),
         "versions": package_versions(),
         "python": platform.python_version(),
@@ -239,6 +252,24 @@ def finish_run(
     text = json.dumps(manifest, indent=1, default=str, ensure_ascii=False)
     (run.out_dir / MANIFEST_FILE).write_text(text, encoding="utf-8")
     return result
+
+
+def verify_summary(out_dir: Path, shards: Iterable[str], statuses: Iterable[Status]) -> dict:
+    """The verdicts stored in the shards' json (only those members are read; tar headers let
+    the JPEGs be skipped) and the samples dropped with a ``verify-*`` reason."""
+    summary = VerifySummary()
+    for name in shards:
+        with tarfile.open(Path(out_dir) / name, "r:") as tar:
+            for member in tar:
+                if not member.name.endswith(".json"):
+                    continue
+                fh = tar.extractfile(member)
+                if fh is not None and "verify" in (meta := json.loads(fh.read())):
+                    summary.add(meta["verify"])
+    for s in statuses:
+        if s.status == "failed" and (s.reason or "").startswith("verify-"):
+            summary.dropped[s.reason or ""] += 1
+    return summary.to_dict()
 
 
 def deliver(assembler: ShardAssembler, finished: Iterable[Done]) -> list[ShardStats]:
@@ -270,6 +301,14 @@ def summary_table(result: RunResult) -> str:
         f"  {'status:reason':<40} {'count':>8}",
     ]
     lines += [f"  {name:<40} {n:>8}" for name, n in result.counts().items()]
+    if result.verify is not None:
+        v = result.verify
+        lines.append(
+            f"  verify: {v['written_passed']}/{v['written_checked']} written samples passed, "
+            f"{sum(v['dropped'].values())} dropped; removed classes out of the top-k: "
+            f"{v['removed_classes']}/{v['removal_checked']}, mean rank "
+            f"{v['mean_rank_before']} -> {v['mean_rank_after']}"
+        )
     if result.stage_seconds:
         lines.append(f"  {'step':<24} {'worker s':>10} {'items/worker-s':>16}")
         for name, row in stage_table(result).items():

@@ -1,7 +1,8 @@
 """The per-item steps of a run, as callable classes over batches of :class:`Job`.
 
 A :class:`Job` is one work item on its way to a shard: ``Decode`` loads the picture, ``Edit``
-erases the plan, ``Rewrite`` writes the new caption, ``Encode`` packs the shard sample. Each
+erases the plan, ``Rewrite`` writes the new caption, ``Verify`` (when asked) checks that the
+result is a counterfactual, ``Encode`` packs the shard sample. Each
 step's ``__init__`` loads what it needs once (models, spaCy); ``__call__`` transforms one batch
 and returns it. A job that fails keeps its place in the batch with a :class:`Status` saying why,
 and later steps pass it through, so every item reaches the writer exactly once.
@@ -21,12 +22,21 @@ import numpy as np
 
 from counterfactual import __version__
 from counterfactual.image import EditRequest, ImageEditor, make_editor
+from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg
 from counterfactual.masks import plan_mask
 from counterfactual.records import Status
 from counterfactual.shards import Sample
 from counterfactual.synth import SynthConfig, WorkItem, load_record_image
 from counterfactual.text import RewriteRequest, RewriteResult, TextRewriter, make_rewriter
+from counterfactual.verify import (
+    RemovalScorer,
+    Verifier,
+    VerifyRequest,
+    VerifyResult,
+    class_boxes,
+)
+from counterfactual.vocab import load_vocabulary
 
 MODEL_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
 """What a learned model may raise on a batch (CUDA out of memory is a ``RuntimeError``). The
@@ -48,7 +58,9 @@ class Done:
 @dataclass(slots=True)
 class Job:
     """One work item between steps. ``shard``/``index`` place it in the output; arrays are
-    ``uint8`` RGB ``HxWx3`` (``mask``: ``HxW``, 255 = repaint) and are dropped once encoded."""
+    ``uint8`` RGB ``HxWx3`` (``mask``: ``HxW``, 255 = repaint) and are dropped once encoded;
+    ``image`` (the original) is dropped by ``Edit``, or by ``Verify`` when verification is on.
+    ``verify`` is :meth:`VerifyResult.to_dict` once verified."""
 
     shard: int
     index: int
@@ -57,6 +69,7 @@ class Job:
     mask: np.ndarray | None = None
     edited: np.ndarray | None = None
     caption: RewriteResult | None = None
+    verify: dict[str, Any] | None = None
     methods: dict[str, Any] = field(default_factory=dict)
     sample: Sample | None = None
     failure: Status | None = None
@@ -136,7 +149,11 @@ class Edit:
         self.config = config
         self.uses_model = uses_model(config, self.name)
         self.editor = editor or make_editor(config.image)
+        if config.image.candidates > 1 and not isinstance(self.editor, BestOfN):
+            verifier = Verifier(config.verify, load_vocabulary(config.text.vocabulary))
+            self.editor = BestOfN(self.editor, config.image.candidates, RemovalScorer(verifier))
         self.info = self.editor.describe()
+        self.keep_original = config.verify.enabled  # Verify compares it with the edit
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         start = time.perf_counter()
@@ -158,31 +175,44 @@ class Edit:
                 EditRequest(job.image, job.mask, it.plan.removed, it.plan.kept, it.seed)
             )
             todo.append(job)
-        for job, out in zip(todo, self._edit(todo, requests), strict=True):
+        for job, (out, choice) in zip(todo, self._edit(todo, requests), strict=True):
             if isinstance(out, Status):
                 job.fail(out.reason, out.detail)
             else:
-                job.edited, job.image = out, None
+                job.edited = out
+                if not self.keep_original:
+                    job.image = None
                 job.methods["image_method"] = self.info
+                if choice is not None:
+                    job.methods["best_of_n"] = choice
         _timed(self.name, jobs, start)
         return jobs
 
-    def _edit(self, jobs: list[Job], requests: list[EditRequest]) -> list[np.ndarray | Status]:
+    def _edit(
+        self, jobs: list[Job], requests: list[EditRequest]
+    ) -> list[tuple[np.ndarray | Status, dict[str, Any] | None]]:
+        """Per request: the edited image (or a failure) and, for best-of-n, its pick."""
         if not requests:
             return []
         try:
-            return list(self.editor(requests))
+            return list(zip(self.editor(requests), self._choices(len(requests)), strict=True))
         except (SampleError, *MODEL_ERRORS):
             pass  # one bad request, or a model failure: retry one by one below
-        out: list[np.ndarray | Status] = []
+        out: list[tuple[np.ndarray | Status, dict[str, Any] | None]] = []
         for job, request in zip(jobs, requests, strict=True):
+            image_id = job.item.record.image_id
             try:
-                out.append(self.editor([request])[0])
+                out.append((self.editor([request])[0], self._choices(1)[0]))
             except SampleError as err:
-                out.append(Status(job.item.record.image_id, "failed", err.reason, err.detail))
+                out.append((Status(image_id, "failed", err.reason, err.detail), None))
             except MODEL_ERRORS as err:
-                out.append(Status(job.item.record.image_id, "failed", "model-error", repr(err)))
+                out.append((Status(image_id, "failed", "model-error", repr(err)), None))
         return out
+
+    def _choices(self, n: int) -> list[dict[str, Any] | None]:
+        if isinstance(self.editor, BestOfN):
+            return list(self.editor.choices)
+        return [None] * n
 
 
 class Rewrite:
@@ -262,11 +292,86 @@ def sample_meta(job: Job, seed: int) -> dict[str, Any]:
         "mask_boxes": [list(b) for b in item.plan.mask_boxes],
         "mask_pixels": int(np.count_nonzero(job.mask)),
         "image_method": job.methods.get("image_method"),
+        **({"best_of_n": job.methods["best_of_n"]} if "best_of_n" in job.methods else {}),
         "text_method": job.methods.get("text_method"),
         "seed": seed,
         "sample_seed": item.seed,
         "counterfactual_version": __version__,
+        **({"verify": job.verify} if job.verify is not None else {}),
     }
+
+
+class Verify:
+    """Check each job's counterfactual (:mod:`counterfactual.verify`): the removed classes are no
+    longer recognised on their boxes, the kept ones still are, the new caption names no removed
+    class. ``record`` mode stores the result in the sample's json under ``verify``; ``filter``
+    also fails a job that does not pass, with its first failed check (``verify-removal``,
+    ``verify-retention``, ``verify-text``) as reason. With verification off it passes jobs on."""
+
+    name = "verify"
+
+    def __init__(self, config: SynthConfig, verifier: Verifier | None = None) -> None:
+        self.config = config.verify
+        self.uses_model = uses_model(config, self.name)
+        self.text_method = config.text.method
+        self.verifier: Verifier | None = None
+        if self.config.enabled:
+            self.verifier = verifier or Verifier(
+                self.config, load_vocabulary(config.text.vocabulary)
+            )
+
+    def __call__(self, jobs: list[Job]) -> list[Job]:
+        if self.verifier is None:
+            return jobs
+        start = time.perf_counter()
+        todo = [job for job in jobs if job.ok]
+        requests = [self._request(job) for job in todo]
+        for job, out in zip(todo, self._verify(todo, requests), strict=True):
+            job.image = None
+            if isinstance(out, Status):
+                job.fail(out.reason, out.detail)
+                continue
+            job.verify = out.to_dict()
+            if self.config.mode == "filter" and not out.passed:
+                job.fail(out.failed[0], out.detail())
+        _timed(self.name, jobs, start)
+        return jobs
+
+    def _request(self, job: Job) -> VerifyRequest:
+        if job.image is None or job.edited is None or job.caption is None:
+            raise ValueError(f"job {job.item.key} reached Verify without both images and caption")
+        it = job.item
+        h, w = job.edited.shape[:2]
+        return VerifyRequest(
+            original=job.image,
+            edited=job.edited,
+            removed_boxes=class_boxes(it.record, it.plan.removed, h, w),
+            kept_boxes=class_boxes(it.record, it.plan.kept, h, w),
+            removed=it.plan.removed,
+            kept=it.plan.kept,
+            caption=job.caption.text,
+            text_method=self.text_method,
+        )
+
+    def _verify(
+        self, jobs: list[Job], requests: list[VerifyRequest]
+    ) -> list[VerifyResult | Status]:
+        if not requests or self.verifier is None:
+            return []
+        try:
+            return list(self.verifier(requests))
+        except (SampleError, *MODEL_ERRORS):
+            pass  # one bad request, or a model failure: retry one by one below
+        out: list[VerifyResult | Status] = []
+        for job, request in zip(jobs, requests, strict=True):
+            image_id = job.item.record.image_id
+            try:
+                out.append(self.verifier([request])[0])
+            except SampleError as err:
+                out.append(Status(image_id, "failed", err.reason, err.detail))
+            except MODEL_ERRORS as err:
+                out.append(Status(image_id, "failed", "model-error", f"verify: {err!r}"))
+        return out
 
 
 class Encode:
@@ -303,12 +408,19 @@ class Encode:
 def step_order(config: SynthConfig) -> tuple[str, ...]:
     """The step names in run order: a rewriter that needs no picture runs first, so the CPU
     steps after it can go from file to JPEG in one place without shipping pixels around."""
+    verify = ("verify",) if config.verify.enabled else ()
     if config.text.method == "captioner":
-        return ("decode", "edit", "rewrite", "encode")
-    return ("rewrite", "decode", "edit", "encode")
+        return ("decode", "edit", "rewrite", *verify, "encode")
+    return ("rewrite", "decode", "edit", *verify, "encode")
 
 
-STEPS: dict[str, type] = {"decode": Decode, "edit": Edit, "rewrite": Rewrite, "encode": Encode}
+STEPS: dict[str, type] = {
+    "decode": Decode,
+    "edit": Edit,
+    "rewrite": Rewrite,
+    "verify": Verify,
+    "encode": Encode,
+}
 
 
 def build_steps(
@@ -316,6 +428,7 @@ def build_steps(
     names: Sequence[str] | None = None,
     editor: ImageEditor | None = None,
     rewriter: TextRewriter | None = None,
+    verifier: Verifier | None = None,
 ) -> list[Step]:
     """Instantiate the named steps (default: all, in :func:`step_order`)."""
     steps: list[Step] = []
@@ -324,6 +437,8 @@ def build_steps(
             steps.append(Edit(config, editor))
         elif name == "rewrite":
             steps.append(Rewrite(config, rewriter))
+        elif name == "verify":
+            steps.append(Verify(config, verifier))
         elif name in STEPS:
             steps.append(STEPS[name](config))
         else:
@@ -337,6 +452,8 @@ def uses_model(config: SynthConfig, name: str) -> bool:
         return config.image.method == "inpaint" and config.image.backend != "opencv"
     if name == "rewrite":
         return config.text.method == "captioner"
+    if name == "verify":
+        return config.verify.enabled
     return False
 
 
@@ -346,6 +463,8 @@ def step_device(config: SynthConfig, name: str) -> str:
         return config.image.device
     if name == "rewrite" and uses_model(config, name):
         return config.text.device
+    if name == "verify" and uses_model(config, name):
+        return config.verify.device
     return "cpu"
 
 
@@ -355,6 +474,8 @@ def step_batch_size(config: SynthConfig, name: str) -> int:
         return config.image.batch_size
     if name == "rewrite" and uses_model(config, name):
         return config.text.batch_size
+    if name == "verify" and uses_model(config, name):
+        return config.verify.batch_size
     return config.batch_size
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from counterfactual.cooccurrence import CooccurrenceStats
 from counterfactual.image import ImageConfig
 from counterfactual.imageio import (
     DEFAULT_MAX_PIXELS,
@@ -30,6 +31,7 @@ from counterfactual.shards import sample_key
 from counterfactual.text import (
     TextConfig,
 )
+from counterfactual.verify import VerifyConfig
 
 CAPTION_CHOICES = ("one", "all")
 
@@ -40,6 +42,8 @@ class SynthConfig:
     mask: MaskConfig = field(default_factory=MaskConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
     text: TextConfig = field(default_factory=TextConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    """Per-sample check of each counterfactual (:mod:`counterfactual.verify`); off by default."""
     captions: str = "one"
     """``one``: one caption per image, drawn with the seed (as the paper); ``all``: each."""
     seed: int = 0
@@ -61,12 +65,23 @@ class SynthConfig:
         return asdict(self)
 
     def fingerprint(self) -> dict[str, Any]:
-        """The options that decide a run's output; batch sizes and devices do not."""
+        """The options that decide a run's output; batch sizes and devices do not, nor do the
+        verification options while verification is off, nor options added later while at their
+        defaults (so runs made before they existed resume)."""
         d = self.to_dict()
         d.pop("batch_size")
-        for part in ("image", "text"):
+        if not self.verify.enabled:
+            d.pop("verify")
+        # options added later, left out at their defaults for the same reason
+        if not self.text.repair:
+            d["text"].pop("repair")
+        if self.image.lama_max_side == 0:
+            d["image"].pop("lama_max_side")
+        if self.image.candidates == 1:
+            d["image"].pop("candidates")
+        for part in ("image", "text", "verify"):
             for name in ("batch_size", "device"):
-                d[part].pop(name, None)
+                d.get(part, {}).pop(name, None)
         return d
 
 
@@ -90,12 +105,17 @@ def item_seed(seed: int, key: str) -> int:
 
 
 def plan(
-    records: Sequence[ImageRecord], config: SynthConfig, not_drawn: list[Status] | None = None
+    records: Sequence[ImageRecord],
+    config: SynthConfig,
+    not_drawn: list[Status] | None = None,
+    stats: CooccurrenceStats | None = None,
 ) -> list[list[WorkItem] | Status]:
     """Per record: its work items, or the status saying why there are none. Valid plans the
     policy did not choose are appended to ``not_drawn`` as ``skipped: not-drawn`` rows."""
     out: list[list[WorkItem] | Status] = []
-    for record, selection in zip(records, select_many(records, config.selection), strict=True):
+    for record, selection in zip(
+        records, select_many(records, config.selection, stats), strict=True
+    ):
         if not_drawn is not None:
             not_drawn.extend(
                 Status(record.image_id, "skipped", "not-drawn", "", None, target)

@@ -5,7 +5,7 @@ shards through the stages and writes each shard as its last item comes back, thr
 :class:`~counterfactual.shards.ShardAssembler` the in-process runner uses; only JPEG bytes and
 metadata travel back to it. Consecutive steps that run no learned model form one CPU stage (an
 actor pool: spaCy and the fills load once per actor, pixels never leave the worker); each model
-step (diffusion inpainting, captioner) is an actor pool of its own with ``num_gpus`` when its
+step (diffusion inpainting, captioner, the CLIP verifier) is an actor pool of its own with ``num_gpus`` when its
 device is CUDA, fed by CPU stages before and after it, so decoding never starves a GPU.
 
 ``ray.init()`` starts a local Ray, or joins the cluster named by ``RAY_ADDRESS`` (or
@@ -150,13 +150,18 @@ class Caption(_Steps):
     """The learned captioner, one model per actor."""
 
 
+class Verify(_Steps):
+    """The counterfactual check (CLIP crops of the removed and kept classes), one model per
+    actor."""
+
+
 class Finish(_Steps):
     """CPU steps after the model stages (encode)."""
 
 
 def _stage_class(stage: Stage, position: int, stages: Sequence[Stage]) -> type[_Steps]:
     if stage.uses_model:
-        return Inpaint if stage.steps == ("edit",) else Caption
+        return {("edit",): Inpaint, ("verify",): Verify}.get(stage.steps, Caption)
     if len(stages) == 1:
         return CpuSteps
     return Prepare if position == 0 else Finish

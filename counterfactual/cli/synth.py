@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from counterfactual.cli.common import add_selection_args, selection_config
+from counterfactual.cli.common import add_data_args, add_selection_args, selection_config
 from counterfactual.image import IMAGE_METHODS, INPAINT_BACKENDS, ImageConfig
 from counterfactual.masks import MASK_SOURCES, MaskConfig
-from counterfactual.readers import DATASETS
-from counterfactual.records import Dataset
+from counterfactual.records import Dataset, ImageRecord
 from counterfactual.synth import CAPTION_CHOICES, SynthConfig
 from counterfactual.text import TEXT_METHODS, TextConfig
+from counterfactual.verify import VerifyConfig
 
-_IMAGE, _TEXT, _SYNTH = ImageConfig(), TextConfig(), SynthConfig()
+_IMAGE, _TEXT, _SYNTH, _VERIFY = ImageConfig(), TextConfig(), SynthConfig(), VerifyConfig()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,27 +42,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="local: every step in this process; ray: Ray Data stages on a local Ray or the "
         "cluster in RAY_ADDRESS",
     )
-    d = p.add_argument_group("data")
-    d.add_argument("--dataset", choices=DATASETS, default="demo")
-    d.add_argument(
-        "--root",
-        type=Path,
-        default=None,
-        help="dataset folder (demo: where the demo pictures are written, default OUT/demo-data)",
-    )
-    d.add_argument("--instances", type=Path, help="COCO instances_*.json")
-    d.add_argument("--captions", type=Path, help="COCO captions_*.json")
-    d.add_argument("--images", type=Path, help="folder the file names are relative to")
-    d.add_argument("--coco-set", default="train2017", help="COCO file set under ROOT")
-    d.add_argument("--split-file", type=Path, help="Karpathy dataset_coco.json")
-    d.add_argument("--split", default=None, help="train, val or test (Karpathy / Flickr30k)")
-    d.add_argument("--limit", type=int, default=None, help="only the first N images")
+    add_data_args(p)
     p.add_argument("--out", type=Path, default=None, help="output folder (required)")
     add_selection_args(p)
     i = p.add_argument_group("image")
     i.add_argument("--image-method", choices=IMAGE_METHODS, default="inpaint")
     i.add_argument("--inpaint-backend", choices=INPAINT_BACKENDS, default="opencv")
-    i.add_argument("--inpaint-model", default=_IMAGE.model, help="diffusers id or path")
+    i.add_argument(
+        "--inpaint-model",
+        default=_IMAGE.model,
+        help="diffusers id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt)",
+    )
+    i.add_argument(
+        "--lama-max-side",
+        type=int,
+        default=_IMAGE.lama_max_side,
+        help="lama: cap the crop's long side in px (0: native resolution)",
+    )
     i.add_argument("--device", default="cpu", help="torch device for learned models")
     i.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     i.add_argument("--steps", type=int, default=_IMAGE.steps, help="diffusion steps")
@@ -69,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--resolution", type=int, default=_IMAGE.resolution, help="diffusion working size (px)"
     )
     i.add_argument("--inpaint-batch-size", type=int, default=_IMAGE.batch_size)
+    i.add_argument(
+        "--candidates",
+        type=int,
+        default=_IMAGE.candidates,
+        help="diffusers: best-of-n, draw N seeded candidates per image and keep the one the "
+        "verifier's model (--verify-model) sees the removed classes least in",
+    )
     i.add_argument("--prompt", default=_IMAGE.prompt, help="{background}, {kept}, {removed}")
     i.add_argument("--negative-prompt", default=_IMAGE.negative_prompt)
     i.add_argument("--mask-source", choices=MASK_SOURCES, default="box")
@@ -79,7 +83,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--captioner-model", default=_TEXT.model, help="HF id or path")
     t.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
     t.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
+    t.add_argument(
+        "--repair-captions",
+        action="store_true",
+        help="np-removal: drop prepositions, conjunctions and commas a cut left dangling "
+        "(off: the paper's captions exactly)",
+    )
     t.add_argument("--captions-per-image", choices=CAPTION_CHOICES, default="one")
+    v = p.add_argument_group("verification (CLIP@k on the boxes, class names in the caption)")
+    v.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every sample: removed classes leave CLIP's top-k on their boxes, kept ones "
+        "stay, the caption names no removed class; the scores go into its json as 'verify'",
+    )
+    v.add_argument(
+        "--filter",
+        action="store_true",
+        help="--verify, and drop the samples that fail (status failed:verify-removal, "
+        "verify-retention or verify-text)",
+    )
+    v.add_argument("--verify-model", default=_VERIFY.model, help="hf-clip:ID, a folder, ...")
+    v.add_argument(
+        "--verify-k", type=int, default=_VERIFY.k, help="removed: not in the top k after"
+    )
+    v.add_argument(
+        "--verify-retention-k", type=int, default=_VERIFY.retention_k, help="kept: in the top k"
+    )
+    v.add_argument(
+        "--no-verify-text",
+        dest="verify_text",
+        action="store_false",
+        help="do not check the new caption's class names",
+    )
+    v.add_argument("--verify-batch-size", type=int, default=_VERIFY.batch_size)
     o = p.add_argument_group("output")
     o.add_argument("--samples-per-shard", type=int, default=1000)
     o.add_argument(
@@ -157,14 +194,26 @@ def build_config(args: argparse.Namespace) -> SynthConfig:
             prompt=args.prompt,
             negative_prompt=args.negative_prompt,
             blur_sigma=args.blur_sigma,
+            lama_max_side=args.lama_max_side,
+            candidates=args.candidates,
         ),
         text=TextConfig(
             method=args.text_method,
             spacy_model=args.spacy_model,
+            repair=args.repair_captions,
             vocabulary=default_vocabulary(args),
             model=args.captioner_model,
             device=args.device,
             dtype=args.dtype,
+        ),
+        verify=VerifyConfig(
+            mode="filter" if args.filter else "record" if args.verify else "off",
+            model=args.verify_model,
+            k=args.verify_k,
+            retention_k=args.verify_retention_k,
+            text_check=args.verify_text,
+            device=args.device,
+            batch_size=args.verify_batch_size,
         ),
         captions=args.captions_per_image,
         seed=args.seed,
@@ -174,12 +223,28 @@ def build_config(args: argparse.Namespace) -> SynthConfig:
     )
 
 
+def check_vocabulary(records: Sequence[ImageRecord], vocabulary: str | None) -> None:
+    """Verification ranks classes among the vocabulary's: refuse a dataset whose classes it
+    lacks (Flickr30k's phrase types need a --vocabulary that lists them)."""
+    from counterfactual.vocab import load_vocabulary
+
+    known = set(load_vocabulary(vocabulary).classes)
+    missing = sorted({o.category for r in records for o in r.objects} - known)
+    if missing:
+        raise ValueError(
+            f"--verify: {len(missing)} class(es) of the dataset are not in the vocabulary "
+            f"({', '.join(missing[:5])}); pass a --vocabulary file that lists them"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ValueError("--out is required (on the command line or in --config)")
     config = build_config(args)
     dataset = load_dataset(args)
     records = dataset.records[: args.limit] if args.limit else dataset.records
+    if config.verify.enabled:
+        check_vocabulary(records, config.text.vocabulary)
     print(f"{dataset.name}: {len(records)} images -> {args.out} ({args.runner})", file=sys.stderr)
     if args.runner == "ray":
         from pipelines.synth import RayOptions, run_ray

@@ -58,6 +58,9 @@ class ImageConfig:
     prompt: str = "{background}"
     negative_prompt: str = "{removed}"
     resolution: int = 512
+    candidates: int = 1
+    """diffusers: best-of-n, candidates drawn per image; a zero-shot model keeps the one that
+    shows the removed classes least (:mod:`counterfactual.image.best_of_n`)."""
     crop_padding: float = 0.25
     """Context around the mask's bounding box, as a fraction of its size, for the crop."""
 
@@ -72,6 +75,13 @@ class ImageConfig:
             raise ValueError(f"blur_sigma must be > 0, got {self.blur_sigma}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.candidates < 1:
+            raise ValueError(f"candidates must be >= 1, got {self.candidates}")
+        if self.candidates > 1 and (self.method != "inpaint" or self.backend != "diffusers"):
+            raise ValueError(
+                "candidates > 1 (best-of-n) needs --image-method inpaint --inpaint-backend "
+                "diffusers: the other methods draw the same picture every time"
+            )
         if self.crop_padding < 0:
             raise ValueError(f"crop_padding must be >= 0, got {self.crop_padding}")
         if self.lama_max_side < 0:
