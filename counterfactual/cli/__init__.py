@@ -23,6 +23,8 @@ SUBCOMMANDS = (
     "train",
     "data",
     "eval",
+    "report",
+    "cooccurrence",
 )
 
 

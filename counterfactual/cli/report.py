@@ -1,0 +1,51 @@
+"""``counterfactual report``: a visual audit of a synth run (HTML page + PNG contact sheets)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from counterfactual.run_report import DEFAULT_N, write_report
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="a visual audit of a synth run: index.html and contact sheets under OUT_DIR/report",
+        description="Read a synth run folder (shards, status.jsonl, manifest.json) and write "
+        "report/index.html: counts by status and reason, methods and config, a per-class table, "
+        "PNG contact sheets (original with the removed boxes | mask | edited | captions with "
+        "the removed phrases struck | verifier scores when present) of a seeded sample "
+        "stratified by removed class and image method, and every failure with its reason. The "
+        "folder is self-contained (relative links, no network). Prints the path of index.html.",
+    )
+    p.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="the --out folder of the run")
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="folder the samples' file names are relative to (default: what the run's command "
+        "line names, or OUT_DIR/demo-data for the demo); without it, edited pictures only",
+    )
+    p.add_argument(
+        "--n",
+        type=int,
+        default=DEFAULT_N,
+        help="samples to show, spread over class x image method (at least one per stratum)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample drawn")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default OUT_DIR/report)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = write_report(args.out_dir, args.out, n=args.n, seed=args.seed, root=args.root)
+    if report.missing_originals:
+        print(
+            f"{report.missing_originals} of {len(report.shown)} originals not found "
+            "(give --root DATASET_FOLDER)",
+            file=sys.stderr,
+        )
+    print(report.index)
+    return 0
