@@ -13,7 +13,10 @@ baseline measured in the same run, because the machine is shared and absolute ti
   (PSS of the driver and every Ray process) at two dataset sizes, which must stay flat;
 - retrieval: exact top-10 of 5,000 query embeddings over a 616,767-caption gallery (COCO's
   train + val + test), 512-d, on every core in a child process: seconds and peak RSS;
-- mentions: captions/s of the class-mention index (ODmAP relevance) on one core.
+- mentions: captions/s of the class-mention index (ODmAP relevance) on one core;
+- verify: the verifier's seconds per sample with a CLIP of ViT-B/32 size (random weights: the
+  cost does not depend on them) on real photos, against one denoising step of a UNet of Stable
+  Diffusion 2 inpainting's size (random weights) times 30 steps, both on one core.
 """
 
 from __future__ import annotations
@@ -417,6 +420,77 @@ def bench_mentions(work: Path, n: int) -> dict[str, float]:
     return {"mentions_captions_per_s": rate, "mentions_share_parsed": share / len(texts)}
 
 
+def bench_verify(work: Path, n: int) -> dict[str, float]:
+    import sys
+
+    import torch
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+
+    from counterfactual.verify import Verifier, VerifyConfig, VerifyRequest
+    from counterfactual.vocab import coco_vocabulary
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_diffusion import _write_tokenizer_files  # a CLIP BPE vocabulary, offline
+
+    _write_tokenizer_files(work / "tok")
+    tokenizer = CLIPTokenizer.from_pretrained(str(work / "tok"), model_max_length=77)
+    config = CLIPConfig()  # the defaults are ViT-B/32's sizes
+    config.text_config.vocab_size = len(tokenizer)
+    config.text_config.bos_token_id = tokenizer.bos_token_id
+    config.text_config.eos_token_id = config.text_config.pad_token_id = tokenizer.eos_token_id
+    torch.manual_seed(0)
+    CLIPModel(config).save_pretrained(str(work / "clip"))
+    CLIPProcessor(image_processor=CLIPImageProcessor(), tokenizer=tokenizer).save_pretrained(
+        str(work / "clip")
+    )
+    verifier = Verifier(
+        VerifyConfig(mode="record", model=f"hf-clip:{work / 'clip'}", batch_size=16),
+        coco_vocabulary(),
+    )
+    paths, _ = real_photos(work, n)
+    requests = []
+    for path in paths:
+        image = load_rgb(path)
+        requests.append(
+            VerifyRequest(
+                image,
+                image,
+                {"dog": [(40, 40, 160, 120)], "cat": [(300, 200, 120, 90)]},
+                {"person": [(200, 60, 140, 300)], "chair": [(420, 250, 150, 180)]},
+                ("dog", "cat"),
+                ("person", "chair"),
+                "A person on a chair.",
+            )
+        )
+    verifier(requests[:2])  # warm-up
+    per_sample = 1.0 / best_rate(len(requests), lambda: verifier(requests), repeat=2)
+
+    unet = UNet2DConditionModel(
+        sample_size=64,
+        in_channels=9,
+        out_channels=4,
+        block_out_channels=(320, 640, 1280, 1280),
+        attention_head_dim=(5, 10, 20, 20),
+        cross_attention_dim=1024,
+        use_linear_projection=True,
+        layers_per_block=2,
+    ).eval()
+    latents = torch.randn(2, 9, 64, 64)  # classifier-free guidance: batch of 2
+    context = torch.randn(2, 77, 1024)
+    with torch.inference_mode():
+        unet(latents, 10, encoder_hidden_states=context)  # warm-up
+        start = time.perf_counter()
+        unet(latents, 10, encoder_hidden_states=context)
+        step = time.perf_counter() - start
+    return {
+        "verify_seconds_per_sample_vit_b32_cpu": per_sample,
+        "diffusion_step_seconds_sd2_unet_cpu": step,
+        "verify_vs_diffusion_30_steps": per_sample / (30 * step),
+    }
+
+
 TARGETS = {
     "pipeline_ray_vs_local": 1.6,
     "pipeline_ray_vs_floor_x_cores": 0.7,
@@ -428,8 +502,22 @@ TARGETS = {
     "image_blur_vs_floor": 0.7,
     "image_opencv_inpaint_vs_floor": 0.25,
 }
-MAX_TARGETS = {"pipeline_peak_memory_ratio": 1.2, "topk_seconds": 300, "topk_peak_rss_mib": 4096}
-SECTIONS = ("selection", "np-removal", "images", "pipeline", "diffusion", "retrieval", "mentions")
+MAX_TARGETS = {
+    "pipeline_peak_memory_ratio": 1.2,
+    "topk_seconds": 300,
+    "topk_peak_rss_mib": 4096,
+    "verify_vs_diffusion_30_steps": 0.1,
+}
+SECTIONS = (
+    "selection",
+    "np-removal",
+    "images",
+    "pipeline",
+    "diffusion",
+    "retrieval",
+    "mentions",
+    "verify",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topk-queries", type=int, default=5_000)
     parser.add_argument("--topk-gallery", type=int, default=616_767)
     parser.add_argument("--mention-images", type=int, default=1_000, help="x5 captions")
+    parser.add_argument("--verify-images", type=int, default=24)
     parser.add_argument("--topk-child", type=int, nargs=4, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--inpaint-model", default=None, help="diffusers model for the GPU figure")
     args = parser.parse_args(argv)
@@ -473,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
             figures |= bench_retrieval(args.topk_queries, args.topk_gallery)
         if "mentions" in todo:
             figures |= bench_mentions(work, args.mention_images)
+        if "verify" in todo:
+            figures |= bench_verify(work, args.verify_images)
     print(f"{'figure':<44} {'value':>12}  target")
     for name, value in figures.items():
         if (target := TARGETS.get(name)) is not None:
