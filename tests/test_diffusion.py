@@ -116,6 +116,9 @@ def test_crop_box_rejects_boxes_outside_the_image() -> None:
         ((100, 50), 64, (64, 32)),
         ((30, 100), 512, (152, 512)),  # 153.6 -> 152
         ((1, 1000), 64, (8, 64)),  # never below 8
+        ((1000, 600), 0, (1000, 600)),  # native: a large crop keeps its size
+        ((1003, 601), 0, (1000, 600)),  # ... snapped to multiples of 8
+        ((100, 50), 0, (512, 256)),  # a small one is still scaled up to 512
     ],
 )
 def test_work_size(crop: tuple[int, int], resolution: int, expected: tuple[int, int]) -> None:
@@ -269,6 +272,7 @@ def test_bad_inputs_are_value_errors(
         ({"strength": 0.0}, "strength"),
         ({"steps": 2, "strength": 0.4}, "steps \\* strength"),
         ({"resolution": 60}, "resolution"),
+        ({"resolution": -8}, "resolution"),
         ({"prompt": "{scene}"}, "prompt"),
     ],
 )

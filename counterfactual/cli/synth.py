@@ -63,7 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     i.add_argument("--steps", type=int, default=_IMAGE.steps, help="diffusion steps")
     i.add_argument(
-        "--resolution", type=int, default=_IMAGE.resolution, help="diffusion working size (px)"
+        "--resolution",
+        type=int,
+        default=_IMAGE.resolution,
+        help="diffusion working size (px); 0: native (the crop's size, at least 512)",
     )
     i.add_argument("--inpaint-batch-size", type=int, default=_IMAGE.batch_size)
     i.add_argument(

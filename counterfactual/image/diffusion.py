@@ -3,7 +3,8 @@
 Each request is edited in a square crop around its mask rather than on the whole image: the crop
 is the mask's bounding box grown by ``crop_padding`` times its size on each side, made square
 where the image allows (context helps the model), and scaled so that its long side is
-``resolution`` pixels (a multiple of 8). Small crops are scaled *up*: Stable Diffusion models are
+``resolution`` pixels (a multiple of 8; ``0``: native, the crop's own size, scaled up only when
+its long side is under 512). Small crops are scaled *up*: Stable Diffusion models are
 trained at 512 px (or 768, 1024) and produce noise at the 50-200 px that a typical COCO object
 occupies, so running them at native crop size gives poor fills. The model's output is scaled back
 to the crop and pasted into the original only where the mask is > 0; every other pixel is the
@@ -68,10 +69,18 @@ def crop_box(
     return cx0, cy0, cx1, cy1
 
 
+NATIVE_MIN = 512
+"""With ``resolution=0`` (native), crops whose long side is below this are still scaled up to
+it: the models give noise at the size of a typical object."""
+
+
 def work_size(crop_width: int, crop_height: int, resolution: int) -> tuple[int, int]:
     """``(width, height)`` at which a crop is inpainted: long side ``resolution``, aspect ratio
-    kept, both sides rounded to a multiple of 8 (at least 8)."""
-    scale = resolution / max(crop_width, crop_height)
+    kept, both sides rounded to a multiple of 8 (at least 8). ``resolution=0`` is native: the
+    crop's own size, never scaled down, scaled up to :data:`NATIVE_MIN` when smaller."""
+    long_side = max(crop_width, crop_height)
+    target = max(long_side, NATIVE_MIN) if resolution == 0 else resolution
+    scale = target / long_side
 
     def snap(side: int) -> int:
         return max(_MULTIPLE, round(side * scale / _MULTIPLE) * _MULTIPLE)
@@ -110,9 +119,12 @@ class DiffusionInpainter:
                 f"steps * strength must be >= 1 to run any denoising step, "
                 f"got {config.steps} * {config.strength}"
             )
-        if config.resolution < _MULTIPLE or config.resolution % _MULTIPLE:
+        if config.resolution != 0 and (
+            config.resolution < _MULTIPLE or config.resolution % _MULTIPLE
+        ):
             raise ValueError(
-                f"resolution must be a positive multiple of {_MULTIPLE}, got {config.resolution}"
+                f"resolution must be 0 (native) or a positive multiple of {_MULTIPLE}, "
+                f"got {config.resolution}"
             )
         for name in ("prompt", "negative_prompt"):
             template: str = getattr(config, name)
