@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from arrays import random_image, rect_mask
 
 from counterfactual.masks import mask_bounds
 
@@ -55,14 +56,7 @@ def editor(model_path: Path) -> DiffusionInpainter:
     return built
 
 
-def _image(height: int, width: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-
-
-def _mask(height: int, width: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
-    mask = np.zeros((height, width), np.uint8)
-    mask[y0:y1, x0:x1] = 255
-    return mask
+_image, _mask = random_image, rect_mask
 
 
 # --- geometry (no model) -------------------------------------------------------------------
