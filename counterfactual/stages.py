@@ -38,6 +38,8 @@ from counterfactual.verify import (
 )
 from counterfactual.vocab import load_vocabulary
 
+CAPTION_UNCHANGED = "caption-unchanged"
+"""Status reason of a plan skipped because its caption would not change (``skip_unchanged``)."""
 MODEL_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
 """What a learned model may raise on a batch (CUDA out of memory is a ``RuntimeError``). The
 batch is then retried one item at a time and the items that still fail get ``model-error``."""
@@ -79,10 +81,12 @@ class Job:
     def ok(self) -> bool:
         return self.failure is None
 
-    def fail(self, reason: str | None, detail: str = "") -> None:
+    def fail(self, reason: str | None, detail: str = "", status: str = "failed") -> None:
+        """End the job here with ``reason`` (``status="skipped"``: nothing went wrong, there is
+        just nothing to make)."""
         self.failure = Status(
             self.item.record.image_id,
-            "failed",
+            status,
             reason or "unknown",
             detail,
             self.item.key,
@@ -226,6 +230,7 @@ class Rewrite:
         self.uses_model = uses_model(config, self.name)
         self.rewriter = rewriter or make_rewriter(config.text)
         self.info = self.rewriter.describe()
+        self.skip_unchanged = config.text.skip_unchanged
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         start = time.perf_counter()
@@ -248,6 +253,8 @@ class Rewrite:
         for job, result in zip(todo, self._rewrite(requests), strict=True):
             if result.text is None:
                 job.fail(result.reason)
+            elif self.skip_unchanged and not result.removed_phrases:
+                job.fail(CAPTION_UNCHANGED, "the caption mentions no removed class", "skipped")
             else:
                 job.caption = result
                 job.methods["text_method"] = self.info

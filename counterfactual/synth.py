@@ -75,6 +75,8 @@ class SynthConfig:
         # options added later, left out at their defaults for the same reason
         if not self.text.repair:
             d["text"].pop("repair")
+        if not self.text.skip_unchanged:
+            d["text"].pop("skip_unchanged")
         if self.image.lama_max_side == 0:
             d["image"].pop("lama_max_side")
         if self.image.candidates == 1:

@@ -87,6 +87,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
     t.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
     t.add_argument(
+        "--skip-unchanged-captions",
+        action="store_true",
+        help="np-removal: skip a plan whose caption names no removed class (status skipped, "
+        "reason caption-unchanged) instead of pairing the edit with the unchanged caption",
+    )
+    t.add_argument(
         "--repair-captions",
         action="store_true",
         help="np-removal: drop prepositions, conjunctions and commas a cut left dangling "
@@ -204,6 +210,7 @@ def build_config(args: argparse.Namespace) -> SynthConfig:
             method=args.text_method,
             spacy_model=args.spacy_model,
             repair=args.repair_captions,
+            skip_unchanged=args.skip_unchanged_captions,
             vocabulary=default_vocabulary(args),
             model=args.captioner_model,
             device=args.device,

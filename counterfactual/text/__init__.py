@@ -55,6 +55,10 @@ class TextConfig:
     """``np-removal`` only: drop the prepositions, conjunctions, determiners and commas a cut
     left dangling ("fighting over a frisbee" -> "fighting over" -> "fighting"); see
     :mod:`counterfactual.text.repair`. Off by default, as the paper."""
+    skip_unchanged: bool = False
+    """``np-removal`` only: skip (status ``skipped``, reason ``caption-unchanged``) a plan whose
+    caption mentions none of the removed classes, so the rewrite would leave it as it was.
+    Off by default, as the paper; on for corpora whose caption is the only text (issue 7)."""
     # captioner
     model: str = "Salesforce/blip-image-captioning-base"
     device: str = "cpu"
@@ -71,6 +75,10 @@ class TextConfig:
             raise ValueError(f"dtype {self.dtype!r} is not float32, float16 or bfloat16")
         if not isinstance(self.repair, bool):
             raise ValueError(f"repair must be True or False, got {self.repair!r}")
+        if not isinstance(self.skip_unchanged, bool):
+            raise ValueError(f"skip_unchanged must be True or False, got {self.skip_unchanged!r}")
+        if self.skip_unchanged and self.method != "np-removal":
+            raise ValueError(f"skip_unchanged applies to np-removal only, not to {self.method!r}")
         if self.repair and self.method != "np-removal":
             raise ValueError(f"repair applies to np-removal only, not to {self.method!r}")
 

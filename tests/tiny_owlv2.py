@@ -1,0 +1,80 @@
+"""A tiny, seeded, randomly initialised OWLv2 detector for offline tests.
+
+The weights are random, so the boxes mean nothing; what the tests exercise is the real loading
+code (``AutoModelForZeroShotObjectDetection`` / ``AutoProcessor`` on a saved folder), the
+pad-to-square preprocessing, per-image text queries, batching and the box rescaling.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.tiny_diffusion import BOS, _write_tokenizer_files
+
+IMAGE_SIZE = 32
+"""Side of the square the tiny image processor resizes every (padded) image to."""
+PATCH_SIZE = 8
+MAX_TEXT_LENGTH = 16
+
+
+def _write_owl_tokenizer_files(folder: Path) -> None:
+    """The CLIP-style files of ``tests.tiny_diffusion`` with the BOS token moved off id 0.
+
+    OWLv2 marks a query as real when its first token id is above 0 (``input_ids[..., 0] > 0``);
+    with BOS at id 0 every query would be masked out.
+    """
+    _write_tokenizer_files(folder)
+    vocab_path = folder / "vocab.json"
+    vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+    other = next(token for token, i in vocab.items() if i == len(vocab) - 1)
+    vocab[other], vocab[BOS] = vocab[BOS], vocab[other]
+    vocab_path.write_text(json.dumps(vocab), encoding="utf-8")
+
+
+def build_tiny_owlv2(path: Path, seed: int = 0) -> Path:
+    """Build a tiny ``Owlv2ForObjectDetection`` with its ``Owlv2Processor`` and
+    ``save_pretrained`` both to ``path``; returns ``path``. Same ``seed``, same weights."""
+    import torch
+    from transformers import (
+        CLIPTokenizer,
+        Owlv2Config,
+        Owlv2ForObjectDetection,
+        Owlv2ImageProcessor,
+        Owlv2Processor,
+    )
+
+    path = Path(path)
+    tokenizer_dir = path.parent / f"{path.name}-tokenizer-src"
+    _write_owl_tokenizer_files(tokenizer_dir)
+    tokenizer = CLIPTokenizer.from_pretrained(str(tokenizer_dir), model_max_length=MAX_TEXT_LENGTH)
+    image_processor = Owlv2ImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    processor = Owlv2Processor(image_processor=image_processor, tokenizer=tokenizer)
+
+    config = Owlv2Config(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": 32,
+            "intermediate_size": 37,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "max_position_embeddings": MAX_TEXT_LENGTH,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "hidden_size": 32,
+            "intermediate_size": 37,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "image_size": IMAGE_SIZE,
+            "patch_size": PATCH_SIZE,
+        },
+        projection_dim=32,
+    )
+    torch.manual_seed(seed)
+    model = Owlv2ForObjectDetection(config).eval()
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
