@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.tiny_diffusion import BOS, _write_tokenizer_files
+from tests.tiny_diffusion import BOS, EOS, _write_tokenizer_files
 
 IMAGE_SIZE = 32
 """Side of the square the tiny image processor resizes every (padded) image to."""
@@ -19,17 +19,20 @@ MAX_TEXT_LENGTH = 16
 
 
 def _write_owl_tokenizer_files(folder: Path) -> None:
-    """The CLIP-style files of ``tests.tiny_diffusion`` with the BOS token moved off id 0.
+    """The CLIP-style files of ``tests.tiny_diffusion`` with BOS and EOS given the two highest
+    ids, as in CLIP's own vocabulary (49406, 49407).
 
-    OWLv2 marks a query as real when its first token id is above 0 (``input_ids[..., 0] > 0``);
-    with BOS at id 0 every query would be masked out.
+    OWLv2 relies on both: a query counts as real when its first token id is above 0
+    (``input_ids[..., 0] > 0``), and the text embedding is the state at the highest id
+    (``input_ids.argmax(-1)``, meant to find EOS). With BOS at id 0 every query is masked out;
+    with BOS above EOS every query embeds to the same vector.
     """
     _write_tokenizer_files(folder)
     vocab_path = folder / "vocab.json"
     vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-    other = next(token for token, i in vocab.items() if i == len(vocab) - 1)
-    vocab[other], vocab[BOS] = vocab[BOS], vocab[other]
-    vocab_path.write_text(json.dumps(vocab), encoding="utf-8")
+    tokens = [t for t in sorted(vocab, key=vocab.__getitem__) if t not in (BOS, EOS)]
+    tokens += [BOS, EOS]
+    vocab_path.write_text(json.dumps({t: i for i, t in enumerate(tokens)}), encoding="utf-8")
 
 
 def build_tiny_owlv2(path: Path, seed: int = 0) -> Path:

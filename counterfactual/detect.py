@@ -1,0 +1,314 @@
+"""Open-vocabulary detection: boxes for corpora without them (CC3M, LAION), so that the alpha
+rules can run on their images.
+
+An OWLv2 model (``Owlv2ForObjectDetection``, a hub id or a ``save_pretrained`` folder) is asked,
+per image, for the vocabulary classes its caption mentions (``queries="caption"``), for the
+whole vocabulary when the caption mentions any class (``"caption+vocabulary"``), or for the
+whole vocabulary always (``"vocabulary"``); each class becomes the text ``template.format(name)``.
+
+Boxes: OWLv2's processor pads an image with zeros at the bottom and right to a square of side
+``max(height, width)`` and resizes that square; the model predicts ``cxcywh`` boxes normalised
+to the padded square. :func:`to_pixels` turns them into ``xyxy`` pixels of the original image
+(multiply by ``max(height, width)``), :func:`postprocess` thresholds, clips, drops empty boxes,
+runs per-class NMS and keeps the best ``max_detections``; a :class:`Detection` is ``xywh``
+pixels, as :class:`~counterfactual.records.ObjectAnnotation` stores boxes.
+
+torch and transformers are imported when a :class:`Detector` is built, never at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from counterfactual._lazy import require
+from counterfactual.records import ObjectAnnotation
+from counterfactual.vocab import ClassVocabulary
+
+QUERY_MODES = ("caption", "caption+vocabulary", "vocabulary")
+"""Which classes an image is asked for; see :func:`query_classes`."""
+_DTYPES = ("float32", "float16", "bfloat16")
+_WORDS = re.compile(r"[a-z0-9]+")
+
+
+@dataclass(frozen=True, slots=True)
+class DetectConfig:
+    """Options of the detector stage.
+
+    ``score_threshold``: keep boxes whose sigmoid score is at least this, in ``[0, 1]``.
+    ``nms_iou``: within one class, a box whose IoU with a better box is above this is dropped
+    (``1.0`` keeps everything). ``max_detections``: most boxes kept per image, best first.
+    ``device``/``dtype``: ``None`` is CUDA when available (float16 there), else CPU float32.
+    ``batch_size``: images per model call.
+    """
+
+    model: str = "google/owlv2-base-patch16-ensemble"
+    score_threshold: float = 0.2
+    nms_iou: float = 0.5
+    queries: str = "caption"
+    template: str = "a photo of a {}"
+    max_detections: int = 100
+    device: str | None = None
+    dtype: str | None = None
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.model or self.model != self.model.strip():
+            raise ValueError(f"model {self.model!r} is empty or has surrounding spaces")
+        if not 0.0 <= self.score_threshold <= 1.0:
+            raise ValueError(f"score_threshold must be in [0, 1], got {self.score_threshold}")
+        if not 0.0 <= self.nms_iou <= 1.0:
+            raise ValueError(f"nms_iou must be in [0, 1], got {self.nms_iou}")
+        if self.queries not in QUERY_MODES:
+            raise ValueError(f"queries {self.queries!r} is not one of {', '.join(QUERY_MODES)}")
+        if self.template.count("{}") != 1 or not self.template.replace("{}", "").strip():
+            raise ValueError(
+                f"template {self.template!r} needs exactly one '{{}}' and some other text, "
+                "e.g. 'a photo of a {}'"
+            )
+        if self.max_detections < 1:
+            raise ValueError(f"max_detections must be >= 1, got {self.max_detections}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.dtype is not None and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """One detected object: ``bbox`` is ``(x, y, w, h)`` pixels of the original image, inside
+    it and with ``w, h > 0``; ``score`` is the sigmoid of the class logit, in ``[0, 1]``."""
+
+    category: str
+    bbox: tuple[float, float, float, float]
+    score: float
+
+
+def query_classes(caption: str, vocabulary: ClassVocabulary, mode: str) -> tuple[str, ...]:
+    """The classes to ask the detector for, in vocabulary order.
+
+    ``caption``: the classes the caption mentions, matched on its lower-cased words as
+    ``np-removal`` matches them (inflections, longest entry first: "hot dogs" is a hot dog).
+    ``caption+vocabulary``: the whole vocabulary when the caption mentions any class, else none.
+    ``vocabulary``: the whole vocabulary, whatever the caption says.
+    """
+    if mode not in QUERY_MODES:
+        raise ValueError(f"queries {mode!r} is not one of {', '.join(QUERY_MODES)}")
+    if mode == "vocabulary":
+        return vocabulary.classes
+    mentioned: set[str] = set()
+    if vocabulary.may_mention(caption, vocabulary.classes):
+        mentioned = {m.cls for m in vocabulary.match(_WORDS.findall(caption.lower()))}
+    if mode == "caption+vocabulary":
+        return vocabulary.classes if mentioned else ()
+    return tuple(c for c in vocabulary.classes if c in mentioned)
+
+
+def to_pixels(boxes_cxcywh: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+    """OWLv2 boxes (``(N, 4)`` ``cxcywh`` normalised to the padded square) as ``(N, 4)`` float64
+    ``xyxy`` pixels of the original ``(height, width)`` image (not clipped).
+
+    The processor pads at the bottom and right to a square of side ``max(height, width)``, so
+    one scale, that side, serves both axes.
+    """
+    boxes = np.asarray(boxes_cxcywh, dtype=np.float64).reshape(-1, 4)
+    side = float(max(image_size))
+    cx, cy, w, h = boxes.T
+    return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1) * side
+
+
+def _iou_one(box: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """IoU of one ``xyxy`` box with each row of ``others`` (continuous areas)."""
+    iw = np.clip(np.minimum(box[2], others[:, 2]) - np.maximum(box[0], others[:, 0]), 0, None)
+    ih = np.clip(np.minimum(box[3], others[:, 3]) - np.maximum(box[1], others[:, 1]), 0, None)
+    inter = iw * ih
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
+    return inter / (area + areas - inter)
+
+
+def _best_first(scores: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``index`` reordered by score, highest first, ties to the lower index."""
+    return index[np.lexsort((index, -scores[index]))]
+
+
+def nms(boxes_xyxy: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
+    """Greedy non-maximum suppression: indices kept, best first (ties to the lower index).
+
+    A box is dropped when its IoU with an already kept box is above ``iou``.
+    """
+    boxes = np.asarray(boxes_xyxy, dtype=np.float64).reshape(-1, 4)
+    scores = np.asarray(scores, dtype=np.float64)
+    order = _best_first(scores, np.arange(len(scores)))
+    kept: list[int] = []
+    while order.size:
+        best = int(order[0])
+        kept.append(best)
+        rest = order[1:]
+        order = rest[_iou_one(boxes[best], boxes[rest]) <= iou]
+    return np.asarray(kept, dtype=np.int64)
+
+
+def postprocess(
+    boxes_xyxy: np.ndarray,
+    scores: np.ndarray,
+    labels: np.ndarray,
+    classes: Sequence[str],
+    image_size: tuple[int, int],
+    config: DetectConfig,
+) -> list[Detection]:
+    """Raw detections of one image -> the kept ones, best first (ties to the lower index).
+
+    ``boxes_xyxy``: ``(N, 4)`` pixels of the original image; ``scores``: ``(N,)`` in ``[0, 1]``;
+    ``labels``: ``(N,)`` indices into ``classes`` (the queried classes); ``image_size``:
+    ``(height, width)``. Steps: keep scores ``>= config.score_threshold``, drop non-finite
+    boxes, clip to the image, drop boxes with no width or height, per-class NMS at
+    ``config.nms_iou``, keep the best ``config.max_detections``.
+    """
+    boxes = np.asarray(boxes_xyxy, dtype=np.float64).reshape(-1, 4)
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    labels = np.asarray(labels).reshape(-1)
+    if not len(boxes) == len(scores) == len(labels):
+        raise ValueError(
+            f"boxes, scores and labels differ in length: {len(boxes)}, {len(scores)}, {len(labels)}"
+        )
+    if labels.size and (labels.min() < 0 or labels.max() >= len(classes)):
+        raise ValueError(f"labels must index the {len(classes)} queried classes")
+    height, width = image_size
+    clipped = np.clip(boxes, 0.0, [width, height, width, height])
+    keep = (
+        (scores >= config.score_threshold)
+        & np.isfinite(boxes).all(axis=1)
+        & (clipped[:, 2] > clipped[:, 0])
+        & (clipped[:, 3] > clipped[:, 1])
+    )
+    kept: list[np.ndarray] = []
+    for label in np.unique(labels[keep]):
+        index = np.flatnonzero(keep & (labels == label))
+        kept.append(index[nms(clipped[index], scores[index], config.nms_iou)])
+    if not kept:
+        return []
+    final = _best_first(scores, np.concatenate(kept))[: config.max_detections]
+    return [
+        Detection(
+            category=classes[int(labels[i])],
+            bbox=(
+                float(clipped[i, 0]),
+                float(clipped[i, 1]),
+                float(clipped[i, 2] - clipped[i, 0]),
+                float(clipped[i, 3] - clipped[i, 1]),
+            ),
+            score=float(scores[i]),
+        )
+        for i in final
+    ]
+
+
+def to_objects(detections: Sequence[Detection]) -> tuple[ObjectAnnotation, ...]:
+    """Detections as the object annotations the alpha rules read (score kept in ``score``)."""
+    return tuple(
+        ObjectAnnotation(bbox=d.bbox, category=d.category, score=d.score) for d in detections
+    )
+
+
+def _looks_local(name: str) -> bool:
+    """A name meant as a path: it starts like one or has more slashes than ``org/name``."""
+    return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or "\\" in name
+
+
+class Detector:
+    """OWLv2 open-vocabulary detection, one text-query set per image.
+
+    ``__call__(images, captions)``: RGB ``uint8`` ``(H, W, 3)`` arrays and their captions ->
+    per image, its :class:`Detection` list (best first). An image whose caption yields no query
+    class (see :func:`query_classes`) gets ``[]`` without running the model.
+    """
+
+    def __init__(self, config: DetectConfig, vocabulary: ClassVocabulary) -> None:
+        from counterfactual.models.embed import resolve_device, resolve_dtype
+
+        torch = require("torch", "models")
+        transformers = require("transformers", "models")
+        self.config = config
+        self.vocabulary = vocabulary
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self._torch = torch
+        name = os.path.expanduser(config.model)
+        if not os.path.isdir(name) and (_looks_local(config.model) or os.path.exists(name)):
+            raise FileNotFoundError(f"detector model folder {config.model!r} does not exist")
+        try:
+            model = transformers.AutoModelForZeroShotObjectDetection.from_pretrained(
+                name, dtype=self.dtype
+            )
+            processor = transformers.AutoProcessor.from_pretrained(name)
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(
+                f"could not load detector {config.model!r} (a hub id or local folder with an "
+                f"OWLv2 model and processor; offline?): {err}"
+            ) from err
+        if getattr(model.config, "model_type", None) != "owlv2":
+            raise ValueError(
+                f"detector {config.model!r} is a {model.config.model_type!r} model, not 'owlv2'"
+            )
+        self._model = model.to(self.device).eval()
+        self._processor = processor
+
+    def __call__(
+        self, images: Sequence[np.ndarray], captions: Sequence[str]
+    ) -> list[list[Detection]]:
+        if len(images) != len(captions):
+            raise ValueError(f"{len(images)} images but {len(captions)} captions")
+        for i, image in enumerate(images):
+            if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+                raise ValueError(
+                    f"image {i} must be an RGB uint8 (H, W, 3) array, got {image.dtype} "
+                    f"{image.shape}"
+                )
+            if image.shape[0] == 0 or image.shape[1] == 0:
+                raise ValueError(f"image {i} is empty: {image.shape}")
+        queries = [query_classes(c, self.vocabulary, self.config.queries) for c in captions]
+        results: list[list[Detection]] = [[] for _ in images]
+        todo = [i for i, q in enumerate(queries) if q]
+        size = self.config.batch_size
+        for start in range(0, len(todo), size):
+            batch = todo[start : start + size]
+            found = self._detect([images[i] for i in batch], [queries[i] for i in batch])
+            for i, detections in zip(batch, found, strict=True):
+                results[i] = detections
+        return results
+
+    def _detect(
+        self, images: list[np.ndarray], queries: list[tuple[str, ...]]
+    ) -> list[list[Detection]]:
+        torch = self._torch
+        texts = [[self.config.template.format(c) for c in q] for q in queries]
+        inputs = self._processor(images=images, text=texts, return_tensors="pt")
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
+        with torch.inference_mode():
+            outputs = self._model(**inputs)
+        logits = outputs.logits.float()  # (batch, patches, max queries)
+        # The processor pads short query lists with " ", which the model does not mask.
+        counts = torch.tensor([len(q) for q in queries], device=logits.device)
+        padding = torch.arange(logits.shape[-1], device=logits.device)[None, :] >= counts[:, None]
+        logits = logits.masked_fill(padding[:, None, :], float("-inf"))
+        best = logits.max(dim=-1)
+        scores = torch.sigmoid(best.values).cpu().numpy()
+        labels = best.indices.cpu().numpy()
+        boxes = outputs.pred_boxes.float().cpu().numpy()
+        return [
+            postprocess(
+                to_pixels(boxes[b], image.shape[:2]),
+                scores[b],
+                labels[b],
+                queries[b],
+                image.shape[:2],
+                self.config,
+            )
+            for b, image in enumerate(images)
+        ]
