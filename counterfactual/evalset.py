@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from counterfactual.imageio import SampleError, load_rgb, resolve_inside
+from counterfactual.imageio import SampleError, decode_rgb, load_rgb, resolve_inside
 from counterfactual.records import ImageRecord, Status
 
 
@@ -202,9 +201,8 @@ def read_queries(shards: Sequence[str]) -> tuple[list[Query], list[Status]]:
         if (image_id, removed) in seen:
             continue
         try:
-            with Image.open(io.BytesIO(sample["jpg"])) as im:
-                image = im.convert("RGB")
-        except (KeyError, OSError, SampleError) as err:
+            image = Image.fromarray(decode_rgb(sample["jpg"]))
+        except (KeyError, SampleError) as err:
             problems.append(Status(image_id, "failed", "decode-error", str(err), key=key))
             continue
         seen.add((image_id, removed))

@@ -186,6 +186,22 @@ def embed_gallery(
     return out
 
 
+def gallery_mentions(
+    gallery: Corpus, parse: Callable[[Sequence[str]], list[frozenset[str]]]
+) -> list[frozenset[str]]:
+    """The classes each gallery caption mentions: its annotated phrase classes where the corpus
+    has them (Flickr30k Entities, as np-removal uses them), ``parse`` (e.g. a cached
+    :class:`~counterfactual.mentions.MentionIndexer`) for the others, in one call."""
+    annotated = gallery.annotated or (None,) * len(gallery.captions)
+    todo = [i for i, a in enumerate(annotated) if a is None]
+    found: list[frozenset[str]] = [a or frozenset() for a in annotated]
+    if todo:
+        parsed = parse([gallery.captions[i] for i in todo])
+        for i, classes in zip(todo, parsed, strict=True):
+            found[i] = classes
+    return found
+
+
 def odmap_scores(
     query_emb: np.ndarray,
     queries: Sequence[Query],

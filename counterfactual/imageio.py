@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import warnings
 from pathlib import Path
+from typing import BinaryIO
 
 import cv2
 import numpy as np
@@ -40,10 +41,19 @@ def load_rgb(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """
     if not path.is_file():
         raise SampleError("missing-file", str(path.name))
+    return _open_rgb(path, max_pixels)
+
+
+def decode_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """:func:`load_rgb` for an encoded picture in memory (a shard's ``jpg``)."""
+    return _open_rgb(io.BytesIO(data), max_pixels)
+
+
+def _open_rgb(source: Path | BinaryIO, max_pixels: int) -> np.ndarray:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
+            with Image.open(source) as im:
                 if im.width * im.height > max_pixels:
                     raise SampleError("image-too-large", f"{im.width}x{im.height}")
                 im.load()
@@ -55,7 +65,7 @@ def load_rgb(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
         raise SampleError("decode-error", str(err)) from err
     except Image.DecompressionBombWarning as err:
         raise SampleError("image-too-large", str(err)) from err
-    except (OSError, ValueError, SyntaxError) as err:  # truncated or corrupt data
+    except (OSError, ValueError, SyntaxError, EOFError) as err:  # truncated or corrupt data
         raise SampleError("decode-error", f"{type(err).__name__}: {err}") from err
     arr = np.asarray(rgb)
     if arr.size == 0:

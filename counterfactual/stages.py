@@ -14,7 +14,7 @@ that load no learned model into one CPU stage and each model step into its own a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,7 +33,6 @@ from counterfactual.verify import (
     RemovalScorer,
     Verifier,
     VerifyRequest,
-    VerifyResult,
     class_boxes,
 )
 from counterfactual.vocab import load_vocabulary
@@ -122,6 +121,33 @@ def _timed(name: str, jobs: Sequence[Job], start: float) -> None:
         job.seconds[name] = job.seconds.get(name, 0.0) + share
 
 
+def _batch_or_each(
+    call: Callable[[Sequence[Any]], Sequence[Any]],
+    jobs: Sequence[Job],
+    requests: Sequence[Any],
+    model_detail: str = "",
+) -> list[Any]:
+    """``call(requests)`` as one batch; when that raises a ``SampleError`` (one bad request) or
+    a model error, each request alone, and the ones that still fail become ``Status`` rows
+    (their reason, or ``model-error`` with ``model_detail`` before the exception)."""
+    if not requests:
+        return []
+    try:
+        return list(call(requests))
+    except (SampleError, *MODEL_ERRORS):
+        pass  # retry one by one below
+    out: list[Any] = []
+    for job, request in zip(jobs, requests, strict=True):
+        image_id = job.item.record.image_id
+        try:
+            out.append(call([request])[0])
+        except SampleError as err:
+            out.append(Status(image_id, "failed", err.reason, err.detail))
+        except MODEL_ERRORS as err:
+            out.append(Status(image_id, "failed", "model-error", f"{model_detail}{err!r}"))
+    return out
+
+
 class Decode:
     """Load each job's picture (EXIF-upright RGB), checked against the annotation."""
 
@@ -179,11 +205,11 @@ class Edit:
                 EditRequest(job.image, job.mask, it.plan.removed, it.plan.kept, it.seed)
             )
             todo.append(job)
-        for job, (out, choice) in zip(todo, self._edit(todo, requests), strict=True):
+        for job, out in zip(todo, _batch_or_each(self._edit, todo, requests), strict=True):
             if isinstance(out, Status):
                 job.fail(out.reason, out.detail)
             else:
-                job.edited = out
+                job.edited, choice = out
                 if not self.keep_original:
                     job.image = None
                 job.methods["image_method"] = self.info
@@ -193,25 +219,11 @@ class Edit:
         return jobs
 
     def _edit(
-        self, jobs: list[Job], requests: list[EditRequest]
-    ) -> list[tuple[np.ndarray | Status, dict[str, Any] | None]]:
-        """Per request: the edited image (or a failure) and, for best-of-n, its pick."""
-        if not requests:
-            return []
-        try:
-            return list(zip(self.editor(requests), self._choices(len(requests)), strict=True))
-        except (SampleError, *MODEL_ERRORS):
-            pass  # one bad request, or a model failure: retry one by one below
-        out: list[tuple[np.ndarray | Status, dict[str, Any] | None]] = []
-        for job, request in zip(jobs, requests, strict=True):
-            image_id = job.item.record.image_id
-            try:
-                out.append((self.editor([request])[0], self._choices(1)[0]))
-            except SampleError as err:
-                out.append((Status(image_id, "failed", err.reason, err.detail), None))
-            except MODEL_ERRORS as err:
-                out.append((Status(image_id, "failed", "model-error", repr(err)), None))
-        return out
+        self, requests: Sequence[EditRequest]
+    ) -> list[tuple[np.ndarray, dict[str, Any] | None]]:
+        """Per request: the edited image and, for best-of-n, its pick."""
+        images = self.editor(requests)
+        return list(zip(images, self._choices(len(requests)), strict=True))
 
     def _choices(self, n: int) -> list[dict[str, Any] | None]:
         if isinstance(self.editor, BestOfN):
@@ -333,7 +345,8 @@ class Verify:
         start = time.perf_counter()
         todo = [job for job in jobs if job.ok]
         requests = [self._request(job) for job in todo]
-        for job, out in zip(todo, self._verify(todo, requests), strict=True):
+        results = _batch_or_each(self.verifier, todo, requests, model_detail="verify: ")
+        for job, out in zip(todo, results, strict=True):
             job.image = None
             if isinstance(out, Status):
                 job.fail(out.reason, out.detail)
@@ -359,26 +372,6 @@ class Verify:
             caption=job.caption.text,
             text_method=self.text_method,
         )
-
-    def _verify(
-        self, jobs: list[Job], requests: list[VerifyRequest]
-    ) -> list[VerifyResult | Status]:
-        if not requests or self.verifier is None:
-            return []
-        try:
-            return list(self.verifier(requests))
-        except (SampleError, *MODEL_ERRORS):
-            pass  # one bad request, or a model failure: retry one by one below
-        out: list[VerifyResult | Status] = []
-        for job, request in zip(jobs, requests, strict=True):
-            image_id = job.item.record.image_id
-            try:
-                out.append(self.verifier([request])[0])
-            except SampleError as err:
-                out.append(Status(image_id, "failed", err.reason, err.detail))
-            except MODEL_ERRORS as err:
-                out.append(Status(image_id, "failed", "model-error", f"verify: {err!r}"))
-        return out
 
 
 class Encode:
@@ -464,25 +457,21 @@ def uses_model(config: SynthConfig, name: str) -> bool:
     return False
 
 
+_MODEL_PART = {"edit": "image", "rewrite": "text", "verify": "verify"}
+"""The part of :class:`SynthConfig` that holds a model step's device and batch size."""
+
+
 def step_device(config: SynthConfig, name: str) -> str:
     """The torch device of a model step (``cpu`` for the others)."""
-    if name == "edit" and uses_model(config, name):
-        return config.image.device
-    if name == "rewrite" and uses_model(config, name):
-        return config.text.device
-    if name == "verify" and uses_model(config, name):
-        return config.verify.device
+    if uses_model(config, name):
+        return getattr(config, _MODEL_PART[name]).device
     return "cpu"
 
 
 def step_batch_size(config: SynthConfig, name: str) -> int:
     """Items per call of step ``name``: the model's batch size, or the run's for CPU steps."""
-    if name == "edit" and uses_model(config, name):
-        return config.image.batch_size
-    if name == "rewrite" and uses_model(config, name):
-        return config.text.batch_size
-    if name == "verify" and uses_model(config, name):
-        return config.verify.batch_size
+    if uses_model(config, name):
+        return getattr(config, _MODEL_PART[name]).batch_size
     return config.batch_size
 
 

@@ -20,7 +20,6 @@ epoch number, so a resumed run gives the same weights as an uninterrupted one on
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 import os
@@ -29,17 +28,16 @@ import random
 import re
 import shutil
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from counterfactual._lazy import require
-from counterfactual.imageio import DEFAULT_MAX_PIXELS, SampleError
+from counterfactual.imageio import SampleError, decode_rgb
 from counterfactual.mix import ShardSpec, count_samples, expand_shards, mixed_dataset, plan_mix
 
 if TYPE_CHECKING:
@@ -52,11 +50,11 @@ fp32 master weights; fp16 with a gradient scaler) and need CUDA."""
 
 MISSING_IMAGE = "missing-image"
 MISSING_TEXT = "missing-text"
-DECODE_ERROR = "decode-error"
-IMAGE_TOO_LARGE = "image-too-large"
 BAD_CAPTION = "bad-caption"
 EMPTY_CAPTION = "empty-caption"
-"""Reasons a sample is skipped (counted in ``TrainResult.skipped`` and the log)."""
+"""Reasons a sample is skipped (counted in ``TrainResult.skipped`` and the log), besides the
+decoding ones of :func:`counterfactual.imageio.decode_rgb` (``decode-error``,
+``image-too-large``)."""
 
 MAX_LOGIT_SCALE = math.log(100.0)  # open_clip clamps exp(logit_scale) at 100 after each step
 # Config fields a resumed run may change: they do not change which samples are drawn.
@@ -601,21 +599,7 @@ class _Batcher:
             raise SampleError(BAD_CAPTION, str(err)) from err
         if not text:
             raise SampleError(EMPTY_CAPTION, str(sample.get("__key__")))
-        return _decode_image(bytes(data)), text
-
-
-def _decode_image(data: bytes) -> Image.Image:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as im:
-                if im.width * im.height > DEFAULT_MAX_PIXELS:
-                    raise SampleError(IMAGE_TOO_LARGE, f"{im.width}x{im.height}")
-                return im.convert("RGB")
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise SampleError(IMAGE_TOO_LARGE, str(err)) from err
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as err:
-        raise SampleError(DECODE_ERROR, f"{type(err).__name__}: {err}") from err
+        return Image.fromarray(decode_rgb(bytes(data))), text
 
 
 def _shuffle(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:

@@ -8,11 +8,12 @@ import functools
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from counterfactual.evalset import Corpus, corpus_from_records, read_karpathy, read_queries
-from counterfactual.evaluate import ODMAP_KS, EvalConfig, evaluate_model
+from counterfactual.evaluate import ODMAP_KS, EvalConfig, evaluate_model, gallery_mentions
 from counterfactual.metrics import RECALL_KS
 from counterfactual.readers import DATASETS
 
@@ -98,36 +99,30 @@ def _queries_dir(spec: str) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def gallery_mentions(
-    args: argparse.Namespace, gallery: Corpus, cache: Path
-) -> list[frozenset[str]]:
-    """Annotated phrase classes where the corpus has them; the rest parsed (cached)."""
+def parse_mentions(
+    args: argparse.Namespace, cache: Path
+) -> Callable[[Sequence[str]], list[frozenset[str]]]:
+    """A ``parse`` for :func:`~counterfactual.evaluate.gallery_mentions`: the mention index,
+    cached, on Ray with ``--runner ray``, saying where the answer came from."""
+    from counterfactual.cli.synth import default_vocabulary
     from counterfactual.mentions import MentionIndexer, cached_mentions
     from counterfactual.vocab import load_vocabulary
 
-    vocabulary = args.vocabulary
-    if vocabulary is None and args.dataset == "demo":
-        from counterfactual.readers.demo import demo_vocabulary_path
-
-        vocabulary = str(demo_vocabulary_path())
-    annotated = gallery.annotated or (None,) * len(gallery.captions)
-    todo = [i for i, a in enumerate(annotated) if a is None]
-    texts = [gallery.captions[i] for i in todo]
-    found: list[frozenset[str]] = [a or frozenset() for a in annotated]
-    if texts:
-        indexer = MentionIndexer(load_vocabulary(vocabulary), args.spacy_model)
+    def parse(texts: Sequence[str]) -> list[frozenset[str]]:
+        # the word lists synth matched the captions with
+        indexer = MentionIndexer(load_vocabulary(default_vocabulary(args)), args.spacy_model)
         compute = None
         if args.runner == "ray":
             from pipelines.mentions import index_mentions_ray
 
             compute = functools.partial(index_mentions_ray, indexer=indexer, work_dir=args.out)
         start = time.perf_counter()
-        parsed, hit = cached_mentions(texts, indexer, cache, compute)
+        found, hit = cached_mentions(texts, indexer, cache, compute)
         where = "from the cache" if hit else f"in {time.perf_counter() - start:.1f} s"
         print(f"mentions of {len(texts)} captions {where}", file=sys.stderr)
-        for i, classes in zip(todo, parsed, strict=True):
-            found[i] = classes
-    return found
+        return found
+
+    return parse
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         f"({gallery.splits}), {len(problems)} unusable samples",
         file=sys.stderr,
     )
-    mentions = gallery_mentions(args, gallery, cache)
+    mentions = gallery_mentions(gallery, parse_mentions(args, cache))
     results = []
     for spec in args.model:
         embedder = load_embedder(spec, device=args.device, batch_size=args.batch_size)
