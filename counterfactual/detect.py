@@ -19,7 +19,6 @@ torch and transformers are imported when a :class:`Detector` is built, never at 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,7 +31,6 @@ from counterfactual.vocab import ClassVocabulary
 QUERY_MODES = ("caption", "caption+vocabulary", "vocabulary")
 """Which classes an image is asked for; see :func:`query_classes`."""
 _DTYPES = ("float32", "float16", "bfloat16")
-_WORDS = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +98,7 @@ def query_classes(caption: str, vocabulary: ClassVocabulary, mode: str) -> tuple
         raise ValueError(f"queries {mode!r} is not one of {', '.join(QUERY_MODES)}")
     if mode == "vocabulary":
         return vocabulary.classes
-    mentioned: set[str] = set()
-    if vocabulary.may_mention(caption, vocabulary.classes):
-        mentioned = {m.cls for m in vocabulary.match(_WORDS.findall(caption.lower()))}
+    mentioned = vocabulary.mentioned(caption)
     if mode == "caption+vocabulary":
         return vocabulary.classes if mentioned else ()
     return tuple(c for c in vocabulary.classes if c in mentioned)
@@ -209,9 +205,23 @@ def postprocess(
 
 
 def to_objects(detections: Sequence[Detection]) -> tuple[ObjectAnnotation, ...]:
-    """Detections as the object annotations the alpha rules read (score kept in ``score``)."""
+    """Detections as the object annotations the alpha rules read (score kept in ``score``).
+
+    Boxes are rounded to 1/100 px and scores to 6 decimals: finer digits are float noise that
+    differs between thread counts (a Ray actor and this process), and would change the json.
+    """
     return tuple(
-        ObjectAnnotation(bbox=d.bbox, category=d.category, score=d.score) for d in detections
+        ObjectAnnotation(
+            bbox=(
+                round(d.bbox[0], 2),
+                round(d.bbox[1], 2),
+                round(d.bbox[2], 2),
+                round(d.bbox[3], 2),
+            ),
+            category=d.category,
+            score=round(d.score, 6),
+        )
+        for d in detections
     )
 
 
@@ -258,6 +268,19 @@ class Detector:
         self._model = model.to(self.device).eval()
         self._processor = processor
 
+    def describe(self) -> dict[str, object]:
+        """What a sample's json records about how its boxes were found."""
+        c = self.config
+        return {
+            "model": c.model,
+            "queries": c.queries,
+            "template": c.template,
+            "score_threshold": c.score_threshold,
+            "nms_iou": c.nms_iou,
+            "max_detections": c.max_detections,
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
     def __call__(
         self, images: Sequence[np.ndarray], captions: Sequence[str]
     ) -> list[list[Detection]]:
@@ -287,7 +310,8 @@ class Detector:
     ) -> list[list[Detection]]:
         torch = self._torch
         texts = [[self.config.template.format(c) for c in q] for q in queries]
-        inputs = self._processor(images=images, text=texts, return_tensors="pt")
+        # OWLv2 reads at most 16 tokens per query; longer ones are cut rather than refused
+        inputs = self._processor(images=images, text=texts, return_tensors="pt", truncation=True)
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
         inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
         with torch.inference_mode():

@@ -44,11 +44,42 @@ class Caption:
 
 
 @dataclass(frozen=True, slots=True)
+class TarMember:
+    """A picture stored as a member of a tar file (a WebDataset shard): ``size`` bytes of data
+    at byte ``offset`` of ``path``, so a worker reads it with one seek, without the tar index."""
+
+    path: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParquetCell:
+    """A picture stored as bytes in a Parquet file: row ``row`` of row group ``row_group`` in
+    column ``column`` (a binary column, or a struct with a ``bytes`` field as Hugging Face
+    datasets write images)."""
+
+    path: str
+    row_group: int
+    row: int
+    column: str
+
+
+ImageSource = TarMember | ParquetCell
+"""Where a record's encoded picture lies when it is not a file of its own."""
+
+
+@dataclass(frozen=True, slots=True)
 class ImageRecord:
     """One image with its objects and captions.
 
     ``file`` is the path of the image relative to ``root`` (never absolute in a dataset);
     ``width``/``height`` are the annotated size, which the runner checks against the pixels.
+
+    A corpus without boxes (WebDataset, Parquet, CSV) has no ``objects`` and ``width`` =
+    ``height`` = 0 (unknown until decoded; a detector supplies the objects). When its pictures
+    live inside other files, ``source`` says where and ``file`` is only a name for people
+    (``00000.tar/000000123.jpg``).
     """
 
     image_id: str
@@ -60,6 +91,7 @@ class ImageRecord:
     root: Path | None = None
     split: str | None = None
     dataset: str = ""
+    source: ImageSource | None = None
 
     @property
     def classes(self) -> tuple[str, ...]:

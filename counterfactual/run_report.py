@@ -297,7 +297,9 @@ class Originals:
         except SampleError as err:
             return Original(None, boxes, f"original not loaded: {err.reason} {err.detail}".strip())
         # Boxes are in annotation pixels; scale to the decoded picture if they differ.
-        sx, sy = image.shape[1] / record.width, image.shape[0] / record.height
+        sx, sy = 1.0, 1.0  # a corpus record (size 0: unknown) is boxed in decoded pixels
+        if record.width and record.height:
+            sx, sy = image.shape[1] / record.width, image.shape[0] / record.height
         return Original(image, tuple((x * sx, y * sy, w * sx, h * sy) for x, y, w, h in boxes))
 
     def _record(self, meta: Mapping[str, Any]) -> ImageRecord | None:

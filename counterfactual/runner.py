@@ -11,6 +11,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TypeVar
 
+from counterfactual.detect import Detector
 from counterfactual.image import ImageEditor
 from counterfactual.records import ImageRecord, Status
 from counterfactual.run import RunResult, deliver, finish_run, layout, prepare_run
@@ -34,6 +35,7 @@ def run_local(
     config: SynthConfig,
     editor: ImageEditor | None = None,
     rewriter: TextRewriter | None = None,
+    detector: Detector | None = None,
     failures: Sequence[Status] = (),
     progress: Callable[[int, int], None] | None = None,
 ) -> RunResult:
@@ -47,7 +49,8 @@ def run_local(
     total, done = sum(run.todo_sizes().values()), 0
     try:
         if total:
-            chain = Chain(build_steps(config, editor=editor, rewriter=rewriter))
+            steps = build_steps(config, editor=editor, rewriter=rewriter, detector=detector)
+            chain = Chain(steps)
             for batch in batched(run.jobs(), config.batch_size):
                 deliver(assembler, (job.done() for job in chain(batch)))
                 done += len(batch)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,6 +37,8 @@ KEEP_OVERLAP = "keep-overlap"
 TOO_LARGE = "too-large"
 FEWER_THAN_TWO_CLASSES = "fewer-than-two-classes"
 NO_REMOVABLE_CLASS = "no-removable-class"
+CAPTION_UNCHANGED = "caption-unchanged"
+"""No valid plan removes a class the caption mentions, so none would change the caption."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,11 +372,18 @@ def select_many(
     records: Sequence[ImageRecord],
     config: SelectionConfig,
     stats: CooccurrenceStats | None = None,
+    targets: Sequence[Collection[str] | None] | None = None,
 ) -> list[Selection]:
     """Apply the rules and the policy to each record: ``plans`` holds the chosen valid plans.
 
     Only chosen plans are built (use :func:`candidates` for the evidence of every candidate).
     Images are evaluated together, so a batch is much faster than one call per image.
+
+    ``targets`` (one entry per record, ``None`` for no limit) limits the policy's choice to
+    valid plans whose target is among the given classes, e.g. the classes the caption mentions
+    (caption-aware selection on corpora whose caption is the only text); a record with valid
+    plans but none of them allowed gets :data:`CAPTION_UNCHANGED` as its reason and their
+    targets in ``not_drawn``.
 
     The ``spurious`` policy keeps, among an image's valid plans, the one whose target ``r`` is
     most over-represented next to the plan's kept classes ``K``: the highest mean over ``k`` in
@@ -389,8 +398,10 @@ def select_many(
     pmi = None
     if config.policy == "spurious":
         pmi = _PMILookup(stats if stats is not None else CooccurrenceStats.from_records(records))
+    if targets is not None and len(targets) != len(records):
+        raise ValueError(f"{len(targets)} target limits for {len(records)} records")
     out = []
-    for record, ev in zip(records, _evaluate_many(records, config), strict=True):
+    for i, (record, ev) in enumerate(zip(records, _evaluate_many(records, config), strict=True)):
         if isinstance(ev, tuple):
             out.append(Selection(record.image_id, (), ev[0], ev[1]))
             continue
@@ -398,6 +409,15 @@ def select_many(
         if not valid:
             out.append(Selection(record.image_id, (), ev.ignored, NO_REMOVABLE_CLASS))
             continue
+        allowed = None if targets is None else targets[i]
+        if allowed is not None:
+            if not (chosen := [r for r in valid if ev.names[r] in allowed]):
+                names = tuple(ev.names[r] for r in valid)
+                out.append(
+                    Selection(record.image_id, (), ev.ignored, CAPTION_UNCHANGED, (), names)
+                )
+                continue
+            valid = chosen
         others: tuple[str, ...] = ()
         if config.policy == "uniform":
             pick = valid[draw_index(config.seed, record.image_id, len(valid))]
@@ -422,6 +442,7 @@ def select(
 
 
 __all__: Sequence[str] = (
+    "CAPTION_UNCHANGED",
     "POLICIES",
     "SPURIOUS_SMOOTHING",
     "RemovalPlan",

@@ -2,7 +2,9 @@
 
 A :class:`Job` is one work item on its way to a shard: ``Decode`` loads the picture, ``Edit``
 erases the plan, ``Rewrite`` writes the new caption, ``Verify`` (when asked) checks that the
-result is a counterfactual, ``Encode`` packs the shard sample. Each
+result is a counterfactual, ``Encode`` packs the shard sample. On a corpus without boxes,
+``Detect`` finds the objects after ``Decode`` and ``Select`` applies the alpha rules to them,
+so the plan is made in the worker. Each
 step's ``__init__`` loads what it needs once (models, spaCy); ``__call__`` transforms one batch
 and returns it. A job that fails keeps its place in the batch with a :class:`Status` saying why,
 and later steps pass it through, so every item reaches the writer exactly once.
@@ -15,17 +17,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from counterfactual import __version__
+from counterfactual.detect import Detection, Detector, to_objects
 from counterfactual.image import EditRequest, ImageEditor, make_editor
 from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg
 from counterfactual.masks import plan_mask
 from counterfactual.records import Status
+from counterfactual.selection import CAPTION_UNCHANGED, RemovalPlan, select_many
 from counterfactual.shards import Sample
 from counterfactual.synth import SynthConfig, WorkItem, load_record_image
 from counterfactual.text import RewriteRequest, RewriteResult, TextRewriter, make_rewriter
@@ -37,8 +41,6 @@ from counterfactual.verify import (
 )
 from counterfactual.vocab import load_vocabulary
 
-CAPTION_UNCHANGED = "caption-unchanged"
-"""Status reason of a plan skipped because its caption would not change (``skip_unchanged``)."""
 MODEL_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
 """What a learned model may raise on a batch (CUDA out of memory is a ``RuntimeError``). The
 batch is then retried one item at a time and the items that still fail get ``model-error``."""
@@ -89,7 +91,7 @@ class Job:
             reason or "unknown",
             detail,
             self.item.key,
-            self.item.plan.target,
+            self.target,
         )
         self.image = self.mask = self.edited = None
 
@@ -104,7 +106,19 @@ class Job:
         if self.sample is None:
             raise ValueError(f"job {self.item.key} is neither encoded nor failed")
         rec = self.item.record
-        return Status(rec.image_id, "written", None, "", self.item.key, self.item.plan.target)
+        return Status(rec.image_id, "written", None, "", self.item.key, self.target)
+
+    @property
+    def target(self) -> str | None:
+        """The removal target, once planned (``None`` before ``Select`` on detected boxes)."""
+        return None if self.item.plan is None else self.item.plan.target
+
+    @property
+    def plan(self) -> RemovalPlan:
+        """The item's plan; a step that needs one must not run before ``Select``."""
+        if self.item.plan is None:
+            raise ValueError(f"job {self.item.key} has no plan yet (Select runs after Detect)")
+        return self.item.plan
 
 
 class Step(Protocol):
@@ -196,13 +210,13 @@ class Edit:
                 raise ValueError(f"job {job.item.key} reached Edit without a decoded image")
             h, w = job.image.shape[:2]
             try:
-                job.mask = plan_mask(job.item.record, job.item.plan, h, w, self.config.mask)
+                job.mask = plan_mask(job.item.record, job.plan, h, w, self.config.mask)
             except SampleError as err:
                 job.fail(err.reason, err.detail)
                 continue
-            it = job.item
+            plan = job.plan
             requests.append(
-                EditRequest(job.image, job.mask, it.plan.removed, it.plan.kept, it.seed)
+                EditRequest(job.image, job.mask, plan.removed, plan.kept, job.item.seed)
             )
             todo.append(job)
         for job, out in zip(todo, _batch_or_each(self._edit, todo, requests), strict=True):
@@ -251,12 +265,12 @@ class Rewrite:
         for job in todo:
             if self.needs_image and job.edited is None:
                 raise ValueError(f"job {job.item.key} reached the captioner without an image")
-            it = job.item
+            it, plan = job.item, job.plan
             requests.append(
                 RewriteRequest(
                     caption=it.caption.text,
-                    removed=it.plan.removed,
-                    kept=it.plan.kept,
+                    removed=plan.removed,
+                    kept=plan.kept,
                     phrases=it.caption.phrases,
                     image=job.edited,
                     seed=it.seed,
@@ -307,8 +321,9 @@ def sample_meta(job: Job, seed: int) -> dict[str, Any]:
         "original_caption": item.caption.text,
         "caption": caption.text,
         "removed_phrases": list(caption.removed_phrases),
-        "plan": item.plan.to_dict(),
-        "mask_boxes": [list(b) for b in item.plan.mask_boxes],
+        "plan": job.plan.to_dict(),
+        "mask_boxes": [list(b) for b in job.plan.mask_boxes],
+        **_detection_meta(job),
         "mask_pixels": int(np.count_nonzero(job.mask)),
         "image_method": job.methods.get("image_method"),
         **({"best_of_n": job.methods["best_of_n"]} if "best_of_n" in job.methods else {}),
@@ -318,6 +333,102 @@ def sample_meta(job: Job, seed: int) -> dict[str, Any]:
         "counterfactual_version": __version__,
         **({"verify": job.verify} if job.verify is not None else {}),
     }
+
+
+def _detection_meta(job: Job) -> dict[str, Any]:
+    """With detected boxes: the detector, every object it kept (with its score) and the valid
+    targets the policy did not draw."""
+    if "detector" not in job.methods:
+        return {}
+    return {
+        "detector": job.methods["detector"],
+        "objects": [
+            {"category": o.category, "bbox": list(o.bbox), "score": o.score}
+            for o in job.item.record.objects
+        ],
+        "not_drawn": job.methods.get("not_drawn", []),
+    }
+
+
+class Detect:
+    """Find each job's objects with the open-vocabulary detector (:mod:`counterfactual.detect`),
+    asked for the classes its caption mentions (or the vocabulary, per ``DetectConfig.queries``).
+    The detections become the record's objects, in the pixels of the decoded picture, which
+    also becomes the record's size."""
+
+    name = "detect"
+    uses_model = True
+
+    def __init__(
+        self, config: SynthConfig, detector: Callable[..., list[list[Detection]]] | None = None
+    ) -> None:
+        if config.detect is None:
+            raise ValueError("the detect step needs SynthConfig.detect")
+        self.detector = detector or Detector(config.detect, load_vocabulary(config.text.vocabulary))
+        describe = getattr(self.detector, "describe", None)
+        self.info = describe() if describe is not None else {"model": config.detect.model}
+
+    def __call__(self, jobs: list[Job]) -> list[Job]:
+        start = time.perf_counter()
+        todo = [job for job in jobs if job.ok]
+        requests: list[tuple[np.ndarray, str]] = []
+        for job in todo:
+            if job.image is None:
+                raise ValueError(f"job {job.item.key} reached Detect without a decoded image")
+            requests.append((job.image, job.item.caption.text))
+        found = _batch_or_each(self._detect, todo, requests, model_detail="detect: ")
+        for job, out in zip(todo, found, strict=True):
+            if isinstance(out, Status):
+                job.fail(out.reason, out.detail)
+                continue
+            assert job.image is not None
+            h, w = job.image.shape[:2]
+            record = replace(job.item.record, objects=to_objects(out), width=w, height=h)
+            job.item = replace(job.item, record=record)
+            job.methods["detector"] = self.info
+        _timed(self.name, jobs, start)
+        return jobs
+
+    def _detect(self, requests: Sequence[tuple[np.ndarray, str]]) -> list[list[Detection]]:
+        return self.detector([r[0] for r in requests], [r[1] for r in requests])
+
+
+class Select:
+    """Apply the alpha rules and the policy to each job's detected objects: the job gets its
+    plan, or is skipped with the selection's reason. With ``TextConfig.skip_unchanged`` only
+    targets the caption mentions may be drawn (caption-aware selection: on a corpus the caption
+    is the only text, so any other plan would pair an edit with an unchanged caption); an image
+    with valid plans but none mentioned is skipped with ``caption-unchanged``."""
+
+    name = "select"
+    uses_model = False
+
+    def __init__(self, config: SynthConfig) -> None:
+        self.config = config.selection
+        self.vocabulary = None
+        if config.text.skip_unchanged:
+            self.vocabulary = load_vocabulary(config.text.vocabulary)
+
+    def __call__(self, jobs: list[Job]) -> list[Job]:
+        start = time.perf_counter()
+        todo = [job for job in jobs if job.ok and job.item.plan is None]
+        targets = None
+        if self.vocabulary is not None:
+            targets = [self.vocabulary.mentioned(job.item.caption.text) for job in todo]
+        records = [job.item.record for job in todo]
+        for job, chosen in zip(
+            todo, select_many(records, self.config, targets=targets), strict=True
+        ):
+            if not chosen.plans:
+                detail = ""
+                if chosen.reason == CAPTION_UNCHANGED:
+                    detail = f"the caption names no valid target ({', '.join(chosen.not_drawn)})"
+                job.fail(chosen.reason, detail, "skipped")
+                continue
+            job.item = replace(job.item, plan=chosen.plans[0])
+            job.methods["not_drawn"] = list(chosen.not_drawn)
+        _timed(self.name, jobs, start)
+        return jobs
 
 
 class Verify:
@@ -360,15 +471,15 @@ class Verify:
     def _request(self, job: Job) -> VerifyRequest:
         if job.image is None or job.edited is None or job.caption is None:
             raise ValueError(f"job {job.item.key} reached Verify without both images and caption")
-        it = job.item
+        record, plan = job.item.record, job.plan
         h, w = job.edited.shape[:2]
         return VerifyRequest(
             original=job.image,
             edited=job.edited,
-            removed_boxes=class_boxes(it.record, it.plan.removed, h, w),
-            kept_boxes=class_boxes(it.record, it.plan.kept, h, w),
-            removed=it.plan.removed,
-            kept=it.plan.kept,
+            removed_boxes=class_boxes(record, plan.removed, h, w),
+            kept_boxes=class_boxes(record, plan.kept, h, w),
+            removed=plan.removed,
+            kept=plan.kept,
             caption=job.caption.text,
             text_method=self.text_method,
         )
@@ -409,6 +520,10 @@ def step_order(config: SynthConfig) -> tuple[str, ...]:
     """The step names in run order: a rewriter that needs no picture runs first, so the CPU
     steps after it can go from file to JPEG in one place without shipping pixels around."""
     verify = ("verify",) if config.verify.enabled else ()
+    if config.detect is not None:  # no plan before the objects are detected
+        if config.text.method == "captioner":
+            return ("decode", "detect", "select", "edit", "rewrite", *verify, "encode")
+        return ("decode", "detect", "select", "rewrite", "edit", *verify, "encode")
     if config.text.method == "captioner":
         return ("decode", "edit", "rewrite", *verify, "encode")
     return ("rewrite", "decode", "edit", *verify, "encode")
@@ -416,6 +531,8 @@ def step_order(config: SynthConfig) -> tuple[str, ...]:
 
 STEPS: dict[str, type] = {
     "decode": Decode,
+    "detect": Detect,
+    "select": Select,
     "edit": Edit,
     "rewrite": Rewrite,
     "verify": Verify,
@@ -429,11 +546,14 @@ def build_steps(
     editor: ImageEditor | None = None,
     rewriter: TextRewriter | None = None,
     verifier: Verifier | None = None,
+    detector: Callable[..., list[list[Detection]]] | None = None,
 ) -> list[Step]:
     """Instantiate the named steps (default: all, in :func:`step_order`)."""
     steps: list[Step] = []
     for name in names or step_order(config):
-        if name == "edit":
+        if name == "detect":
+            steps.append(Detect(config, detector))
+        elif name == "edit":
             steps.append(Edit(config, editor))
         elif name == "rewrite":
             steps.append(Rewrite(config, rewriter))
@@ -454,17 +574,19 @@ def uses_model(config: SynthConfig, name: str) -> bool:
         return config.text.method == "captioner"
     if name == "verify":
         return config.verify.enabled
+    if name == "detect":
+        return config.detect is not None
     return False
 
 
-_MODEL_PART = {"edit": "image", "rewrite": "text", "verify": "verify"}
+_MODEL_PART = {"edit": "image", "rewrite": "text", "verify": "verify", "detect": "detect"}
 """The part of :class:`SynthConfig` that holds a model step's device and batch size."""
 
 
 def step_device(config: SynthConfig, name: str) -> str:
     """The torch device of a model step (``cpu`` for the others)."""
     if uses_model(config, name):
-        return getattr(config, _MODEL_PART[name]).device
+        return getattr(config, _MODEL_PART[name]).device or "cpu"
     return "cpu"
 
 

@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 
 from counterfactual.cooccurrence import CooccurrenceStats
+from counterfactual.detect import DetectConfig
 from counterfactual.image import ImageConfig
 from counterfactual.imageio import (
     DEFAULT_MAX_PIXELS,
     SampleError,
+    decode_rgb,
     load_rgb,
     resolve_inside,
 )
@@ -44,6 +46,9 @@ class SynthConfig:
     text: TextConfig = field(default_factory=TextConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     """Per-sample check of each counterfactual (:mod:`counterfactual.verify`); off by default."""
+    detect: DetectConfig | None = None
+    """Boxes from an open-vocabulary detector instead of the dataset (corpora without boxes):
+    each item is then one image and caption, planned by the workers after detection."""
     captions: str = "one"
     """``one``: one caption per image, drawn with the seed (as the paper); ``all``: each."""
     seed: int = 0
@@ -60,6 +65,14 @@ class SynthConfig:
             raise ValueError(f"jpeg_quality must be in [1, 100], got {self.jpeg_quality}")
         if self.batch_size < 1 or self.samples_per_shard < 1 or self.max_pixels < 1:
             raise ValueError("batch_size, samples_per_shard and max_pixels must be >= 1")
+        if self.detect is not None and self.selection.policy != "uniform":
+            raise ValueError(
+                f"policy {self.selection.policy!r} needs the boxes of every image before any is "
+                "edited (spurious) or makes several samples of one detected image (all); with "
+                "detected boxes the policy is uniform"
+            )
+        if self.detect is not None and self.mask.source == "segmentation":
+            raise ValueError("detected objects have no segmentation; use mask source 'box'")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +85,8 @@ class SynthConfig:
         d.pop("batch_size")
         if not self.verify.enabled:
             d.pop("verify")
+        if self.detect is None:
+            d.pop("detect")
         # options added later, left out at their defaults for the same reason
         if not self.text.repair:
             d["text"].pop("repair")
@@ -81,18 +96,22 @@ class SynthConfig:
             d["image"].pop("lama_max_side")
         if self.image.candidates == 1:
             d["image"].pop("candidates")
-        for part in ("image", "text", "verify"):
+        for part in ("image", "text", "verify", "detect"):
             for name in ("batch_size", "device"):
-                d.get(part, {}).pop(name, None)
+                (d.get(part) or {}).pop(name, None)
         return d
 
 
 @dataclass(frozen=True, slots=True)
 class WorkItem:
-    """One counterfactual to make: a plan of a record with one of its captions."""
+    """One counterfactual to make: a plan of a record with one of its captions.
+
+    With detected boxes the plan is ``None`` until the workers have detected the objects and
+    applied the alpha rules (the ``Detect`` and ``Select`` steps fill ``record`` and ``plan``).
+    """
 
     record: ImageRecord
-    plan: RemovalPlan
+    plan: RemovalPlan | None
     caption: Caption
     key: str
     seed: int
@@ -113,7 +132,13 @@ def plan(
     stats: CooccurrenceStats | None = None,
 ) -> list[list[WorkItem] | Status]:
     """Per record: its work items, or the status saying why there are none. Valid plans the
-    policy did not choose are appended to ``not_drawn`` as ``skipped: not-drawn`` rows."""
+    policy did not choose are appended to ``not_drawn`` as ``skipped: not-drawn`` rows.
+
+    With ``config.detect`` nothing is selected here: each record yields one plan-less item per
+    caption, keyed by image and caption, which the workers plan once its objects are detected.
+    """
+    if config.detect is not None:
+        return [_unplanned_items(record, config) for record in records]
     out: list[list[WorkItem] | Status] = []
     for record, selection in zip(
         records, select_many(records, config.selection, stats), strict=True
@@ -126,15 +151,10 @@ def plan(
         if not selection.plans:
             out.append(Status(record.image_id, "skipped", selection.reason, ""))
             continue
-        captions: Sequence[Caption] = record.captions
-        if not captions:
-            if config.text.method == "np-removal":
-                out.append(Status(record.image_id, "failed", "no-caption", ""))
-                continue
-            captions = (NO_CAPTION,)
-        elif config.captions == "one":
-            pick = draw_index(config.seed, f"caption:{record.image_id}", len(captions))
-            captions = (captions[pick],)
+        captions = _captions(record, config)
+        if isinstance(captions, Status):
+            out.append(captions)
+            continue
         items = []
         for p in selection.plans:
             for cap in captions:
@@ -144,16 +164,52 @@ def plan(
     return out
 
 
+def _captions(record: ImageRecord, config: SynthConfig) -> Sequence[Caption] | Status:
+    """The captions a record's plans are paired with, or why it has none to pair."""
+    captions: Sequence[Caption] = record.captions
+    if not captions:
+        needs_caption = config.text.method == "np-removal" or (
+            config.detect is not None and config.detect.queries != "vocabulary"
+        )
+        if needs_caption:
+            return Status(record.image_id, "failed", "no-caption", "")
+        return (NO_CAPTION,)
+    if config.captions == "one":
+        pick = draw_index(config.seed, f"caption:{record.image_id}", len(captions))
+        return (captions[pick],)
+    return captions
+
+
+def _unplanned_items(record: ImageRecord, config: SynthConfig) -> list[WorkItem] | Status:
+    captions = _captions(record, config)
+    if isinstance(captions, Status):
+        return captions
+    items = []
+    for cap in captions:
+        key = sample_key(record.image_id, cap.caption_id)
+        items.append(WorkItem(record, None, cap, key, item_seed(config.seed, key)))
+    return items
+
+
 def load_record_image(record: ImageRecord, max_pixels: int) -> np.ndarray:
     """The record's picture, checked against its annotated size.
 
     A picture whose size differs but whose aspect ratio matches (within 1%) is used and boxes are
-    scaled to it; any other size mismatch is a ``size-mismatch`` failure.
+    scaled to it; any other size mismatch is a ``size-mismatch`` failure. A record of unknown
+    size (``0 x 0``, a corpus without boxes) is not checked. A picture inside another file (a
+    tar member, a Parquet cell: ``record.source``) is read from there.
     """
-    if record.root is None:
+    if record.source is not None:
+        from counterfactual.readers.corpus import read_source
+
+        image = decode_rgb(read_source(record.source), max_pixels)
+    elif record.root is None:
         raise SampleError("missing-file", f"record {record.image_id} has no root folder")
-    image = load_rgb(resolve_inside(record.root, record.file), max_pixels)
+    else:
+        image = load_rgb(resolve_inside(record.root, record.file), max_pixels)
     h, w = image.shape[:2]
+    if record.width == record.height == 0:
+        return image
     if (w, h) != (record.width, record.height):
         if abs(w / h - record.width / record.height) > 0.01 * record.width / record.height:
             raise SampleError(

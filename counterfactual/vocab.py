@@ -117,6 +117,13 @@ class ClassVocabulary:
             forms |= self._surface.get(c, set())
         return any(w in forms for w in _WORD.findall(text.lower()))
 
+    def mentioned(self, text: str) -> set[str]:
+        """The classes ``text`` mentions, matched on its lower-cased words with
+        :meth:`base_form` as lemmatiser (no parse: "hot dogs" is a hot dog, not a dog)."""
+        if not self.may_mention(text, self.classes):
+            return set()
+        return {m.cls for m in self.match(_WORD.findall(text.lower()))}
+
     def base_form(self, word: str) -> str:
         """The vocabulary word that ``word`` (lower case) inflects, or ``word`` itself: a
         lemmatiser for the words of the vocabulary only."""

@@ -150,6 +150,15 @@ class Caption(_Steps):
     """The learned captioner, one model per actor."""
 
 
+class Detect(_Steps):
+    """The open-vocabulary detector (boxes for a corpus without them), one model per actor."""
+
+
+class Plan(_Steps):
+    """CPU steps between the detector and the next model stage: the alpha rules on the
+    detections, then a rewriter that needs no picture (and the fills, on CPU)."""
+
+
 class Verify(_Steps):
     """The counterfactual check (CLIP crops of the removed and kept classes), one model per
     actor."""
@@ -161,10 +170,14 @@ class Finish(_Steps):
 
 def _stage_class(stage: Stage, position: int, stages: Sequence[Stage]) -> type[_Steps]:
     if stage.uses_model:
-        return {("edit",): Inpaint, ("verify",): Verify}.get(stage.steps, Caption)
+        return {("edit",): Inpaint, ("verify",): Verify, ("detect",): Detect}.get(
+            stage.steps, Caption
+        )
     if len(stages) == 1:
         return CpuSteps
-    return Prepare if position == 0 else Finish
+    if position == 0:
+        return Prepare
+    return Plan if stage.steps[0] == "select" else Finish
 
 
 def init_ray(work_dir: Path, options: RayOptions) -> dict[str, Any]:
