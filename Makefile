@@ -43,9 +43,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install the package with every extra (torch first)
 
-synth: $(STAMP) ## make shards on Ray: DATASET=demo|coco|flickr30k [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
+synth: $(STAMP) ## make shards on Ray: DATASET=demo|coco|flickr30k|wds|parquet|csv [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
 	$(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) --out $(OUT) \
-		$(if $(ROOT),--root $(ROOT)) $(if $(IMAGE),--image-method $(IMAGE)) \
+		$(if $(ROOT),--root '$(ROOT)') $(if $(IMAGE),--image-method $(IMAGE)) \
 		$(if $(TEXT),--text-method $(TEXT)) $(ARGS)
 
 eval: $(STAMP) ## ODmAP@k + R@K report: MODEL="spec ..." [DATASET= ROOT= QUERIES= EVAL_OUT= ARGS=]

@@ -61,7 +61,10 @@ def _open_rgb(source: Path | BinaryIO, max_pixels: int) -> np.ndarray:
                 rgb = upright.convert("RGB")
     except SampleError:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError) as err:
+    except UnidentifiedImageError as err:  # PIL's message holds the BytesIO's address
+        name = f": {source.name}" if isinstance(source, Path) else ""
+        raise SampleError("decode-error", f"not a picture format PIL reads{name}") from err
+    except Image.DecompressionBombError as err:
         raise SampleError("decode-error", str(err)) from err
     except Image.DecompressionBombWarning as err:
         raise SampleError("image-too-large", str(err)) from err

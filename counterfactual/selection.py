@@ -413,9 +413,7 @@ def select_many(
         if allowed is not None:
             if not (chosen := [r for r in valid if ev.names[r] in allowed]):
                 names = tuple(ev.names[r] for r in valid)
-                out.append(
-                    Selection(record.image_id, (), ev.ignored, CAPTION_UNCHANGED, (), names)
-                )
+                out.append(Selection(record.image_id, (), ev.ignored, CAPTION_UNCHANGED, (), names))
                 continue
             valid = chosen
         others: tuple[str, ...] = ()

@@ -268,15 +268,23 @@ def test_yaml_config_with_command_line_overrides(coco, tmp_path, capsys):
     assert "paint" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["demo", "coco", "flickr30k"])
+@pytest.mark.parametrize("name", ["demo", "coco", "flickr30k", "wds", "parquet", "csv"])
 def test_shipped_configs_are_valid(name):
     from counterfactual.cli import build_parser
     from counterfactual.cli.config import load_config
+    from counterfactual.cli.synth import build_config
 
     path = Path(__file__).parent.parent / "pipelines" / "configs" / f"{name}.yaml"
     sub = build_parser().parse_args(["synth"]).__dict__["_subcommands"]["synth"]
     values = load_config(path, sub)
     assert values["dataset"] == name and values["runner"] == "ray"
+    sub.set_defaults(**values)
+    config = build_config(sub.parse_args(["--out", "x"]))
+    if name in ("wds", "parquet", "csv"):  # no boxes: the detector, caption-aware selection
+        assert config.detect is not None and config.detect.device == "cuda"
+        assert config.text.skip_unchanged
+    else:
+        assert config.detect is None and not config.text.skip_unchanged
 
 
 @pytest.mark.parametrize(
@@ -306,18 +314,33 @@ def test_shipped_configs_are_valid(name):
                 ("Finish", ("encode",)),
             ],
         ),
+        (
+            "diffusers",
+            "detector",
+            "cuda",
+            [
+                ("Prepare", ("decode",)),
+                ("Detect", ("detect",)),
+                ("Plan", ("select", "rewrite")),
+                ("Inpaint", ("edit",)),
+                ("Finish", ("encode",)),
+            ],
+        ),
     ],
 )
 def test_stages_and_their_resources(image, text, device, expected):
+    from counterfactual.detect import DetectConfig
     from counterfactual.image import ImageConfig
     from counterfactual.synth import SynthConfig
     from counterfactual.text import TextConfig
     from pipelines.synth import RayOptions, _stage_class, plan_stages, stage_args
 
     method = ("inpaint", "diffusers") if image == "diffusers" else (image, "opencv")
+    detect = DetectConfig(device=device, batch_size=4) if text == "detector" else None
     config = SynthConfig(
         image=ImageConfig(method=method[0], backend=method[1], device=device, batch_size=4),
-        text=TextConfig(method=text, device=device),
+        text=TextConfig(method="np-removal" if detect else text, device=device),
+        detect=detect,
     )
     stages = plan_stages(config)
     got = [(_stage_class(s, i, stages).__name__, s.steps) for i, s in enumerate(stages)]

@@ -35,9 +35,15 @@ def _write_owl_tokenizer_files(folder: Path) -> None:
     vocab_path.write_text(json.dumps({t: i for i, t in enumerate(tokens)}), encoding="utf-8")
 
 
-def build_tiny_owlv2(path: Path, seed: int = 0) -> Path:
+def build_tiny_owlv2(path: Path, seed: int = 0, grid_boxes: bool = False) -> Path:
     """Build a tiny ``Owlv2ForObjectDetection`` with its ``Owlv2Processor`` and
-    ``save_pretrained`` both to ``path``; returns ``path``. Same ``seed``, same weights."""
+    ``save_pretrained`` both to ``path``; returns ``path``. Same ``seed``, same weights.
+
+    ``grid_boxes``: zero the last layer of the box head, so each patch predicts OWLv2's prior
+    box for its place (a patch-sized box on the patch grid) instead of the degenerate boxes
+    random weights give; the class scores stay random. Pipelines then get boxes the alpha rules
+    can work with (a random class per tile), as they would from a trained detector.
+    """
     import torch
     from transformers import (
         CLIPTokenizer,
@@ -78,6 +84,10 @@ def build_tiny_owlv2(path: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = Owlv2ForObjectDetection(config).eval()
+    if grid_boxes:
+        with torch.no_grad():
+            model.box_head.dense2.weight.zero_()
+            model.box_head.dense2.bias.zero_()
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return path

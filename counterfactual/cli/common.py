@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from counterfactual.readers import DATASETS
+from counterfactual.readers import CORPORA, DATASETS
 from counterfactual.selection import POLICIES, SelectionConfig
 
 
@@ -35,22 +35,39 @@ def selection_config(args: argparse.Namespace) -> SelectionConfig:
 
 
 def add_data_args(
-    parser: argparse.ArgumentParser, demo_root: str = "OUT/demo-data"
+    parser: argparse.ArgumentParser, demo_root: str = "OUT/demo-data", corpora: bool = False
 ) -> argparse._ArgumentGroup:
     """The dataset options of ``synth`` (read by ``counterfactual.cli.synth.load_dataset``,
     which also needs an ``out`` attribute: the demo is written to ``OUT/demo-data``, named
-    ``demo_root`` in the help)."""
+    ``demo_root`` in the help). ``corpora``: also offer the box-less corpora (WebDataset,
+    Parquet, CSV) and their column options."""
     d = parser.add_argument_group("data")
-    d.add_argument("--dataset", choices=DATASETS, default="demo")
-    d.add_argument(
-        "--root",
-        type=Path,
-        default=None,
-        help=f"dataset folder (demo: where the demo pictures are written, default {demo_root})",
-    )
+    d.add_argument("--dataset", choices=DATASETS + CORPORA if corpora else DATASETS, default="demo")
+    root_help = f"dataset folder (demo: where the demo pictures are written, default {demo_root})"
+    if corpora:
+        root_help += (
+            "; wds, parquet, csv: the files, with brace ranges or globs, e.g. "
+            "'data/{00000..00099}.tar'"
+        )
+    d.add_argument("--root", type=Path, default=None, help=root_help)
     d.add_argument("--instances", type=Path, help="COCO instances_*.json")
     d.add_argument("--captions", type=Path, help="COCO captions_*.json")
-    d.add_argument("--images", type=Path, help="folder the file names are relative to")
+    d.add_argument(
+        "--images",
+        type=Path,
+        help="folder the file names are relative to (parquet, csv: default the table's folder)",
+    )
+    if corpora:
+        for name, what in (
+            ("caption", "caption, txt, text or TEXT"),
+            ("image", "image, jpg, path, file, filepath, file_name or image_path"),
+            ("id", "key, id or image_id; else FILE-ROW"),
+        ):
+            d.add_argument(
+                f"--{name}-column",
+                default=None,
+                help=f"parquet, csv: the {name} column (default: the first present of {what})",
+            )
     d.add_argument("--coco-set", default="train2017", help="COCO file set under ROOT")
     d.add_argument("--split-file", type=Path, help="Karpathy dataset_coco.json")
     d.add_argument("--split", default=None, help="train, val or test (Karpathy / Flickr30k)")

@@ -9,14 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from counterfactual.cli.common import add_data_args, add_selection_args, selection_config
+from counterfactual.detect import QUERY_MODES, DetectConfig
 from counterfactual.image import IMAGE_METHODS, INPAINT_BACKENDS, ImageConfig
 from counterfactual.masks import MASK_SOURCES, MaskConfig
+from counterfactual.readers import CORPORA
 from counterfactual.records import Dataset, ImageRecord
 from counterfactual.synth import CAPTION_CHOICES, SynthConfig
 from counterfactual.text import TEXT_METHODS, TextConfig
 from counterfactual.verify import VerifyConfig
 
 _IMAGE, _TEXT, _SYNTH, _VERIFY = ImageConfig(), TextConfig(), SynthConfig(), VerifyConfig()
+_DETECT = DetectConfig()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,9 +45,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="local: every step in this process; ray: Ray Data stages on a local Ray or the "
         "cluster in RAY_ADDRESS",
     )
-    add_data_args(p)
+    add_data_args(p, corpora=True)
     p.add_argument("--out", type=Path, default=None, help="output folder (required)")
     add_selection_args(p)
+    b = p.add_argument_group("boxes (an open-vocabulary detector for corpora without them)")
+    b.add_argument(
+        "--boxes",
+        choices=("dataset", "detector"),
+        default=None,
+        help="where the objects come from (default: the dataset's boxes for coco, flickr30k "
+        "and demo, the detector for wds, parquet and csv)",
+    )
+    b.add_argument("--detector-model", default=_DETECT.model, help="OWLv2 hub id or folder")
+    b.add_argument(
+        "--detect-queries",
+        choices=QUERY_MODES,
+        default=_DETECT.queries,
+        help="classes asked for: those the caption mentions, the whole vocabulary when it "
+        "mentions any (finds the unmentioned objects the alpha rules must keep), or always all",
+    )
+    b.add_argument("--detect-threshold", type=float, default=_DETECT.score_threshold)
+    b.add_argument("--detect-nms-iou", type=float, default=_DETECT.nms_iou, help="per class")
+    b.add_argument("--detect-max", type=int, default=_DETECT.max_detections, help="per image")
+    b.add_argument("--detect-template", default=_DETECT.template, help="query text, one {}")
+    b.add_argument("--detect-batch-size", type=int, default=_DETECT.batch_size)
     i = p.add_argument_group("image")
     i.add_argument("--image-method", choices=IMAGE_METHODS, default="inpaint")
     i.add_argument("--inpaint-backend", choices=INPAINT_BACKENDS, default="opencv")
@@ -88,9 +112,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
     t.add_argument(
         "--skip-unchanged-captions",
-        action="store_true",
-        help="np-removal: skip a plan whose caption names no removed class (status skipped, "
-        "reason caption-unchanged) instead of pairing the edit with the unchanged caption",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="skip a plan whose caption names no removed class (status skipped, reason "
+        "caption-unchanged) instead of pairing the edit with the unchanged caption; with "
+        "detected boxes, draw only targets the caption mentions (default: on with detected "
+        "boxes, off otherwise)",
     )
     t.add_argument(
         "--repair-captions",
@@ -160,6 +187,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_dataset(args: argparse.Namespace) -> Dataset:
+    if args.dataset in CORPORA:
+        if args.root is None:
+            raise ValueError(
+                f"--dataset {args.dataset} needs --root: its files, e.g. 'data/{{00000..00009}}"
+                f".{'tar' if args.dataset == 'wds' else args.dataset}'"
+            )
+        from counterfactual.readers.corpus import read_table, read_wds
+
+        if args.dataset == "wds":
+            return read_wds(str(args.root))
+        return read_table(
+            str(args.root),
+            args.dataset,
+            images=args.images,
+            caption_column=args.caption_column,
+            image_column=args.image_column,
+            id_column=args.id_column,
+        )
     if args.dataset == "demo":
         from counterfactual.readers.demo import read_demo
 
@@ -187,7 +232,32 @@ def default_vocabulary(args: argparse.Namespace) -> str | None:
     return str(demo_vocabulary_path())
 
 
+def detected_boxes(args: argparse.Namespace) -> bool:
+    """Whether the objects come from the detector (``--boxes``, default: for the corpora)."""
+    if args.boxes is None:
+        return args.dataset in CORPORA
+    if args.boxes == "dataset" and args.dataset in CORPORA:
+        raise ValueError(f"--dataset {args.dataset} has no boxes; use --boxes detector")
+    return args.boxes == "detector"
+
+
 def build_config(args: argparse.Namespace) -> SynthConfig:
+    detect = None
+    if detected_boxes(args):
+        detect = DetectConfig(
+            model=args.detector_model,
+            score_threshold=args.detect_threshold,
+            nms_iou=args.detect_nms_iou,
+            queries=args.detect_queries,
+            template=args.detect_template,
+            max_detections=args.detect_max,
+            device=args.device,
+            dtype=args.dtype,
+            batch_size=args.detect_batch_size,
+        )
+    skip_unchanged = args.skip_unchanged_captions
+    if skip_unchanged is None:
+        skip_unchanged = detect is not None and args.text_method == "np-removal"
     return SynthConfig(
         selection=selection_config(args),
         mask=MaskConfig(source=args.mask_source, dilate=args.dilate),
@@ -210,7 +280,7 @@ def build_config(args: argparse.Namespace) -> SynthConfig:
             method=args.text_method,
             spacy_model=args.spacy_model,
             repair=args.repair_captions,
-            skip_unchanged=args.skip_unchanged_captions,
+            skip_unchanged=skip_unchanged,
             vocabulary=default_vocabulary(args),
             model=args.captioner_model,
             device=args.device,
@@ -225,6 +295,7 @@ def build_config(args: argparse.Namespace) -> SynthConfig:
             device=args.device,
             batch_size=args.verify_batch_size,
         ),
+        detect=detect,
         captions=args.captions_per_image,
         seed=args.seed,
         samples_per_shard=args.samples_per_shard,

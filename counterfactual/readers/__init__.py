@@ -10,6 +10,10 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 DATASETS = ("coco", "flickr30k", "demo")
+"""Datasets with annotated boxes."""
+CORPORA = ("wds", "parquet", "csv")
+"""Image-text corpora without boxes (:mod:`counterfactual.readers.corpus`): synth finds the
+objects with a detector."""
 
 
 def safe_relative_path(name: str) -> str | None:

@@ -1,0 +1,186 @@
+"""``counterfactual synth`` on corpora without boxes (WebDataset, Parquet, CSV) with a tiny
+random OWLv2 saved to disk and loaded by path, as a user's detector is: detect -> select ->
+erase -> rewrite -> shard, the same shard contract, status record and resume as COCO, in
+process and on Ray."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+import webdataset as wds
+from corpora import demo_samples, write_csv, write_parquet, write_wds
+from tiny_owlv2 import build_tiny_owlv2
+
+from counterfactual.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def owl(tmp_path_factory):
+    return build_tiny_owlv2(tmp_path_factory.mktemp("owl") / "owlv2", grid_boxes=True)
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    good = demo_samples(tmp_path_factory.mktemp("demo"))
+    broken = [
+        ("garbage", b"not a picture", "A dog on a bench next to a person.", {}),
+        ("nocaption", good[0][1], None, {}),
+        ("nopicture", None, "A cat on a couch.", {}),
+    ]
+    return good[:4] + broken + good[4:]
+
+
+def _args(owl, dataset, root, out, *extra):
+    return [
+        "synth",
+        "--dataset",
+        dataset,
+        "--root",
+        str(root),
+        "--out",
+        str(out),
+        "--detector-model",
+        str(owl),
+        "--detect-threshold",
+        "0",
+        "--detect-queries",
+        "caption",
+        "--image-method",
+        "blur",
+        "--samples-per-shard",
+        "3",
+        "--contact-sheet",
+        "2",
+        *extra,
+    ]
+
+
+def _status(out):
+    return [json.loads(line) for line in (out / "status.jsonl").read_text().splitlines()]
+
+
+def _shard_members(out):
+    members = {}
+    for shard in sorted(out.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            members.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
+    return members
+
+
+def test_webdataset_corpus_end_to_end_and_resume(owl, samples, tmp_path):
+    pattern = write_wds(samples, tmp_path / "corpus", per_shard=4)
+    assert pattern.endswith("{00000..00002}.tar")
+    out = tmp_path / "out"
+    assert main(_args(owl, "wds", pattern, out)) == 0
+    rows = _status(out)
+    by_id = {r["image_id"]: r for r in rows}
+    # every input sample has exactly one row, with its reason when nothing was written
+    assert sorted(by_id) == sorted(s[0] for s in samples) and len(rows) == len(samples)
+    assert (by_id["garbage"]["status"], by_id["garbage"]["reason"]) == ("failed", "decode-error")
+    assert by_id["nocaption"]["reason"] == "no-caption"
+    assert by_id["nopicture"]["reason"] == "missing-image"
+    written = [r for r in rows if r["status"] == "written"]
+    assert written, "the tiny detector should make at least one plan at threshold 0"
+    assert {r["reason"] for r in rows if r["status"] == "skipped"} <= {
+        "caption-unchanged",
+        "fewer-than-two-classes",
+        "no-removable-class",
+    }
+    # the shards are WebDataset shards: the loader reads back every written sample
+    shards = sorted(str(p) for p in out.glob("shard-*.tar"))
+    loaded = list(wds.WebDataset(shards, shardshuffle=False).decode("rgb"))
+    assert sorted(s["__key__"] for s in loaded) == sorted(r["key"] for r in written)
+    for sample in loaded:
+        meta = sample["json"]
+        assert meta["dataset"] == "wds" and meta["file"].endswith(f"{meta['image_id']}.jpg")
+        assert meta["detector"]["model"] == str(owl)
+        assert meta["detector"]["queries"] == "caption"
+        assert meta["objects"] and all(0 <= o["score"] <= 1 for o in meta["objects"])
+        categories = {o["category"] for o in meta["objects"]}
+        assert set(meta["plan"]["removed"]) | set(meta["plan"]["kept"]) <= categories
+        assert sample["jpg"].shape[:2] == (meta["height"], meta["width"])
+        assert sample["txt"] == meta["caption"] != meta["original_caption"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["detect"]["model"] == str(owl)
+    assert manifest["config"]["text"]["skip_unchanged"] is True  # on by default here
+    assert (out / "contact_sheet.png").exists()
+    before = _shard_members(out)
+    # a rerun resumes every shard and changes nothing
+    assert main(_args(owl, "wds", pattern, out)) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["shards_resumed"] == manifest["shards"] == 3
+    assert _shard_members(out) == before
+    # another detector setting into the same folder is refused
+    assert main(_args(owl, "wds", pattern, out, "--detect-nms-iou", "0.3")) == 2
+
+
+def test_parquet_and_csv_give_the_samples_of_the_webdataset_run(owl, samples, tmp_path):
+    """Same pictures and captions under the same ids: the same statuses and pixels, whichever
+    container they come in."""
+    good = [s for s in samples if s[1] is not None and s[2] is not None and s[0] != "garbage"]
+    runs = {}
+    pattern = write_wds(good, tmp_path / "wds", per_shard=3)
+    assert main(_args(owl, "wds", pattern, tmp_path / "o-wds")) == 0
+    runs["wds"] = tmp_path / "o-wds"
+    for images_as in ("bytes", "struct", "paths"):
+        table = write_parquet(good, tmp_path / f"pq-{images_as}" / "part-0.parquet", images_as)
+        out = tmp_path / f"o-pq-{images_as}"
+        images = ("--images", str(table.parent / "images")) if images_as == "paths" else ()
+        assert main(_args(owl, "parquet", table, out, *images)) == 0
+        runs[f"parquet-{images_as}"] = out
+    table = write_csv(good, tmp_path / "csv" / "pairs.csv", tmp_path / "pictures")
+    out = tmp_path / "o-csv"
+    assert main(_args(owl, "csv", table, out, "--images", str(tmp_path / "pictures"))) == 0
+    runs["csv"] = out
+
+    def rows(out):
+        return [(r["image_id"], r["status"], r["reason"], r["key"]) for r in _status(out)]
+
+    def pixels(out):
+        return {k: v for k, v in _shard_members(out).items() if k.endswith((".jpg", ".txt"))}
+
+    reference = runs.pop("wds")
+    assert any(r[1] == "written" for r in rows(reference))
+    for name, out in runs.items():
+        assert rows(out) == rows(reference), name
+        assert pixels(out) == pixels(reference), name
+
+
+def test_ray_runner_matches_the_local_run(owl, samples, tmp_path):
+    pattern = write_wds(samples, tmp_path / "corpus", per_shard=4)
+    local, ray = tmp_path / "local", tmp_path / "ray"
+    assert main(_args(owl, "wds", pattern, local)) == 0
+    extra = ("--runner", "ray", "--num-cpus", "2", "--no-dashboard", "--block-items", "2")
+    assert main(_args(owl, "wds", pattern, ray, *extra)) == 0
+    assert _status(ray) == _status(local)
+    manifest = json.loads((ray / "manifest.json").read_text())
+    assert manifest["ray"]["stages"] == [
+        ["decode"],
+        ["detect"],
+        ["select", "rewrite", "edit", "encode"],
+    ]
+    a, b = _shard_members(local), _shard_members(ray)
+    assert a.keys() == b.keys()
+    assert {k: v for k, v in a.items() if k.endswith(".txt")} == {
+        k: v for k, v in b.items() if k.endswith(".txt")
+    }
+
+
+def test_corpus_needs_root_and_has_no_dataset_boxes(owl, samples, tmp_path, capsys):
+    assert main(["synth", "--dataset", "wds", "--out", str(tmp_path / "o")]) == 2
+    assert "needs --root" in capsys.readouterr().err
+    args = ["synth", "--dataset", "csv", "--root", str(tmp_path / "x.csv"), "--boxes", "dataset"]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    assert "has no boxes" in capsys.readouterr().err
+    assert main(_args(owl, "wds", tmp_path / "none-{0..3}.tar", tmp_path / "o2")) == 2
+    assert "none-{0..3}.tar" in capsys.readouterr().err  # matches nothing: a config error
+    write_wds(samples[:2], tmp_path / "some", per_shard=2)  # some/00000.tar only
+    pattern = tmp_path / "some" / "{00000..00003}.tar"
+    assert main(_args(owl, "wds", pattern, tmp_path / "o3")) == 0  # each missing tar: a row
+    rows = _status(tmp_path / "o3")
+    assert [r["reason"] for r in rows[:3]] == ["missing-file"] * 3
+    assert {r["image_id"] for r in rows[3:]} == {samples[0][0], samples[1][0]}
