@@ -6,8 +6,10 @@ Coordinates are image pixels of the decoded, EXIF-upright image. Boxes are ``xyw
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,30 @@ class ParquetCell:
 
 ImageSource = TarMember | ParquetCell
 """Where a record's encoded picture lies when it is not a file of its own."""
+
+
+def source_to_dict(source: ImageSource) -> dict[str, str | int]:
+    """``source`` as JSON (a sample's json keeps it, so an audit can find the original)."""
+    kind = "tar" if isinstance(source, TarMember) else "parquet"
+    return {"kind": kind, **{name: getattr(source, name) for name in source.__slots__}}
+
+
+def source_from_dict(data: Mapping[str, Any]) -> ImageSource:
+    """The inverse of :func:`source_to_dict`; ``ValueError`` for anything else."""
+    fields = {k: v for k, v in data.items() if k != "kind"}
+    try:
+        if data.get("kind") == "tar":
+            return TarMember(str(fields["path"]), int(fields["offset"]), int(fields["size"]))
+        if data.get("kind") == "parquet":
+            return ParquetCell(
+                str(fields["path"]),
+                int(fields["row_group"]),
+                int(fields["row"]),
+                str(fields["column"]),
+            )
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"not a picture source: {dict(data)!r}") from err
+    raise ValueError(f"not a picture source: {dict(data)!r}")
 
 
 @dataclass(frozen=True, slots=True)

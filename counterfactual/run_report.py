@@ -40,7 +40,7 @@ from PIL import Image, ImageDraw, ImageFont
 from counterfactual.imageio import DEFAULT_MAX_PIXELS, SampleError, resolve_inside
 from counterfactual.jsonl import json_objects
 from counterfactual.masks import box_mask, dilate
-from counterfactual.records import ImageRecord, Status
+from counterfactual.records import ImageRecord, Status, source_from_dict
 from counterfactual.run import MANIFEST_FILE, STATUS_FILE
 from counterfactual.shards import read_stats
 from counterfactual.synth import load_record_image
@@ -307,6 +307,12 @@ class Originals:
         if self.records is not None:
             return self.records.get(image_id)
         file = str(meta.get("file", ""))
+        if isinstance(meta.get("source"), Mapping):  # inside a tar or Parquet file of a corpus
+            try:
+                source = source_from_dict(meta["source"])
+            except ValueError:
+                return None
+            return ImageRecord(image_id, file, 0, 0, (), (), source=source)
         width, height = int(meta.get("width") or 0), int(meta.get("height") or 0)
         if not file or width < 1 or height < 1:
             return None

@@ -28,7 +28,7 @@ from counterfactual.image import EditRequest, ImageEditor, make_editor
 from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg
 from counterfactual.masks import plan_mask
-from counterfactual.records import Status
+from counterfactual.records import Status, source_to_dict
 from counterfactual.selection import CAPTION_UNCHANGED, RemovalPlan, select_many
 from counterfactual.shards import Sample
 from counterfactual.synth import SynthConfig, WorkItem, load_record_image
@@ -315,6 +315,7 @@ def sample_meta(job: Job, seed: int) -> dict[str, Any]:
         "split": item.record.split,
         "image_id": item.record.image_id,
         "file": item.record.file,
+        **({"source": source_to_dict(item.record.source)} if item.record.source else {}),
         "width": int(edited.shape[1]),
         "height": int(edited.shape[0]),
         "caption_id": item.caption.caption_id,

@@ -104,6 +104,12 @@ def test_webdataset_corpus_end_to_end_and_resume(owl, samples, tmp_path):
         assert set(meta["plan"]["removed"]) | set(meta["plan"]["kept"]) <= categories
         assert sample["jpg"].shape[:2] == (meta["height"], meta["width"])
         assert sample["txt"] == meta["caption"] != meta["original_caption"]
+        assert meta["source"]["kind"] == "tar" and meta["source"]["size"] > 0
+    # the audit finds each original inside its tar from the sample's json, without --root
+    assert main(["report", str(out)]) == 0
+    page = (out / "report" / "index.html").read_text()
+    assert "original not found" not in page and "original not loaded" not in page
+    assert page.count("-original.jpg") >= len(written)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["detect"]["model"] == str(owl)
     assert manifest["config"]["text"]["skip_unchanged"] is True  # on by default here

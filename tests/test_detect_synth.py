@@ -264,3 +264,13 @@ def test_vocabulary_mentioned():
     vocab = coco_vocabulary()
     assert vocab.mentioned("Two hot dogs and a Dog on a sofa.") == {"hot dog", "dog", "couch"}
     assert vocab.mentioned("An empty street.") == set()
+
+
+def test_picture_sources_round_trip_through_json():
+    from counterfactual.records import ParquetCell, TarMember, source_from_dict, source_to_dict
+
+    for source in (TarMember("/d/00000.tar", 1536, 2048), ParquetCell("/d/p.parquet", 2, 7, "jpg")):
+        assert source_from_dict(json.loads(json.dumps(source_to_dict(source)))) == source
+    for bad in ({"kind": "zip", "path": "x"}, {"kind": "tar", "path": "x"}, {}):
+        with pytest.raises(ValueError, match="not a picture source"):
+            source_from_dict(bad)
