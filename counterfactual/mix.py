@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from braceexpand import braceexpand
 
+from counterfactual.readers.corpus import member_key_field
+
 if TYPE_CHECKING:
     import webdataset as wds
 
@@ -36,10 +38,6 @@ ShardSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 are brace patterns (``data/{000000..000009}.tar``), globs, directories or plain paths."""
 
 _GLOB_MAGIC = re.compile(r"[*?\[]")
-# webdataset.tariterators: members named __...__ at the top level, or matching this, are skipped
-_SKIP_META = re.compile(r"__[^/]*__($|/)")
-# webdataset.tariterators.base_plus_ext: key is everything before the first dot of the base name
-_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")
 
 
@@ -152,15 +150,8 @@ def _count_tar(shard: str) -> int:
 
 
 def _sample_key(info: tarfile.TarInfo) -> str | None:
-    name = info.name
-    if not info.isreg():
-        return None
-    if "/" not in name and name.startswith("__") and name.endswith("__"):
-        return None
-    if _SKIP_META.match(name):
-        return None
-    match = _KEY_EXT.match(name)
-    return match.group(1) if match else None
+    key_field = member_key_field(info)
+    return key_field[0] if key_field else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,7 +197,7 @@ def _tar_samples(fh: Any, pending: list[_Sample]) -> Iterator[_Sample]:
         tar = tarfile.open(fileobj=fh, mode="r:")
         while (info := tar.next()) is not None:
             tar.members.clear()  # keep memory flat on large shards; members are not looked up
-            key_field = _key_field(info)
+            key_field = member_key_field(info)
             if key_field is not None:  # a new key (or a repeated field) ends the sample before
                 key, field = key_field
                 current = pending[0] if pending else None
@@ -231,7 +231,7 @@ def _check_end(fh: Any, offset: int, size: int) -> None:
         raise _BadShard(f"corrupt header at offset {offset}")
 
 
-def _key_field(info: tarfile.TarInfo) -> tuple[str, str] | None:
+def member_key_field(info: tarfile.TarInfo) -> tuple[str, str] | None:
     """``(key, field)`` of a member, or ``None`` for members webdataset skips."""
     name = info.name
     if not info.isreg():
