@@ -16,7 +16,15 @@ baseline measured in the same run, because the machine is shared and absolute ti
 - mentions: captions/s of the class-mention index (ODmAP relevance) on one core;
 - verify: the verifier's seconds per sample with a CLIP of ViT-B/32 size (random weights: the
   cost does not depend on them) on real photos, against one denoising step of a UNet of Stable
-  Diffusion 2 inpainting's size (random weights) times 30 steps, both on one core.
+  Diffusion 2 inpainting's size (random weights) times 30 steps, both on one core;
+- detect: images/s of decode -> OWLv2 detection on real photos, one thread, the tests' tiny
+  model and one of the base checkpoint's size (random weights), per query mode, beside a
+  decode-only loop;
+- corpus: the whole corpus path (WebDataset shards, tiny detector, caption-aware selection)
+  against the COCO path (annotated boxes) on the same pictures, in process on one core, with
+  each step's worker seconds and the readers' own rates.
+
+Sections with a note in ``NOTES`` also write it under ``_notes`` in the JSON.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import tempfile  # noqa: E402
@@ -43,6 +52,8 @@ from counterfactual.image import EditRequest, ImageConfig, make_editor  # noqa: 
 from counterfactual.imageio import encode_jpeg, load_rgb  # noqa: E402
 from counterfactual.masks import box_mask  # noqa: E402
 from counterfactual.readers.coco import read_coco  # noqa: E402
+from counterfactual.records import Dataset  # noqa: E402
+from counterfactual.run import RunResult  # noqa: E402
 from counterfactual.selection import SelectionConfig, select, select_many  # noqa: E402
 from counterfactual.text import RewriteRequest, TextConfig, make_rewriter  # noqa: E402
 
@@ -491,6 +502,237 @@ def bench_verify(work: Path, n: int) -> dict[str, float]:
     }
 
 
+def _tests_on_path() -> None:
+    """The tests' tiny-model builders import as ``tiny_owlv2`` (which imports
+    ``tests.tiny_diffusion``), so both the repository root and ``tests/`` go on the path."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    for folder in (root, root / "tests"):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _side_by_side(
+    n: int, floor: Callable[[], object], run: Callable[[], object], repeat: int
+) -> tuple[float, float]:
+    """Items/s of the fastest ``floor`` and the fastest ``run`` over ``n`` items, the two
+    alternated so that both see the same machine load."""
+    floor_times, run_times = [], []
+    for _ in range(repeat):
+        floor_times.append(_seconds(floor))
+        run_times.append(_seconds(run))
+    return n / min(floor_times), n / min(run_times)
+
+
+DETECT_CAPTIONS = (
+    "A person next to a dog and a bicycle.",
+    "A cat sleeping on a couch beside a laptop.",
+    "Two people on a bench with an umbrella.",
+    "A car and a bus stopped at a traffic light.",
+    "A pizza and a cup on a dining table.",
+    "A man riding a horse past a truck.",
+)
+"""Captions naming three COCO classes each (what ``queries="caption"`` asks for)."""
+
+
+def _owlv2_base(folder: Path) -> Path:
+    """A random OWLv2 of ``google/owlv2-base-patch16-ensemble``'s sizes (ViT-B/16 image tower
+    at 960 px: 3,600 patches; 12-layer text tower, 16 tokens) with its processor (pad to a
+    square, resize to 960), saved to ``folder`` as a user's checkpoint is. ``Owlv2Config()``'s
+    vision default is 768 px, so the size is set to the checkpoint's 960."""
+    import torch
+    from tiny_owlv2 import _write_owl_tokenizer_files
+    from transformers import (
+        CLIPTokenizer,
+        Owlv2Config,
+        Owlv2ForObjectDetection,
+        Owlv2ImageProcessor,
+        Owlv2Processor,
+    )
+
+    source = folder.parent / f"{folder.name}-tokenizer-src"
+    _write_owl_tokenizer_files(source)
+    tokenizer = CLIPTokenizer.from_pretrained(str(source), model_max_length=16)
+    config = Owlv2Config(
+        text_config={
+            "vocab_size": len(tokenizer),  # a lookup table: its size costs no time
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={"image_size": 960},
+    )
+    torch.manual_seed(0)
+    Owlv2ForObjectDetection(config).eval().save_pretrained(folder)
+    Owlv2Processor(image_processor=Owlv2ImageProcessor(), tokenizer=tokenizer).save_pretrained(
+        folder
+    )
+    return folder
+
+
+def _decode_and_detect(detector: Callable, files: list[Path], captions: list[str]) -> None:
+    detector([load_rgb(p) for p in files], captions)
+
+
+def _detect_model(
+    folder: Path, files: list[Path], captions: list[str], repeat: int
+) -> tuple[dict[str, float], float]:
+    """Figures of one saved OWLv2 (keys without the ``detect_MODEL_`` prefix) and the best
+    decode-only rate seen beside it."""
+    from transformers import AutoProcessor
+
+    from counterfactual.detect import DetectConfig, Detector
+    from counterfactual.vocab import coco_vocabulary
+
+    def floor() -> None:
+        for p in files:
+            load_rgb(p)
+
+    out: dict[str, float] = {}
+    floors = []
+    for mode in ("caption", "caption+vocabulary"):
+        config = DetectConfig(
+            model=str(folder), device="cpu", dtype="float32", score_threshold=0.2, queries=mode
+        )
+        detector = Detector(config, coco_vocabulary())
+        if not floors:  # warm-up: first-call allocations, kernels picked for these shapes
+            detector([load_rgb(files[0])], captions[:1])
+        run = functools.partial(_decode_and_detect, detector, files, captions)
+        floor_rate, rate = _side_by_side(len(files), floor, run, repeat)
+        floors.append(floor_rate)
+        out[f"{mode.replace('+', '_')}_images_per_s"] = rate
+        out[f"{mode.replace('+', '_')}_cost_in_decodes"] = floor_rate / rate
+    # the image processor the detector loaded, alone on the decoded photos
+    processor = AutoProcessor.from_pretrained(str(folder)).image_processor
+    images = [load_rgb(p) for p in files]
+    pre = best_rate(len(images), lambda: processor(images=images, return_tensors="pt"), repeat=2)
+    out["preprocess_images_per_s"] = pre
+    out["caption_preprocess_share"] = out["caption_images_per_s"] / pre
+    return out, max(floors)
+
+
+def bench_detect(work: Path, n: int, n_base: int) -> dict[str, float]:
+    """Images/s of decode -> detect (``Detector`` loaded from a saved folder, as a user loads
+    one) on one thread, per query mode, for the tests' tiny OWLv2 on ``n`` photos and an OWLv2
+    of the base checkpoint's size on ``n_base`` of them, each beside a decode-only loop."""
+    import torch
+
+    torch.set_num_threads(1)
+    _tests_on_path()
+    from tiny_owlv2 import build_tiny_owlv2
+
+    (work / "detect").mkdir(exist_ok=True)
+    paths, _ = real_photos(work / "detect", max(n, n_base))
+    captions = [DETECT_CAPTIONS[i % len(DETECT_CAPTIONS)] for i in range(len(paths))]
+    print(
+        f"detect: one torch thread; the base-size OWLv2 (random weights) on {n_base} photos "
+        f"only (about 20 s each on one core here), the tiny one on {n}"
+    )
+    models = {
+        "tiny": (build_tiny_owlv2(work / "owl-tiny", grid_boxes=True), n, 3),
+        "base": (_owlv2_base(work / "owl-base"), n_base, 1),
+    }
+    out: dict[str, float] = {}
+    floors = []
+    for model, (folder, count, repeat) in models.items():
+        figures, floor_rate = _detect_model(folder, paths[:count], captions[:count], repeat)
+        out |= {f"detect_{model}_{name}": value for name, value in figures.items()}
+        floors.append(floor_rate)
+    out["detect_decode_images_per_s"] = max(floors)
+    out["detect_base_images_measured"] = float(n_base)
+    return out
+
+
+def _read_and_run(read: Callable[[], Dataset], out: Path, config) -> tuple[float, RunResult]:
+    """Seconds to read a dataset and run it in process into ``out``, and the run's result."""
+    from counterfactual.runner import run_local
+
+    start = time.perf_counter()
+    dataset = read()
+    result = run_local(dataset.records, out, config, failures=dataset.failures)
+    return time.perf_counter() - start, result
+
+
+def bench_corpus(work: Path, n: int, repeat: int = 2) -> dict[str, float]:
+    """The corpus path (WebDataset shards, tiny OWLv2, caption-aware selection) against the
+    COCO path (annotated boxes) on the same ``n`` generated pictures, blur, np-removal, the
+    in-process runner on one core, reading included; the two runs alternate."""
+    import torch
+
+    from counterfactual.detect import DetectConfig
+    from counterfactual.readers.corpus import read_wds
+    from counterfactual.synth import SynthConfig
+
+    torch.set_num_threads(1)
+    _tests_on_path()
+    from corpora import write_wds
+    from tiny_owlv2 import build_tiny_owlv2
+
+    print(
+        "corpus: one torch thread; the tests' tiny random OWLv2: a 32 px network, but its "
+        "processor still filters each full-size picture down (detect_tiny_preprocess_*)"
+    )
+    files = generate_coco(work / f"corpus{n}", n, seed=3, size=(640, 480))
+
+    def read_annotated() -> Dataset:
+        return read_coco(files.instances, files.captions, files.images)
+
+    def read_shards() -> Dataset:
+        return read_wds(pattern)
+
+    samples = [
+        (r.image_id, (r.root / r.file).read_bytes(), r.captions[0].text, {})
+        for r in read_annotated().records
+        if r.root is not None
+    ]
+    pattern = write_wds(samples, work / f"wds{n}", per_shard=100)
+    owl = build_tiny_owlv2(work / "owl-corpus", grid_boxes=True)
+    configs = {
+        "coco": (read_annotated, SynthConfig(image=ImageConfig(method="blur"))),
+        "wds": (
+            read_shards,
+            SynthConfig(
+                image=ImageConfig(method="blur"),
+                detect=DetectConfig(
+                    model=str(owl),
+                    device="cpu",
+                    dtype="float32",
+                    score_threshold=0.0,
+                    queries="caption",
+                ),
+                text=TextConfig(skip_unchanged=True),
+            ),
+        ),
+    }
+    runs: dict[str, list[tuple[float, RunResult]]] = {name: [] for name in configs}
+    for i in range(repeat):  # alternated, so both paths see the same machine load
+        for name, (read, config) in configs.items():
+            runs[name].append(_read_and_run(read, work / f"corpus-{name}{i}", config))
+    out: dict[str, float] = {"corpus_images": float(n)}
+    rates = {}
+    for name, done in runs.items():
+        seconds, result = min(done, key=lambda run: run[0])
+        rates[name] = n / seconds
+        out[f"corpus_{name}_images_per_s"] = rates[name]
+        for outcome, count in result.counts().items():  # written, skipped:REASON, failed:REASON
+            out[f"corpus_{name}_{outcome.replace(':', '_').replace('-', '_')}"] = float(count)
+        for step, step_seconds in sorted(result.stage_seconds.items()):
+            out[f"corpus_{name}_seconds_{step}"] = step_seconds
+    out["corpus_wds_vs_coco"] = rates["wds"] / rates["coco"]
+    read_coco_rate, read_wds_rate = _side_by_side(n, read_annotated, read_shards, repeat=3)
+    out["corpus_read_coco_images_per_s"] = read_coco_rate
+    out["corpus_read_wds_images_per_s"] = read_wds_rate
+    out["corpus_read_wds_vs_coco"] = read_wds_rate / read_coco_rate
+    return out
+
+
 TARGETS = {
     "pipeline_ray_vs_local": 1.6,
     "pipeline_ray_vs_floor_x_cores": 0.7,
@@ -517,7 +759,35 @@ SECTIONS = (
     "retrieval",
     "mentions",
     "verify",
+    "detect",
+    "corpus",
 )
+NOTES = {
+    "detect": (
+        "decode -> Detector (OWLv2 loaded from a saved folder, float32, threshold 0.2) on real "
+        "640x480 photos, captions naming three COCO classes; 'caption' asks for those three, "
+        "'caption_vocabulary' for all 80. One torch thread. Random weights: the cost does not "
+        "depend on them. tiny = the tests' OWLv2 (32 px); base = google/owlv2-base-patch16-"
+        "ensemble's sizes (960 px, 3,600 patches), measured on detect_base_images_measured "
+        "photos only, after a one-photo warm-up, since one takes about 20 s on one core. "
+        "*_cost_in_decodes: seconds per image over a decode-only loop's on the same photos, "
+        "alternated with it. *_preprocess_images_per_s: the image processor the detector "
+        "loads, alone on decoded photos (without torchvision transformers falls back to its "
+        "PIL/scipy processor); caption_preprocess_share: its part of the caption-mode time."
+    ),
+    "corpus": (
+        "The same generated 640x480 pictures through the in-process runner on one core (one "
+        "torch thread), blur, np-removal: coco = COCO annotations and boxes; wds = the pictures "
+        "and first captions as WebDataset shards (100 per shard), boxes from the tests' tiny "
+        "OWLv2 (random weights, grid boxes, threshold 0, queries 'caption'), caption-aware "
+        "selection. images_per_s: input images per second, reading and model loading included, "
+        "best of two alternated runs; written, skipped_*, failed_*: that run's status counts; "
+        "seconds_<step>: worker seconds per step of that run; "
+        "read_*: the readers alone (read_wds reads tar headers only). With a trained, "
+        "base-size OWLv2 the detect step would cost what the detect section measures per "
+        "image, and the boxes, so the selections and samples, would differ."
+    ),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -538,6 +808,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topk-gallery", type=int, default=616_767)
     parser.add_argument("--mention-images", type=int, default=1_000, help="x5 captions")
     parser.add_argument("--verify-images", type=int, default=24)
+    parser.add_argument(
+        "--detect-base-images", type=int, default=3, help="photos for the base-size OWLv2"
+    )
+    parser.add_argument("--corpus-images", type=int, default=300)
     parser.add_argument("--topk-child", type=int, nargs=4, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--inpaint-model", default=None, help="diffusers model for the GPU figure")
     args = parser.parse_args(argv)
@@ -564,7 +838,11 @@ def main(argv: list[str] | None = None) -> int:
             figures |= bench_mentions(work, args.mention_images)
         if "verify" in todo:
             figures |= bench_verify(work, args.verify_images)
-    print(f"{'figure':<44} {'value':>12}  target")
+        if "detect" in todo:
+            figures |= bench_detect(work, args.photos, args.detect_base_images)
+        if "corpus" in todo:
+            figures |= bench_corpus(work, args.corpus_images)
+    print(f"{'figure':<48} {'value':>12}  target")
     for name, value in figures.items():
         if (target := TARGETS.get(name)) is not None:
             mark = f">= {target}  {'ok' if value >= target else 'MISSED'}"
@@ -572,12 +850,14 @@ def main(argv: list[str] | None = None) -> int:
             mark = f"<= {target}  {'ok' if value <= target else 'MISSED'}"
         else:
             mark = ""
-        print(f"{name:<44} {value:>12.3f}  {mark}")
+        print(f"{name:<48} {value:>12.3f}  {mark}")
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
     previous.update({k: round(v, 4) for k, v in figures.items()})
     previous["_machine"] = (
         f"{platform.machine()}, {os.cpu_count()} cores; one used, except by the Ray pipeline and top-k"
     )
+    notes = previous.get("_notes", {})
+    previous["_notes"] = notes | {s: NOTES[s] for s in SECTIONS if s in todo and s in NOTES}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(previous, indent=1, sort_keys=True) + "\n")
     return 0
