@@ -16,7 +16,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from counterfactual.imageio import SampleError
 from counterfactual.records import ImageRecord
-from counterfactual.synth import load_record_image
+from counterfactual.synth import box_scale, load_record_image
 
 _TILE = 320
 _GAP = 8
@@ -78,9 +78,7 @@ def sheet_rows(out_dir: Path, records: Mapping[str, ImageRecord], n: int) -> lis
         except SampleError:
             continue
         # Boxes are in annotation pixels; scale to the decoded picture if they differ.
-        sx, sy = 1.0, 1.0  # a corpus record (size 0: unknown) is boxed in decoded pixels
-        if record.width and record.height:
-            sx, sy = original.shape[1] / record.width, original.shape[0] / record.height
+        sx, sy = box_scale(record, original)
         boxes = tuple((x * sx, y * sy, w * sx, h * sy) for x, y, w, h in meta["mask_boxes"])
         edited = np.asarray(Image.open(io.BytesIO(jpg)).convert("RGB"))
         rows.append(SheetRow(original, edited, boxes, meta))

@@ -43,7 +43,7 @@ from counterfactual.masks import box_mask, dilate
 from counterfactual.records import ImageRecord, Status, source_from_dict
 from counterfactual.run import MANIFEST_FILE, STATUS_FILE
 from counterfactual.shards import read_stats
-from counterfactual.synth import load_record_image
+from counterfactual.synth import box_scale, load_record_image
 
 REPORT_DIR = "report"
 _PARALLEL_SHARDS = 4
@@ -297,9 +297,7 @@ class Originals:
         except SampleError as err:
             return Original(None, boxes, f"original not loaded: {err.reason} {err.detail}".strip())
         # Boxes are in annotation pixels; scale to the decoded picture if they differ.
-        sx, sy = 1.0, 1.0  # a corpus record (size 0: unknown) is boxed in decoded pixels
-        if record.width and record.height:
-            sx, sy = image.shape[1] / record.width, image.shape[0] / record.height
+        sx, sy = box_scale(record, image)
         return Original(image, tuple((x * sx, y * sy, w * sx, h * sy) for x, y, w, h in boxes))
 
     def _record(self, meta: Mapping[str, Any]) -> ImageRecord | None:

@@ -216,3 +216,12 @@ def load_record_image(record: ImageRecord, max_pixels: int) -> np.ndarray:
                 "size-mismatch", f"annotated {record.width}x{record.height}, decoded {w}x{h}"
             )
     return image
+
+
+def box_scale(record: ImageRecord, image: np.ndarray) -> tuple[float, float]:
+    """``(sx, sy)`` taking the record's annotated pixels to ``image``'s (see
+    :func:`load_record_image`); ``(1, 1)`` for a record of unknown size, whose boxes (from a
+    detector) are already in decoded pixels."""
+    if not (record.width and record.height):
+        return 1.0, 1.0
+    return image.shape[1] / record.width, image.shape[0] / record.height

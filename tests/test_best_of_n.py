@@ -3,12 +3,12 @@ embeddings, and a run with a tiny diffusers pipeline and a tiny CLIP saved to di
 
 import io
 import json
-import tarfile
 
 import numpy as np
 import pytest
 from bad_coco import make_bad_coco, synth_args
 from PIL import Image
+from shard_files import shard_members
 
 from counterfactual.cli import main
 from counterfactual.image import EditRequest, ImageConfig
@@ -150,12 +150,10 @@ def test_a_run_with_candidates_records_the_pick(tmp_path):
 
 def _samples(out):
     found = {}
-    for shard in sorted(out.glob("shard-*.tar")):
-        with tarfile.open(shard) as tar:
-            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-        for name, data in members.items():
-            if name.endswith(".json"):
-                key = name[: -len(".json")]
-                pixels = np.asarray(Image.open(io.BytesIO(members[f"{key}.jpg"])))
-                found[key] = (json.loads(data), pixels)
+    members = shard_members(out)
+    for name, data in members.items():
+        if name.endswith(".json"):
+            key = name[: -len(".json")]
+            pixels = np.asarray(Image.open(io.BytesIO(members[f"{key}.jpg"])))
+            found[key] = (json.loads(data), pixels)
     return found

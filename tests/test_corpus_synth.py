@@ -6,11 +6,11 @@ process and on Ray."""
 from __future__ import annotations
 
 import json
-import tarfile
 
 import pytest
 import webdataset as wds
 from corpora import demo_samples, write_csv, write_parquet, write_wds
+from shard_files import shard_members
 from tiny_owlv2 import build_tiny_owlv2
 
 from counterfactual.cli import main
@@ -63,14 +63,6 @@ def _status(out):
     return [json.loads(line) for line in (out / "status.jsonl").read_text().splitlines()]
 
 
-def _shard_members(out):
-    members = {}
-    for shard in sorted(out.glob("shard-*.tar")):
-        with tarfile.open(shard) as tar:
-            members.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
-    return members
-
-
 def test_webdataset_corpus_end_to_end_and_resume(owl, samples, tmp_path):
     pattern = write_wds(samples, tmp_path / "corpus", per_shard=4)
     assert pattern.endswith("{00000..00002}.tar")
@@ -114,12 +106,12 @@ def test_webdataset_corpus_end_to_end_and_resume(owl, samples, tmp_path):
     assert manifest["config"]["detect"]["model"] == str(owl)
     assert manifest["config"]["text"]["skip_unchanged"] is True  # on by default here
     assert (out / "contact_sheet.png").exists()
-    before = _shard_members(out)
+    before = shard_members(out)
     # a rerun resumes every shard and changes nothing
     assert main(_args(owl, "wds", pattern, out)) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["shards_resumed"] == manifest["shards"] == 3
-    assert _shard_members(out) == before
+    assert shard_members(out) == before
     # another detector setting into the same folder is refused
     assert main(_args(owl, "wds", pattern, out, "--detect-nms-iou", "0.3")) == 2
 
@@ -147,7 +139,7 @@ def test_parquet_and_csv_give_the_samples_of_the_webdataset_run(owl, samples, tm
         return [(r["image_id"], r["status"], r["reason"], r["key"]) for r in _status(out)]
 
     def pixels(out):
-        return {k: v for k, v in _shard_members(out).items() if k.endswith((".jpg", ".txt"))}
+        return {k: v for k, v in shard_members(out).items() if k.endswith((".jpg", ".txt"))}
 
     reference = runs.pop("wds")
     assert any(r[1] == "written" for r in rows(reference))
@@ -169,7 +161,7 @@ def test_ray_runner_matches_the_local_run(owl, samples, tmp_path):
         ["detect"],
         ["select", "rewrite", "edit", "encode"],
     ]
-    a, b = _shard_members(local), _shard_members(ray)
+    a, b = shard_members(local), shard_members(ray)
     assert a.keys() == b.keys()
     assert {k: v for k, v in a.items() if k.endswith(".txt")} == {
         k: v for k, v in b.items() if k.endswith(".txt")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tarfile
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from shard_files import shard_members
 
 from counterfactual.detect import DetectConfig, Detection
 from counterfactual.generate import generate_coco
@@ -80,15 +80,16 @@ def _boxless(records):
 
 
 def _samples(out):
-    samples = {}
-    for shard in sorted(out.glob("shard-*.tar")):
-        with tarfile.open(shard) as tar:
-            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-        for name, data in members.items():
-            if name.endswith(".json"):
-                key = name[: -len(".json")]
-                samples[key] = (json.loads(data), members[f"{key}.jpg"], members[f"{key}.txt"])
-    return samples
+    members = shard_members(out)
+    return {
+        name[: -len(".json")]: (
+            json.loads(data),
+            members[name.replace(".json", ".jpg")],
+            members[name.replace(".json", ".txt")],
+        )
+        for name, data in members.items()
+        if name.endswith(".json")
+    }
 
 
 def _status(out):

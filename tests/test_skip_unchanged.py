@@ -2,23 +2,21 @@
 reason instead of pairing the edited picture with the caption as it was."""
 
 import json
-import tarfile
 
 import pytest
 from bad_coco import make_bad_coco, synth_args
+from shard_files import shard_members
 
 from counterfactual.cli import main
 from counterfactual.text import TextConfig
 
 
 def _metas(out):
-    metas = {}
-    for shard in sorted(out.glob("shard-*.tar")):
-        with tarfile.open(shard) as tar:
-            for m in tar.getmembers():
-                if m.name.endswith(".json"):
-                    metas[m.name[: -len(".json")]] = json.loads(tar.extractfile(m).read())
-    return metas
+    return {
+        name[: -len(".json")]: json.loads(data)
+        for name, data in shard_members(out).items()
+        if name.endswith(".json")
+    }
 
 
 def _status(out):
