@@ -1,13 +1,12 @@
 """A before/after contact sheet: per row the original with the removed boxes outlined, the
-edited picture, and the old and new caption underneath; built from a run's shards."""
+edited picture, and the old and new caption underneath; built from a run's committed shards
+(read with :func:`counterfactual.samples.iter_samples`)."""
 
 from __future__ import annotations
 
 import io
-import json
-import tarfile
 import textwrap
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from counterfactual.imageio import SampleError
 from counterfactual.records import ImageRecord
+from counterfactual.samples import SampleMeta, iter_samples
 from counterfactual.synth import box_scale, load_record_image
 
 _TILE = 320
@@ -45,33 +45,19 @@ class SheetRow:
     original: np.ndarray
     edited: np.ndarray
     boxes: tuple[tuple[float, float, float, float], ...]
-    meta: dict
+    meta: SampleMeta
 
 
-def shard_samples(out_dir: Path) -> Iterator[tuple[bytes, dict]]:
-    """``(jpg, meta)`` of each sample in the run's shards, in shard order."""
-    for shard in sorted(Path(out_dir).glob("shard-*.tar")):
-        with tarfile.open(shard) as tar:
-            jpgs: dict[str, bytes] = {}
-            for member in tar:
-                key, _, ext = member.name.partition(".")
-                data = tar.extractfile(member)
-                if data is None:
-                    continue
-                if ext == "jpg":
-                    jpgs[key] = data.read()
-                elif ext == "json":
-                    yield jpgs.pop(key), json.loads(data.read())
-
-
-def sheet_rows(out_dir: Path, records: Mapping[str, ImageRecord], n: int) -> list[SheetRow]:
-    """The first ``n`` samples of a run whose original picture still loads."""
+def sheet_rows(out_dir: str | Path, records: Mapping[str, ImageRecord], n: int) -> list[SheetRow]:
+    """The first ``n`` samples of a run (a folder or URL) whose original picture still loads;
+    ``ValueError`` on a sample that cannot be read."""
     rows: list[SheetRow] = []
-    for jpg, meta in shard_samples(out_dir):
+    for sample in iter_samples(out_dir):
         if len(rows) >= n:
             break
-        record = records.get(meta["image_id"])
-        if record is None:
+        meta, jpg = sample.meta, sample.jpg
+        record = records.get(meta.image_id)
+        if record is None or jpg is None:
             continue
         try:
             original = load_record_image(record, 1 << 40)
@@ -79,7 +65,7 @@ def sheet_rows(out_dir: Path, records: Mapping[str, ImageRecord], n: int) -> lis
             continue
         # Boxes are in annotation pixels; scale to the decoded picture if they differ.
         sx, sy = box_scale(record, original)
-        boxes = tuple((x * sx, y * sy, w * sx, h * sy) for x, y, w, h in meta["mask_boxes"])
+        boxes = tuple((x * sx, y * sy, w * sx, h * sy) for x, y, w, h in meta.mask_boxes)
         edited = np.asarray(Image.open(io.BytesIO(jpg)).convert("RGB"))
         rows.append(SheetRow(original, edited, boxes, meta))
     return rows
@@ -92,11 +78,11 @@ def contact_sheet(examples: Sequence[SheetRow], path: Path) -> Path:
     font = ImageFont.load_default(size=14)
     rows = []
     for ex in examples:
-        meta, plan = ex.meta, ex.meta["plan"]
+        meta, plan = ex.meta, ex.meta.plan
         before, after = _tile(ex.original, ex.boxes), _tile(ex.edited)
-        lines = [f"[{meta['image_id']}] removed: {', '.join(plan['removed'])} ({plan['kind']})"]
-        lines += textwrap.wrap(f"before: {meta['original_caption']}", 80)[:2]
-        lines += textwrap.wrap(f"after:  {meta['caption']}", 80)[:2]
+        lines = [f"[{meta.image_id}] removed: {', '.join(plan.removed)} ({plan.kind})"]
+        lines += textwrap.wrap(f"before: {meta.original_caption}", 80)[:2]
+        lines += textwrap.wrap(f"after:  {meta.caption}", 80)[:2]
         rows.append((before, after, lines))
     width = 2 * _TILE + 3 * _GAP
     height = _GAP + sum(max(b.height, a.height) + 17 * len(t) + 2 * _GAP for b, a, t in rows)

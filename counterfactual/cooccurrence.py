@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import tarfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from counterfactual.records import ImageRecord
+from counterfactual.samples import iter_samples, shard_paths
 
 MEASURES = ("pmi", "frequency")
 DPI = 100
@@ -108,6 +108,17 @@ class CooccurrenceStats:
         presence = np.zeros((len(records), len(names)), dtype=bool)
         presence[owner[keep], code[keep]] = True
         return cls(names, _cooccurrence(presence), len(records))
+
+    @classmethod
+    def streamed(cls, records: Iterable[ImageRecord], chunk: int = 4096) -> CooccurrenceStats:
+        """:meth:`from_records` over a stream, a chunk at a time (only counts are kept)."""
+        total = cls((), np.zeros((0, 0), dtype=np.int64), 0)
+        batch: list[ImageRecord] = []
+        for record in records:
+            batch.append(record)
+            if len(batch) == chunk:
+                total, batch = total.combined(cls.from_records(batch)), []
+        return total.combined(cls.from_records(batch)) if batch else total
 
     @property
     def index(self) -> dict[str, int]:
@@ -200,33 +211,24 @@ def _cooccurrence(presence: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
 
 
 def synthetic_class_sets(out_dir: str | Path) -> tuple[list[frozenset[str]], int]:
-    """The images of a run's shards (``shard-*.tar`` in ``out_dir``) as class sets, and the
-    number of samples read.
+    """The images of a run's committed shards (:func:`counterfactual.samples.shard_paths` of
+    ``out_dir``, a folder or URL) as class sets, and the number of samples read.
 
     Each synthetic image contains the kept classes of its plan (``plan.kept`` of the sample's
     ``json``). A plan written with several captions is one image: samples are deduplicated by
     source image and removed classes, as the evaluation queries are. Raises ``ValueError`` on a
-    sample whose ``json`` has no plan, and ``FileNotFoundError`` when there are no shards.
+    sample whose ``json`` is not a sample's (no plan), and ``FileNotFoundError`` when there are
+    no committed shards. Pictures are not read.
     """
-    shards = sorted(Path(out_dir).glob("shard-*.tar"))
+    shards = shard_paths(out_dir)
     if not shards:
-        raise FileNotFoundError(f"no shard-*.tar in {out_dir}")
+        raise FileNotFoundError(f"no shard-*.tar with its _stats.json (committed) in {out_dir}")
     seen: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
     samples = 0
-    for shard in shards:
-        with tarfile.open(shard) as tar:
-            for member in tar:
-                if not member.name.endswith(".json") or (data := tar.extractfile(member)) is None:
-                    continue
-                samples += 1
-                try:
-                    meta = json.loads(data.read())
-                    plan = meta["plan"]
-                    key = (str(meta["image_id"]), tuple(plan["removed"]))
-                    kept = frozenset(str(c) for c in plan["kept"])
-                except (KeyError, TypeError, ValueError) as err:
-                    raise ValueError(f"{shard}: {member.name} has no plan: {err}") from err
-                seen.setdefault(key, kept)
+    for row in iter_samples(shards, images=False):
+        samples += 1
+        plan = row.meta.plan
+        seen.setdefault((row.meta.image_id, plan.removed), frozenset(plan.kept))
     return list(seen.values()), samples
 
 

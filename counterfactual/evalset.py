@@ -7,7 +7,7 @@
   :func:`corpus_from_records` takes any reader's records (the demo).
 - :class:`Query`: one synthetic sample from our shards (made from the test split by
   ``counterfactual synth``): its image, and the classes removed from and kept in it.
-  :func:`read_queries` reads them back from the shards with the ``webdataset`` loader.
+  :func:`read_queries` reads them back from the shards (:mod:`counterfactual.samples`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from PIL import Image
 
 from counterfactual.imageio import SampleError, decode_rgb, load_rgb, resolve_inside
 from counterfactual.records import ImageRecord, Status
+from counterfactual.samples import BAD_SHARD, read_samples
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,46 +177,44 @@ class Query:
     original_caption: str
 
 
-def read_queries(shards: Sequence[str]) -> tuple[list[Query], list[Status]]:
-    """The samples of ``shards`` as queries, in shard order, deduplicated by image: one query
-    per (source image, removed classes) pair, the first caption's sample (a plan yields one
-    sample per caption, all with the same image). Samples that cannot be used come back as
-    ``Status`` rows (``decode-error``, ``bad-metadata``) rather than raising."""
-    import webdataset as wds
-
+def read_queries(shards: Sequence[str | Path]) -> tuple[list[Query], list[Status]]:
+    """The samples of ``shards`` (paths or URLs) as queries, in shard order, deduplicated by
+    image: one query per (source image, removed classes) pair, the first caption's sample (a plan
+    yields one sample per caption, all with the same image). Samples that cannot be used come
+    back as ``Status`` rows (``decode-error``, ``bad-metadata``: not a
+    :class:`~counterfactual.samples.SampleMeta`) rather than raising; a shard that cannot be read
+    raises ``ValueError``. Read with :func:`counterfactual.samples.read_samples`."""
     queries: list[Query] = []
     problems: list[Status] = []
     seen: set[tuple[str, tuple[str, ...]]] = set()
-    for sample in wds.WebDataset(list(shards), shardshuffle=False, empty_check=False):
-        key = str(sample.get("__key__"))
-        try:
-            meta = json.loads(sample["json"])
-            plan = meta["plan"]
-            removed = tuple(plan["removed"])
-            kept = tuple(plan["kept"])
-            image_id = str(meta["image_id"])
-        except (KeyError, TypeError, ValueError) as err:
-            detail = f"{type(err).__name__}: {err}"
-            problems.append(Status(key, "failed", "bad-metadata", detail, key=key))
+    for sample in read_samples(list(shards)):
+        if isinstance(sample, Status):
+            if sample.reason == BAD_SHARD:
+                raise ValueError(f"cannot read queries: {sample.detail}")
+            problems.append(sample)
             continue
-        if (image_id, removed) in seen:
+        meta, key = sample.meta, sample.key
+        removed = meta.plan.removed
+        if (meta.image_id, removed) in seen:
             continue
         try:
-            image = Image.fromarray(decode_rgb(sample["jpg"]))
-        except (KeyError, SampleError) as err:
-            problems.append(Status(image_id, "failed", "decode-error", str(err), key=key))
+            if sample.jpg is None:
+                raise SampleError("decode-error", f"{key} has no jpg member")
+            image = Image.fromarray(decode_rgb(sample.jpg))
+        except SampleError as err:
+            problems.append(Status(meta.image_id, "failed", "decode-error", str(err), key=key))
             continue
-        seen.add((image_id, removed))
+        seen.add((meta.image_id, removed))
         queries.append(
             Query(
                 key,
                 image,
-                image_id,
-                meta.get("split"),
+                meta.image_id,
+                meta.split,
                 removed,
-                kept,
-                str(meta.get("caption", "")),
-                str(meta.get("original_caption", "")),
+                meta.plan.kept,
+                meta.caption,
+                meta.original_caption,
             )
         )
     return queries, problems

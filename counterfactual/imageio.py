@@ -1,5 +1,8 @@
 """Decode and encode pictures. Decoding is strict: every problem becomes a
-:class:`SampleError` with a reason for the status record, never a crash."""
+:class:`SampleError` with a reason for the status record, never a crash.
+
+Pictures may lie in a local folder or under a URL (``s3://bucket/images``, see
+:mod:`counterfactual.fs`); a missing object is the same ``missing-file`` as a missing file."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from typing import BinaryIO
 import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from counterfactual import fs
+from counterfactual.readers import safe_relative_path
 
 DEFAULT_MAX_PIXELS = 100_000_000
 
@@ -24,21 +30,45 @@ class SampleError(Exception):
         self.detail = detail
 
 
-def resolve_inside(root: Path, relative: str) -> Path:
-    """``root / relative``, refusing anything that resolves outside ``root`` (symlinks too)."""
-    base = root.resolve()
+def resolve_inside(root: Path | str, relative: str) -> Path | str:
+    """``root / relative``, refusing anything that resolves outside ``root`` (symlinks too).
+
+    For a URL ``root`` (``s3://bucket/images``) the result is the URL ``root/relative``; an
+    object store has no symlinks, so ``relative`` is only checked to be a plain relative path
+    (not absolute, no ``..``, no drive or scheme).
+    """
+    if fs.is_url(root):
+        safe = safe_relative_path(relative)
+        if safe is None or safe in (".", ""):
+            raise SampleError("unsafe-path", relative)
+        joined = fs.join(root, safe)
+        assert isinstance(joined, str)
+        return joined
+    base = Path(fs.as_path(root)).resolve()
     path = (base / relative).resolve()
     if base != path and base not in path.parents:
         raise SampleError("unsafe-path", relative)
     return path
 
 
-def load_rgb(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """The picture at ``path`` as (H, W, 3) uint8 RGB, upright per its EXIF orientation.
+def load_rgb(path: Path | str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """The picture at ``path`` (a local path or a URL) as (H, W, 3) uint8 RGB, upright per its
+    EXIF orientation.
 
     Grayscale, palette, CMYK and alpha images are converted to RGB. Pictures of more than
-    ``max_pixels`` pixels are refused before decoding (decompression bombs).
+    ``max_pixels`` pixels are refused before decoding (decompression bombs). A missing file or
+    object is ``missing-file``; an object that cannot be read is ``unreadable``.
     """
+    if fs.is_url(path):
+        try:
+            with fs.open_file(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError as err:
+            raise SampleError("missing-file", fs.name(path)) from err
+        except OSError as err:
+            raise SampleError("unreadable", f"{fs.name(path)}: {err}") from err
+        return _open_rgb(io.BytesIO(data), max_pixels, fs.name(path))
+    path = Path(fs.as_path(path))
     if not path.is_file():
         raise SampleError("missing-file", str(path.name))
     return _open_rgb(path, max_pixels)
@@ -49,7 +79,7 @@ def decode_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     return _open_rgb(io.BytesIO(data), max_pixels)
 
 
-def _open_rgb(source: Path | BinaryIO, max_pixels: int) -> np.ndarray:
+def _open_rgb(source: Path | BinaryIO, max_pixels: int, name: str = "") -> np.ndarray:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -62,8 +92,9 @@ def _open_rgb(source: Path | BinaryIO, max_pixels: int) -> np.ndarray:
     except SampleError:
         raise
     except UnidentifiedImageError as err:  # PIL's message holds the BytesIO's address
-        name = f": {source.name}" if isinstance(source, Path) else ""
-        raise SampleError("decode-error", f"not a picture format PIL reads{name}") from err
+        name = source.name if isinstance(source, Path) else name
+        where = f": {name}" if name else ""
+        raise SampleError("decode-error", f"not a picture format PIL reads{where}") from err
     except Image.DecompressionBombError as err:
         raise SampleError("decode-error", str(err)) from err
     except Image.DecompressionBombWarning as err:

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from braceexpand import braceexpand
 
+from counterfactual import fs
 from counterfactual.readers.corpus import member_key_field
+from counterfactual.samples import shard_paths
 
 if TYPE_CHECKING:
     import webdataset as wds
@@ -43,7 +45,8 @@ _COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")
 
 def expand_shards(spec: ShardSpec) -> list[str]:
     """The shard paths named by ``spec``, in the order given; within a glob or a directory
-    (all ``*.tar`` in it) sorted by name.
+    (all ``*.tar`` in it; in a synth run folder its committed shards only, see
+    :func:`counterfactual.samples.shard_paths`) sorted by name.
 
     Raises ``ValueError`` naming the spec when a part matches nothing, names a missing file, or
     when one shard is listed twice (it would be counted twice).
@@ -76,7 +79,9 @@ def _expand_part(part: str, spec: str) -> list[str]:
                 raise ValueError(f"shard spec {spec!r}: nothing matches {path}")
             found += matches
         elif os.path.isdir(path):
-            matches = sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))
+            # a synth run folder: its committed shards (an unfinished one is redone by a rerun)
+            ours = [os.path.join(path, fs.name(p)) for p in shard_paths(path)]
+            matches = ours or sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))
             if not matches:
                 raise ValueError(f"shard spec {spec!r}: no *.tar in directory {path}")
             found += matches

@@ -100,7 +100,9 @@ class ImageRecord:
     """One image with its objects and captions.
 
     ``file`` is the path of the image relative to ``root`` (never absolute in a dataset);
-    ``width``/``height`` are the annotated size, which the runner checks against the pixels.
+    ``root`` is a local folder (``Path``) or a URL (``str``, e.g. ``"s3://bucket/images"``, read
+    through :mod:`counterfactual.fs`); ``width``/``height`` are the annotated size, which the
+    runner checks against the pixels.
 
     A corpus without boxes (WebDataset, Parquet, CSV) has no ``objects`` and ``width`` =
     ``height`` = 0 (unknown until decoded; a detector supplies the objects). When its pictures
@@ -114,7 +116,7 @@ class ImageRecord:
     height: int
     objects: tuple[ObjectAnnotation, ...]
     captions: tuple[Caption, ...]
-    root: Path | None = None
+    root: Path | str | None = None
     split: str | None = None
     dataset: str = ""
     source: ImageSource | None = None

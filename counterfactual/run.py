@@ -1,21 +1,20 @@
-"""A run on disk: which item goes into which shard, what a rerun may skip, what is recorded.
+"""A run on disk (a local folder or an fsspec URL): what a rerun may skip, what is recorded.
 
-Before any pixel is touched, :func:`layout` plans every record and numbers the work items;
-shard ``i`` holds items ``[i * S, (i + 1) * S)`` for ``S = samples_per_shard``, so every shard but
-the last holds ``S`` items, each written as a sample or listed with the reason it is not. The
-layout depends only on the records and the config, so a rerun finds the same shards.
-
-:func:`prepare_run` writes ``run.json`` (the config and layout fingerprint) on the first run and
-refuses a rerun with another config; it lists the committed shards (their stats file exists) and
-removes unfinished temporary files. :func:`finish_run` writes ``status.jsonl`` (every input
-image and every item, with reasons) and ``manifest.json`` (config, package versions, git
-revision, counts, timings and, when samples were verified, a summary of the verdicts). Both
-runners, in-process and Ray, go through these two functions.
+The input is cut into shard tasks (:mod:`counterfactual.tasks`); workers make and commit the
+shards. The driver only streams tasks out and counts back, so it holds O(shards), not
+O(samples). :func:`run_shards` is the driver's loop, shared by both runners, which differ only
+in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), writes
+``run.json`` (the config fingerprint and format) on the first run and refuses a rerun with
+another config, finds the committed shards (their stats file exists; a rerun over other input
+is refused shard by shard) and removes unfinished temporary files. :func:`finish_run` streams
+``status.jsonl`` (every input image and every item, with reasons) together from the reader's
+failures and the shards' stats files, and writes ``manifest.json`` (config, data spec,
+package versions, git revision, counts, items per node, timings, the history of every run into
+this OUT and, when samples were verified, a summary of the verdicts).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import subprocess
@@ -23,23 +22,26 @@ import sys
 import tarfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
-from counterfactual.cooccurrence import CooccurrenceStats
-from counterfactual.records import ImageRecord, Status
-from counterfactual.shards import ShardAssembler, ShardStats, read_stats, shard_name
-from counterfactual.stages import Done, Job
-from counterfactual.synth import SynthConfig, WorkItem, plan
+from counterfactual import fs
+from counterfactual.progress import Progress
+from counterfactual.records import Status
+from counterfactual.runlock import RunLock
+from counterfactual.shards import read_stats, shard_name
+from counterfactual.synth import SynthConfig
+from counterfactual.tasks import RunInput, ShardDone, ShardTask, shard_tasks
 from counterfactual.verify import VerifySummary
 
 RUN_FILE = "run.json"
 STATUS_FILE = "status.jsonl"
 MANIFEST_FILE = "manifest.json"
+RUN_FORMAT = 2
+"""Shards are pieces of the input (format 1, before 0.2, numbered planned items instead)."""
 PACKAGES = (
     "counterfactual",
     "numpy",
@@ -56,107 +58,55 @@ PACKAGES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Every work item of a run in output order, the status of each input image that yields
-    none (reader failures, records with no removable class, ...) and of each valid plan the
-    policy did not draw."""
-
-    items: tuple[WorkItem, ...]
-    skipped: tuple[Status, ...]
-    images: int
-    samples_per_shard: int
-
-    @property
-    def shards(self) -> int:
-        return -(-len(self.items) // self.samples_per_shard)
-
-    def shard_sizes(self, shards: Iterable[int] | None = None) -> dict[int, int]:
-        s, n = self.samples_per_shard, len(self.items)
-        return {i: min(s, n - i * s) for i in (range(self.shards) if shards is None else shards)}
-
-    def jobs(self, shards: Iterable[int]) -> Iterator[Job]:
-        """Fresh jobs for the items of the given shards, in output order."""
-        s = self.samples_per_shard
-        for i in shards:
-            for index, item in enumerate(self.items[i * s : (i + 1) * s]):
-                yield Job(i, index, item)
-
-    def fingerprint(self) -> str:
-        h = hashlib.blake2b(digest_size=16)
-        h.update(f"{self.samples_per_shard}:{self.images}".encode())
-        for item in self.items:
-            h.update(item.key.encode() + b"\n")
-        return h.hexdigest()
-
-
-def layout(
-    records: Iterable[ImageRecord],
-    config: SynthConfig,
-    failures: Sequence[Status] = (),
-    chunk: int = 4096,
-) -> Layout:
-    """Plan ``records`` (consumed in chunks) into a :class:`Layout`."""
-    items: list[WorkItem] = []
-    skipped: list[Status] = list(failures)
-    images = len(failures)
-    batch: list[ImageRecord] = []
-    stats = None
-    if config.selection.policy == "spurious":  # PMI over the whole dataset, not per chunk
-        records = list(records)
-        stats = CooccurrenceStats.from_records(records)
-
-    def flush() -> None:
-        for planned in plan(batch, config, not_drawn=skipped, stats=stats):
-            if isinstance(planned, Status):
-                skipped.append(planned)
-            else:
-                items.extend(planned)
-        batch.clear()
-
-    for record in records:
-        batch.append(record)
-        images += 1
-        if len(batch) == chunk:
-            flush()
-    flush()
-    keys = Counter(item.key for item in items)
-    if dupes := [k for k, n in keys.items() if n > 1]:
-        raise ValueError(f"duplicate sample keys (repeated image ids?): {dupes[:5]}")
-    return Layout(tuple(items), tuple(skipped), images, config.samples_per_shard)
-
 
 @dataclass
 class RunPlan:
-    """What a run has to do: the layout, the shards already committed and those to make."""
+    """What a run has to do: its folder, config, and the shards already committed there."""
 
-    out_dir: Path
+    out_dir: fs.PathLike
     config: SynthConfig
-    layout: Layout
-    done: dict[int, ShardStats]
-    todo: list[int]
+    committed: dict[int, ShardDone]
     started: float = field(default_factory=time.time)
 
-    def todo_sizes(self) -> dict[int, int]:
-        return self.layout.shard_sizes(self.todo)
+    def todo(
+        self,
+        tasks: Iterable[ShardTask],
+        seen: list[int],
+        on_resumed: Callable[[ShardDone], None] | None = None,
+    ) -> Iterator[ShardTask]:
+        """The tasks whose shards are not committed; ``seen`` collects every task index,
+        ``on_resumed`` hears of each committed one. ``ValueError`` when a committed shard was
+        made from other input."""
+        for task in tasks:
+            seen.append(task.index)
+            done = self.committed.get(task.index)
+            if done is None:
+                yield task
+                continue
+            if done.input != task.input:
+                raise ValueError(
+                    f"{fs.join(self.out_dir, shard_name('shard', task.index))} was made from "
+                    "other input than this run reads (another dataset, split, limit or file); "
+                    "use another --out, or delete the folder to start over"
+                )
+            if on_resumed is not None:
+                on_resumed(done)
 
-    def jobs(self) -> Iterator[Job]:
-        return self.layout.jobs(self.todo)
 
-
-def prepare_run(out_dir: Path, layout_: Layout, config: SynthConfig) -> RunPlan:
-    """Check ``out_dir`` against this run and find what is left to do (see the module doc)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    identity = {
-        "config": config.fingerprint(),
-        "layout": layout_.fingerprint(),
-        "items": len(layout_.items),
-        "shards": layout_.shards,
-    }
-    run_file = out_dir / RUN_FILE
-    if run_file.exists():
-        previous = json.loads(run_file.read_text(encoding="utf-8"))
+def prepare_run(out_dir: fs.PathLike, config: SynthConfig) -> RunPlan:
+    """Check ``out_dir`` against this run and find what is left to do (see the module doc).
+    The caller holds the OUT's lock, so unfinished temporary files are nobody's."""
+    out_dir = fs.as_path(out_dir)
+    fs.makedirs(out_dir)
+    identity = {"format": RUN_FORMAT, "config": config.fingerprint()}
+    run_file = fs.join(out_dir, RUN_FILE)
+    if fs.exists(run_file):
+        previous = json.loads(fs.read_text(run_file))
+        if previous.get("format") != RUN_FORMAT:
+            raise ValueError(
+                f"{out_dir} holds a run of an earlier version of counterfactual, whose shards "
+                "hold other images; use another --out, or delete the folder to start over"
+            )
         if previous != json.loads(json.dumps(identity)):
             changed = sorted(k for k in identity if previous.get(k) != identity[k])
             raise ValueError(
@@ -164,18 +114,63 @@ def prepare_run(out_dir: Path, layout_: Layout, config: SynthConfig) -> RunPlan:
                 "mix two runs. Use another --out, or delete the folder to start over"
             )
     else:
-        run_file.write_text(json.dumps(identity, indent=1), encoding="utf-8")
-    for tmp in out_dir.glob("*.tmp"):
-        tmp.unlink()
-    done = {i: s for i, s in read_stats(out_dir).items() if i < layout_.shards}
-    todo = [i for i in range(layout_.shards) if i not in done]
-    return RunPlan(out_dir, config, layout_, done, todo)
+        fs.write_text(run_file, json.dumps(identity, indent=1))
+    for name in fs.listdir(out_dir):
+        if name.endswith(fs.TMP_SUFFIX):
+            fs.remove(fs.join(out_dir, name))
+    committed = {i: ShardDone.of(i, s) for i, s in read_stats(out_dir).items()}
+    return RunPlan(out_dir, config, committed)
+
+
+Execute = Callable[[Iterator[ShardTask]], Iterable[ShardDone]]
+"""How a runner executes tasks: takes them lazily, yields each shard's counts when it is done
+(in any order)."""
+
+
+def run_shards(
+    inputs: RunInput,
+    out_dir: fs.PathLike,
+    config: SynthConfig,
+    execute: Execute,
+    runner: str,
+    on_shard: Callable[[ShardDone], None] | None = None,
+    progress: Progress | None = None,
+    extra: Callable[[], dict[str, Any]] | None = None,
+) -> RunResult:
+    """The driver's loop: tasks out, counts back, records at the end (see the module doc).
+
+    Holds ``OUT/run.lock`` for the length of the run (:class:`~counterfactual.runlock.RunLock`:
+    a second run into the same OUT is refused while this one lives). ``on_shard`` hears of every
+    shard made by this run, ``progress`` counts every shard, resumed ones included.
+    """
+    out_dir = fs.as_path(out_dir)
+    with RunLock(out_dir, runner=runner) as lock:
+        if lock.message:
+            print(lock.message, file=sys.stderr)
+        run = prepare_run(out_dir, config)
+        seen: list[int] = []
+        finished: dict[int, ShardDone] = {}
+        if progress is not None and inputs.failures:
+            progress.update(items=len(inputs.failures), failed=len(inputs.failures))
+
+        def count(done: ShardDone) -> None:
+            lock.heartbeat_if_due()
+            if progress is not None:
+                progress.update(shards=1, items=done.images, **done.outcomes())
+
+        for done in execute(run.todo(shard_tasks(inputs, config), seen, count)):
+            finished[done.index] = done
+            count(done)
+            if on_shard is not None:
+                on_shard(done)
+        if progress is not None:
+            progress.close()
+        return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
 
 
 @dataclass
 class RunResult:
-    out_dir: Path
-    statuses: list[Status]
+    out_dir: fs.PathLike
     shards: list[str]
     resumed: int
     seconds: float
@@ -183,103 +178,156 @@ class RunResult:
     images: int
     items_run: int
     """Items processed by this run (not counting shards committed by an earlier one)."""
+    status_counts: dict[str, int]
+    items: int
+    """Work items of the whole run (a plan with a caption; images that yield none are not)."""
+    items_per_node: dict[str, int] = field(default_factory=dict)
     verify: dict[str, Any] | None = None
     """:meth:`VerifySummary.to_dict` over every shard, when verification was on."""
 
     def counts(self) -> dict[str, int]:
-        c = Counter(f"{s.status}:{s.reason}" if s.reason else s.status for s in self.statuses)
-        return dict(sorted(c.items()))
+        return dict(sorted(self.status_counts.items()))
 
     @property
     def written(self) -> int:
-        return sum(s.status == "written" for s in self.statuses)
+        return self.status_counts.get("written", 0)
+
+    @property
+    def statuses(self) -> list[Status]:
+        """Every row of ``status.jsonl``, read back from the run's folder."""
+        return list(read_status(self.out_dir))
 
 
 def finish_run(
     run: RunPlan,
-    committed: dict[int, ShardStats],
+    shards: int,
+    finished: dict[int, ShardDone],
+    inputs: RunInput,
     runner: str,
     extra: dict[str, Any] | None = None,
 ) -> RunResult:
     """Write ``status.jsonl`` and ``manifest.json``; raise if a planned shard is missing."""
-    stats = {**run.done, **committed}
-    missing = [i for i in range(run.layout.shards) if i not in stats]
+    committed = read_stats(run.out_dir)
+    missing = [i for i in range(shards) if i not in committed]
     if missing:
         raise RuntimeError(
             f"{len(missing)} shards were not finished ({shard_name('shard', missing[0])}, ...); "
             "rerun the same command to finish them"
         )
-    statuses = list(run.layout.skipped)
-    for i in range(run.layout.shards):
-        statuses.extend(stats[i].status)
-    write_status(run.out_dir / STATUS_FILE, statuses)
+    counts: Counter[str] = Counter()
+    images, items = len(inputs.failures), 0
+
+    def rows() -> Iterator[Status]:
+        nonlocal images, items
+        yield from inputs.failures
+        for i in range(shards):
+            stats = committed.pop(i)  # free each shard's rows once written
+            images, items = images + stats.images, items + stats.items
+            yield from stats.status
+
+    with fs.atomic_write(fs.join(run.out_dir, STATUS_FILE)) as fh:
+        for s in rows():
+            counts[f"{s.status}:{s.reason}" if s.reason else s.status] += 1
+            fh.write((json.dumps(asdict(s), ensure_ascii=False) + "\n").encode("utf-8"))
     stage_seconds: Counter[str] = Counter()
-    for i in committed:
-        stage_seconds.update(committed[i].seconds)
+    per_node: Counter[str] = Counter()
+    for done in finished.values():
+        stage_seconds.update(done.seconds)
+        per_node[done.node or "local"] += done.items
     seconds = time.time() - run.started
+    names = [shard_name("shard", i) for i in range(shards)]
     result = RunResult(
         run.out_dir,
-        statuses,
-        [stats[i].shard for i in range(run.layout.shards)],
-        len(run.done),
+        names,
+        shards - len(finished),
         seconds,
         dict(stage_seconds),
-        run.layout.images,
-        sum(committed[i].items for i in committed),
+        images,
+        sum(d.items for d in finished.values()),
+        dict(counts),
+        items,
+        dict(per_node),
     )
     if run.config.verify.enabled:
-        result.verify = verify_summary(run.out_dir, result.shards, statuses)
+        result.verify = verify_summary(run.out_dir, names, counts)
+    write_manifest(run, result, inputs, runner, extra)
+    return result
+
+
+def write_manifest(
+    run: RunPlan, result: RunResult, inputs: RunInput, runner: str, extra: dict[str, Any] | None
+) -> None:
+    """``manifest.json``: this run at the top, every run into this OUT under ``runs``."""
+    path = fs.join(run.out_dir, MANIFEST_FILE)
+    history: list[dict[str, Any]] = []
+    if fs.exists(path):
+        try:
+            history = list(json.loads(fs.read_text(path)).get("runs", []))
+        except (ValueError, AttributeError):
+            history = []
+    started = datetime.fromtimestamp(run.started, UTC).isoformat(timespec="seconds")
+    this = {
+        "runner": runner,
+        "started": started,
+        "seconds": round(result.seconds, 3),
+        "command": sys.argv,
+        "shards_run": len(result.shards) - result.resumed,
+        "items_run": result.items_run,
+        "items_per_node": result.items_per_node,
+    }
     manifest = {
         "runner": runner,
         "command": sys.argv,
-        "started": datetime.fromtimestamp(run.started, UTC).isoformat(timespec="seconds"),
-        "seconds": round(seconds, 3),
-        "images": run.layout.images,
-        "items": len(run.layout.items),
+        "started": started,
+        "seconds": round(result.seconds, 3),
+        "images": result.images,
+        "items": result.items,
         "samples": result.written,
         "shards": len(result.shards),
         "shards_resumed": result.resumed,
-        "samples_per_shard": run.config.samples_per_shard,
+        "images_per_shard": run.config.images_per_shard,
+        "items_per_node": result.items_per_node,
         "counts": result.counts(),
         "stages": stage_table(result),
         **({"verify": result.verify} if result.verify is not None else {}),
+        "data": inputs.spec,
         "config": run.config.to_dict(),
         "versions": package_versions(),
         "python": platform.python_version(),
         "git_revision": git_revision(),
+        "runs": [*history, this],
         **(extra or {}),
     }
     text = json.dumps(manifest, indent=1, default=str, ensure_ascii=False)
-    (run.out_dir / MANIFEST_FILE).write_text(text, encoding="utf-8")
-    return result
+    fs.write_text(path, text)
 
 
-def verify_summary(out_dir: Path, shards: Iterable[str], statuses: Iterable[Status]) -> dict:
+def read_status(out_dir: fs.PathLike) -> Iterator[Status]:
+    """The rows of a run's ``status.jsonl``, streamed."""
+    with fs.open_file(fs.join(out_dir, STATUS_FILE), "rb") as fh:
+        for line in fh:
+            if line.strip():
+                yield Status(**json.loads(line))
+
+
+def verify_summary(out_dir: fs.PathLike, shards: Iterable[str], counts: Counter[str]) -> dict:
     """The verdicts stored in the shards' json (only those members are read; tar headers let
     the JPEGs be skipped) and the samples dropped with a ``verify-*`` reason."""
     summary = VerifySummary()
     for name in shards:
-        with tarfile.open(Path(out_dir) / name, "r:") as tar:
+        with fs.open_file(fs.join(out_dir, name), "rb") as raw, tarfile.open(
+            fileobj=raw, mode="r:"
+        ) as tar:
             for member in tar:
                 if not member.name.endswith(".json"):
                     continue
                 fh = tar.extractfile(member)
                 if fh is not None and "verify" in (meta := json.loads(fh.read())):
                     summary.add(meta["verify"])
-    for s in statuses:
-        if s.status == "failed" and (s.reason or "").startswith("verify-"):
-            summary.dropped[s.reason or ""] += 1
+    for name, n in counts.items():
+        if name.startswith("failed:verify-"):
+            summary.dropped[name.split(":", 1)[1]] += n
     return summary.to_dict()
-
-
-def deliver(assembler: ShardAssembler, finished: Iterable[Done]) -> list[ShardStats]:
-    """Hand finished jobs to the writer; return the shards they completed."""
-    done = []
-    for d in finished:
-        stats = assembler.add(d.shard, d.index, d.sample, d.status, d.seconds)
-        if stats is not None:
-            done.append(stats)
-    return done
 
 
 def stage_table(result: RunResult) -> dict[str, dict[str, float]]:
@@ -316,14 +364,6 @@ def summary_table(result: RunResult) -> str:
     return "\n".join(lines)
 
 
-def write_status(path: Path, statuses: Iterable[Status]) -> None:
-    tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for s in statuses:
-            fh.write(json.dumps(asdict(s), ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
 def package_versions() -> dict[str, str]:
     out = {}
     for name in PACKAGES:
@@ -337,6 +377,8 @@ def package_versions() -> dict[str, str]:
 def git_revision() -> str | None:
     """The commit of the source this package runs from, ``+dirty`` with local changes; ``None``
     outside a git checkout (an installed wheel)."""
+    from pathlib import Path
+
     here = Path(__file__).resolve().parent.parent
     if not (here / ".git").exists():
         return None

@@ -26,22 +26,31 @@ import math
 import os
 import random
 import re
-import tarfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from counterfactual import fs
 from counterfactual.imageio import DEFAULT_MAX_PIXELS, SampleError, resolve_inside
 from counterfactual.jsonl import json_objects
 from counterfactual.masks import box_mask, dilate
-from counterfactual.records import ImageRecord, Status, source_from_dict
+from counterfactual.records import ImageRecord, Status
 from counterfactual.run import MANIFEST_FILE, STATUS_FILE
+from counterfactual.samples import (
+    BAD_SHARD,
+    SampleMeta,
+    SampleRow,
+    VerifyMeta,
+    read_member,
+    read_shard,
+    shard_paths,
+)
 from counterfactual.shards import read_stats
 from counterfactual.synth import box_scale, load_record_image
 
@@ -69,7 +78,7 @@ class SampleRef:
     whole json (keys as :func:`counterfactual.stages.sample_meta` writes them, maybe
     ``verify``) is read again by :meth:`load_meta` for the few samples shown."""
 
-    shard: Path
+    shard: str | Path
     key: str
     image_id: str
     target: str
@@ -84,9 +93,27 @@ class SampleRef:
     json_at: tuple[int, int] | None = None
 
     @classmethod
+    def from_row(cls, row: SampleRow) -> SampleRef:
+        """The reference to a sample read by :func:`counterfactual.samples.read_shard`."""
+        m, plan = row.meta, row.meta.plan
+        return cls(
+            row.shard,
+            m.key,
+            m.image_id,
+            plan.target or (plan.removed[0] if plan.removed else "?"),
+            plan.removed,
+            method_label(m.image_method),
+            method_label(m.text_method),
+            None if m.verify is None else m.verify.passed,
+            () if m.verify is None else m.verify.failed,
+            row.jpg_at,
+            row.json_at,
+        )
+
+    @classmethod
     def from_meta(
         cls,
-        shard: Path,
+        shard: str | Path,
         meta: Mapping[str, Any],
         jpg: tuple[int, int] | None = None,
         json_at: tuple[int, int] | None = None,
@@ -108,19 +135,19 @@ class SampleRef:
             json_at,
         )
 
-    def load_meta(self) -> dict[str, Any]:
+    def load_meta(self) -> SampleMeta:
+        """The sample's json, read again from the shard; ``ValueError`` when it is not a
+        sample's or this reference was not read from a shard."""
         data = self._read(self.json_at)
-        return {} if data is None else json.loads(data)
+        if data is None:
+            raise ValueError(f"sample {self.key}: no json member known in {self.shard}")
+        return SampleMeta.from_json(data)
 
     def read_jpg(self) -> bytes | None:
         return self._read(self.jpg)
 
     def _read(self, at: tuple[int, int] | None) -> bytes | None:
-        if at is None:
-            return None
-        with open(self.shard, "rb") as fh:
-            fh.seek(at[0])
-            return fh.read(at[1])
+        return None if at is None else read_member(self.shard, at)
 
 
 def method_label(described: Any) -> str:
@@ -176,7 +203,8 @@ def read_run(out_dir: Path, workers: int | None = None) -> RunIndex:
                 "are not counted"
             )
     samples: list[SampleRef] = []
-    shards = sorted(out_dir.glob("shard-*.tar"))
+    unreadable: list[Status] = []
+    shards = shard_paths(out_dir)
     workers = min(workers or os.cpu_count() or 1, len(shards))
     if workers > 1 and len(shards) >= _PARALLEL_SHARDS:
         with ProcessPoolExecutor(workers) as pool:
@@ -185,9 +213,15 @@ def read_run(out_dir: Path, workers: int | None = None) -> RunIndex:
         found = [_shard_samples(shard) for shard in shards]
     for shard, refs in zip(shards, found, strict=True):
         if isinstance(refs, str):
-            notes.append(f"{shard.name} could not be read: {refs}")
+            notes.append(f"{fs.name(shard)} could not be read: {refs}")
         else:
-            samples.extend(refs)
+            samples.extend(refs[0])
+            unreadable.extend(refs[1])
+    if unreadable:
+        notes.append(
+            f"{len(unreadable)} sample{'s' * (len(unreadable) != 1)} left out, the json is not "
+            f"a sample's: {unreadable[0].detail}" + (" ..." if len(unreadable) > 1 else "")
+        )
     if not samples and not statuses and not manifest:
         raise ValueError(
             f"{out_dir} is not a synth run folder (no shard-*.tar, status.jsonl or manifest.json)"
@@ -201,26 +235,19 @@ def read_run(out_dir: Path, workers: int | None = None) -> RunIndex:
     return index
 
 
-def _shard_samples(shard: Path) -> list[SampleRef] | str:
-    """The samples of one shard, or why it cannot be read."""
-    jpgs: dict[str, tuple[int, int]] = {}
+def _shard_samples(shard: str | Path) -> tuple[list[SampleRef], list[Status]] | str:
+    """The samples of one shard (pictures not read) and those whose json is not a sample's,
+    or why the shard cannot be read."""
     refs: list[SampleRef] = []
-    try:
-        with tarfile.open(shard) as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                key, _, ext = member.name.partition(".")
-                at = (member.offset_data, member.size)
-                if ext == "jpg":
-                    jpgs[key] = at
-                elif ext == "json":
-                    data = tar.extractfile(member)
-                    if data is not None:
-                        refs.append(SampleRef.from_meta(shard, json.loads(data.read()), None, at))
-    except (tarfile.TarError, OSError, json.JSONDecodeError) as err:
-        return str(err)
-    return [replace(r, jpg=jpgs.get(r.key)) for r in refs]
+    bad: list[Status] = []
+    for row in read_shard(shard, images=False):
+        if isinstance(row, SampleRow):
+            refs.append(SampleRef.from_row(row))
+        elif row.reason == BAD_SHARD:
+            return row.detail.removeprefix(f"{fs.name(shard)}: ")
+        else:
+            bad.append(row)
+    return refs, bad
 
 
 def stratify(samples: Sequence[SampleRef], n: int = DEFAULT_N, seed: int = 0) -> list[SampleRef]:
@@ -282,16 +309,14 @@ class Originals:
         self.records = records
         self.max_pixels = max_pixels
 
-    def load(self, meta: Mapping[str, Any]) -> Original:
-        boxes = tuple(
-            (float(x), float(y), float(w), float(h)) for x, y, w, h in meta.get("mask_boxes") or ()
-        )
+    def load(self, meta: SampleMeta) -> Original:
+        boxes = tuple((float(x), float(y), float(w), float(h)) for x, y, w, h in meta.mask_boxes)
         record = self._record(meta)
         if record is None:
             if not self.roots:
                 return Original(None, boxes, "original not found: no dataset folder (--root)")
             where = ", ".join(str(r) for r in self.roots)
-            return Original(None, boxes, f"original not found: {meta.get('file')} in {where}")
+            return Original(None, boxes, f"original not found: {meta.file} in {where}")
         try:
             image = load_record_image(record, self.max_pixels)
         except SampleError as err:
@@ -300,18 +325,14 @@ class Originals:
         sx, sy = box_scale(record, image)
         return Original(image, tuple((x * sx, y * sy, w * sx, h * sy) for x, y, w, h in boxes))
 
-    def _record(self, meta: Mapping[str, Any]) -> ImageRecord | None:
-        image_id = str(meta.get("image_id", ""))
+    def _record(self, meta: SampleMeta) -> ImageRecord | None:
+        image_id = meta.image_id
         if self.records is not None:
             return self.records.get(image_id)
-        file = str(meta.get("file", ""))
-        if isinstance(meta.get("source"), Mapping):  # inside a tar or Parquet file of a corpus
-            try:
-                source = source_from_dict(meta["source"])
-            except ValueError:
-                return None
-            return ImageRecord(image_id, file, 0, 0, (), (), source=source)
-        width, height = int(meta.get("width") or 0), int(meta.get("height") or 0)
+        file = meta.file
+        if meta.source is not None:  # inside a tar or Parquet file of a corpus
+            return ImageRecord(image_id, file, 0, 0, (), (), source=meta.source)
+        width, height = meta.width, meta.height
         if not file or width < 1 or height < 1:
             return None
         for root in self.roots:
@@ -483,7 +504,7 @@ def _wrap_plain(text: str, font: Any, width: int) -> list[str]:
 class _Row:
     index: int
     sample: SampleRef
-    meta: dict[str, Any]
+    meta: SampleMeta
     original: Original
     tiles: tuple[Image.Image, Image.Image, Image.Image]
     full: bytes | None
@@ -508,7 +529,7 @@ class _Row:
 
 
 def _render_row(
-    index: int, sample: SampleRef, meta: dict[str, Any], original: Original, manifest: Mapping
+    index: int, sample: SampleRef, meta: SampleMeta, original: Original, manifest: Mapping
 ) -> _Row:
     jpg = sample.read_jpg()
     edited: Image.Image | None = None
@@ -517,8 +538,8 @@ def _render_row(
             edited = Image.open(io.BytesIO(jpg)).convert("RGB")
         except OSError:
             edited = None
-    width = int(meta.get("width") or (edited.width if edited else _TILE))
-    height = int(meta.get("height") or (edited.height if edited else _TILE))
+    width = meta.width or (edited.width if edited else _TILE)
+    height = meta.height or (edited.height if edited else _TILE)
     if edited is None:
         edited = Image.new("RGB", (width, height), "#e9ebef")
     if original.image is not None:
@@ -601,66 +622,50 @@ def _text_runs(row: _Row) -> list[list[tuple[str, str]]]:
     """The paragraphs of a sheet row's text column."""
     m, s = row.meta, row.sample
     removed = ", ".join(s.removed) or "?"
-    kept = ", ".join((m.get("plan") or {}).get("kept") or ()) or "-"
+    kept = ", ".join(m.plan.kept) or "-"
     paras = [
         [(f"#{row.index}  {s.key}", "muted")],
         [("removed: ", "muted"), (removed, "struck"), (f" · kept: {kept}", "muted")],
-        [(f"image: {s.method} · text: {method_label(m.get('text_method'))}", "muted")],
+        [(f"image: {s.method} · text: {method_label(m.text_method)}", "muted")],
         [("before: ", "muted")]
         + [
             (t, "struck" if r else "plain")
-            for t, r in caption_segments(
-                str(m.get("original_caption", "")), m.get("removed_phrases") or ()
-            )
+            for t, r in caption_segments(m.original_caption, m.removed_phrases)
         ],
-        [("after: ", "muted"), (str(m.get("caption", "")), "plain")],
+        [("after: ", "muted"), (m.caption, "plain")],
     ]
     if row.original.image is None:
         paras.append([(row.original.note, "bad")])
-    v = m.get("verify") if isinstance(m.get("verify"), dict) else None
-    if v is not None:
-        paras += [[(line, style)] for line, style in _verify_lines(v)]
+    if m.verify is not None:
+        paras += [[(line, style)] for line, style in _verify_lines(m.verify)]
     return paras
 
 
-def _verify_lines(v: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Short lines summarising a sample's ``verify`` dict, each with its style."""
-    passed = v.get("passed")
-    head = "verify: " + ("PASS" if passed else "FAIL" if passed is not None else "?")
-    extra = ", ".join(f"{k}={v[k]}" for k in ("model", "k") if v.get(k) is not None)
-    lines = [(f"{head}  {extra}".rstrip(), "ok" if passed else "bad")]
-    failed = v.get("failed") or []
-    if failed:
-        lines.append(("failed: " + "; ".join(str(f) for f in failed), "bad"))
-    for cls, r in _items(v.get("removal")):
-        ok = r.get("removed")
+def _verify_lines(v: VerifyMeta) -> list[tuple[str, str]]:
+    """Short lines summarising a sample's verdict, each with its style."""
+    head = "verify: " + ("PASS" if v.passed else "FAIL")
+    lines = [(f"{head}  model={v.model}, k={v.k}", "ok" if v.passed else "bad")]
+    if v.failed:
+        lines.append(("failed: " + "; ".join(v.failed), "bad"))
+    for cls, r in v.removal.items():
         lines.append(
             (
-                f"removed {cls}: rank {r.get('rank_before', '?')} -> {r.get('rank_after', '?')}, "
-                f"p {_num(r.get('prob_before'))} -> {_num(r.get('prob_after'))}"
-                + ("" if ok is None else ("  ok" if ok else "  STILL SEEN")),
-                "plain" if ok is None or ok else "bad",
+                f"removed {cls}: rank {r.rank_before} -> {r.rank_after}, "
+                f"p {_num(r.prob_before)} -> {_num(r.prob_after)}"
+                + ("  ok" if r.removed else "  STILL SEEN"),
+                "plain" if r.removed else "bad",
             )
         )
-    for cls, r in _items(v.get("retention")):
-        ok = r.get("kept")
+    for cls, k in v.retention.items():
         lines.append(
             (
-                f"kept {cls}: rank {r.get('rank', '?')}, p {_num(r.get('prob'))}"
-                + ("" if ok is None else ("  ok" if ok else "  LOST")),
-                "plain" if ok is None or ok else "bad",
+                f"kept {cls}: rank {k.rank}, p {_num(k.prob)}" + ("  ok" if k.kept else "  LOST"),
+                "plain" if k.kept else "bad",
             )
         )
-    text = v.get("text")
-    if isinstance(text, dict) and text:
-        lines.append(("text: " + _compact(text), "muted"))
+    if v.text is not None:
+        lines.append(("text: " + _compact(v.text.to_dict()), "muted"))
     return lines
-
-
-def _items(d: Any) -> list[tuple[str, dict[str, Any]]]:
-    if not isinstance(d, dict):
-        return []
-    return [(str(k), r) for k, r in d.items() if isinstance(r, dict)]
 
 
 def _num(x: Any) -> str:
@@ -937,27 +942,24 @@ def _samples(rows: Sequence[_Row]) -> str:
         thumbs = f'{orig}<img src="{_e(files["mask"])}" alt="mask" loading="lazy">{edited}'
         before = "".join(
             f"<del>{_e(t)}</del>" if r else _e(t)
-            for t, r in caption_segments(
-                str(m.get("original_caption", "")), m.get("removed_phrases") or ()
-            )
+            for t, r in caption_segments(m.original_caption, m.removed_phrases)
         )
         cap = (
             f'<div class="cap"><p><span class="muted">before:</span> {before}</p>'
-            f'<p><span class="muted">after:</span> {_e(m.get("caption", ""))}</p>'
+            f'<p><span class="muted">after:</span> {_e(m.caption)}</p>'
             f'<p class="muted small">removed phrases: '
-            f"{_e(', '.join(map(str, m.get('removed_phrases') or [])) or '-')}</p></div>"
+            f"{_e(', '.join(m.removed_phrases) or '-')}</p></div>"
         )
-        plan = m.get("plan") or {}
         what = (
             f"<b>{_e(s.target)}</b><br><span class=small>removed: {_e(', '.join(s.removed))}"
-            f"<br>kept: {_e(', '.join(plan.get('kept') or []) or '-')}<br>{_e(s.method)} / "
-            f"{_e(method_label(m.get('text_method')))}<br>{_e(s.key)}<br>"
-            f"{_e(s.shard.name)}</span>"
+            f"<br>kept: {_e(', '.join(m.plan.kept) or '-')}<br>{_e(s.method)} / "
+            f"{_e(method_label(m.text_method))}<br>{_e(s.key)}<br>"
+            f"{_e(fs.name(s.shard))}</span>"
         )
         body.append(
             f'<tr data-key="{_e(s.key)}" data-class="{_e(s.target)}"><td class="n">{row.index}'
             f'</td><td class="thumbs">{thumbs}</td><td class="plan">{what}</td>'
-            f'<td class="cap">{cap}</td><td class="vf">{_verify_html(m.get("verify"))}</td></tr>'
+            f'<td class="cap">{cap}</td><td class="vf">{_verify_html(m.verify)}</td></tr>'
         )
     return "\n".join(
         [
@@ -972,38 +974,34 @@ def _samples(rows: Sequence[_Row]) -> str:
     )  # fmt: skip
 
 
-def _verify_html(v: Any) -> str:
-    if not isinstance(v, dict):
+def _verify_html(v: VerifyMeta | None) -> str:
+    if v is None:
         return '<span class="muted">-</span>'
-    passed = v.get("passed")
-    verdict = "pass" if passed else "fail" if passed is not None else "?"
-    out = [f'<div class="verify"><span class="{"pass" if passed else "fail"}">{verdict}</span>']
-    extra = ", ".join(f"{k}={v[k]}" for k in ("model", "k") if v.get(k) is not None)
-    if extra:
-        out.append(f' <span class="muted">{_e(extra)}</span>')
-    if v.get("failed"):
-        out.append(f'<div class="fail">{_e("; ".join(str(f) for f in v["failed"]))}</div>')
+    verdict = "pass" if v.passed else "fail"
+    out = [f'<div class="verify"><span class="{verdict}">{verdict}</span>']
+    out.append(f' <span class="muted">{_e(f"model={v.model}, k={v.k}")}</span>')
+    if v.failed:
+        out.append(f'<div class="fail">{_e("; ".join(v.failed))}</div>')
     rows = []
-    for cls, r in _items(v.get("removal")):
-        ok = r.get("removed")
+    for cls, r in v.removal.items():
+        ok = r.removed
         rows.append(
-            f"<tr><td>removed {_e(cls)}</td><td>rank {_e(r.get('rank_before', '?'))}&rarr;"
-            f"{_e(r.get('rank_after', '?'))}</td><td>p {_e(_num(r.get('prob_before')))}&rarr;"
-            f'{_e(_num(r.get("prob_after")))}</td><td class="{"pass" if ok else "fail"}">'
-            f"{'ok' if ok else 'still seen' if ok is not None else ''}</td></tr>"
+            f"<tr><td>removed {_e(cls)}</td><td>rank {_e(r.rank_before)}&rarr;"
+            f"{_e(r.rank_after)}</td><td>p {_e(_num(r.prob_before))}&rarr;"
+            f'{_e(_num(r.prob_after))}</td><td class="{"pass" if ok else "fail"}">'
+            f"{'ok' if ok else 'still seen'}</td></tr>"
         )
-    for cls, r in _items(v.get("retention")):
-        ok = r.get("kept")
+    for cls, k in v.retention.items():
+        ok = k.kept
         rows.append(
-            f"<tr><td>kept {_e(cls)}</td><td>rank {_e(r.get('rank', '?'))}</td>"
-            f'<td>p {_e(_num(r.get("prob")))}</td><td class="{"pass" if ok else "fail"}">'
-            f"{'ok' if ok else 'lost' if ok is not None else ''}</td></tr>"
+            f"<tr><td>kept {_e(cls)}</td><td>rank {_e(k.rank)}</td>"
+            f'<td>p {_e(_num(k.prob))}</td><td class="{"pass" if ok else "fail"}">'
+            f"{'ok' if ok else 'lost'}</td></tr>"
         )
     if rows:
         out.append(f"<table>{''.join(rows)}</table>")
-    text = v.get("text")
-    if isinstance(text, dict) and text:
-        out.append(f'<div class="muted">text: {_e(_compact(text, 400))}</div>')
+    if v.text is not None:
+        out.append(f'<div class="muted">text: {_e(_compact(v.text.to_dict(), 400))}</div>')
     return "".join(out) + "</div>"
 
 

@@ -1,61 +1,61 @@
-"""The in-process runner: every step in this process, one batch at a time.
+"""The in-process runner: every shard made in this process, one after the other.
 
-It makes exactly the shards the Ray pipeline makes (same layout, same steps, same writer), which
-is what tests and debugging use; see :mod:`counterfactual.run` for the on-disk contract.
+It makes exactly the shards the Ray pipeline makes (same tasks, same :class:`ShardMaker`, same
+steps), which is what tests and debugging use; see :mod:`counterfactual.run` for the on-disk
+contract and :mod:`counterfactual.tasks` for which input makes which shard.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
-from pathlib import Path
-from typing import TypeVar
 
+from counterfactual import fs
 from counterfactual.detect import Detector
 from counterfactual.image import ImageEditor
+from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
-from counterfactual.run import RunResult, deliver, finish_run, layout, prepare_run
-from counterfactual.shards import ShardAssembler
+from counterfactual.run import RunResult, run_shards
 from counterfactual.stages import Chain, build_steps
 from counterfactual.synth import SynthConfig
+from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask
 from counterfactual.text import TextRewriter
 
-T = TypeVar("T")
 
-
-def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    it = iter(items)
-    while batch := list(islice(it, size)):
-        yield batch
+def as_input(inputs: RunInput | Iterable[ImageRecord], failures: Sequence[Status] = ()) -> RunInput:
+    """``inputs`` as a :class:`RunInput` (plain records with the reader's ``failures``)."""
+    if isinstance(inputs, RunInput):
+        return inputs
+    return RunInput(records=inputs, failures=tuple(failures))
 
 
 def run_local(
-    records: Iterable[ImageRecord],
-    out_dir: Path,
+    inputs: RunInput | Iterable[ImageRecord],
+    out_dir: fs.PathLike,
     config: SynthConfig,
     editor: ImageEditor | None = None,
     rewriter: TextRewriter | None = None,
     detector: Detector | None = None,
     failures: Sequence[Status] = (),
-    progress: Callable[[int, int], None] | None = None,
+    on_batch: Callable[[int], None] | None = None,
+    on_shard: Callable[[ShardDone], None] | None = None,
+    progress: Progress | None = None,
 ) -> RunResult:
-    """Make the shards of ``records`` in ``out_dir``, resuming a run of the same config there.
+    """Make the shards of ``inputs`` in ``out_dir``, resuming a run of the same config there.
 
-    ``failures`` (images the reader could not turn into records) join the status record;
-    ``progress(items_done, items_todo)`` is called after every batch.
+    ``inputs``: a :class:`RunInput`, or records (``failures``: images the reader could not
+    turn into records join the status record). ``on_batch(items)`` is called after every batch
+    of items, ``on_shard(done)`` after every shard; ``progress`` counts every shard.
     """
-    run = prepare_run(Path(out_dir), layout(records, config, failures), config)
-    assembler = ShardAssembler(run.out_dir, run.todo_sizes())
-    total, done = sum(run.todo_sizes().values()), 0
-    try:
-        if total:
-            steps = build_steps(config, editor=editor, rewriter=rewriter, detector=detector)
-            chain = Chain(steps)
-            for batch in batched(run.jobs(), config.batch_size):
-                deliver(assembler, (job.done() for job in chain(batch)))
-                done += len(batch)
-                if progress is not None:
-                    progress(done, total)
-    finally:
-        assembler.abort()
-    return finish_run(run, assembler.committed, "local")
+    node = socket.gethostname()
+
+    def execute(tasks: Iterator[ShardTask]) -> Iterator[ShardDone]:
+        maker: ShardMaker | None = None
+        for task in tasks:
+            if maker is None:  # models load only when there is work left
+                steps = build_steps(config, editor=editor, rewriter=rewriter, detector=detector)
+                maker = ShardMaker(config, out_dir, Chain(steps), node, on_batch)
+            yield maker(task)
+
+    inputs = as_input(inputs, failures)
+    return run_shards(inputs, out_dir, config, execute, "local", on_shard, progress)

@@ -1,11 +1,13 @@
 """WebDataset shards: per sample ``<key>.jpg``, ``<key>.txt`` and ``<key>.json``.
 
-Shards are ``{prefix}-{index:06d}.tar``; each is written under a temporary name, renamed when
-complete, and followed by ``{prefix}-{index:06d}_stats.json``, written last: a shard without
-its stats file is unfinished, and a rerun redoes it. Which items go into which shard is decided
-before any work starts (see :mod:`counterfactual.run`), so a shard's contents do not depend on
-the order in which parallel workers finish. Keys are stable and contain no dots, so WebDataset
-splits ``key.ext`` correctly.
+Shards are ``{prefix}-{index:06d}.tar`` in a local folder or under an fsspec URL. The worker
+that makes a shard writes it whole (:class:`ShardWriter`): the tar first, atomically (a local
+temporary name renamed when complete; on an object store an upload that completes or leaves
+nothing), then ``{prefix}-{index:06d}_stats.json``, the commit marker: a shard without its stats
+file is unfinished, and a rerun redoes it. Which input goes into which shard is decided by the
+config and the input alone (see :mod:`counterfactual.tasks`), so a shard's bytes do not depend
+on the runner, the number of workers or the order they finish in. Keys are stable and contain
+no dots, so WebDataset splits ``key.ext`` correctly.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 import tarfile
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from counterfactual import fs
 from counterfactual.records import Status
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -53,8 +55,9 @@ def stats_name(prefix: str, index: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ShardStats:
-    """The commit marker of one shard, written after the tar: its samples' keys and the status
-    row of every item planned for it, written or not."""
+    """The commit marker of one shard, written after the tar: its samples' keys, the status
+    row of every input image and item of the shard (written or not), the fingerprint of the
+    input it was made from (a rerun over other input is refused) and where it was made."""
 
     shard: str
     count: int
@@ -62,6 +65,18 @@ class ShardStats:
     keys: tuple[str, ...]
     status: tuple[Status, ...]
     seconds: dict[str, float]
+    input: str = ""
+    node: str = ""
+    images: int = 0
+    """Input images (records and reader failures) of the shard's task."""
+
+    def counts(self) -> dict[str, int]:
+        """Rows by ``status`` and ``status:reason`` (as the run summary counts them)."""
+        out: dict[str, int] = {}
+        for s in self.status:
+            name = f"{s.status}:{s.reason}" if s.reason else s.status
+            out[name] = out.get(name, 0) + 1
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +86,9 @@ class ShardStats:
             "keys": list(self.keys),
             "status": [asdict(s) for s in self.status],
             "seconds": {k: round(v, 6) for k, v in sorted(self.seconds.items())},
+            "input": self.input,
+            "node": self.node,
+            "images": self.images,
         }
 
     @classmethod
@@ -82,31 +100,43 @@ class ShardStats:
             tuple(d["keys"]),
             tuple(Status(**s) for s in d["status"]),
             dict(d.get("seconds", {})),
+            str(d.get("input", "")),
+            str(d.get("node", "")),
+            int(d.get("images", 0)),
         )
 
 
-def read_stats(out_dir: Path, prefix: str = "shard") -> dict[int, ShardStats]:
-    """The committed shards in ``out_dir`` by index: those whose stats file exists and whose
-    tar is there too."""
+def shard_index(name: str, prefix: str = "shard") -> int | None:
+    """The index of a stats file's name (``shard-000012_stats.json`` -> 12), else ``None``."""
+    m = re.fullmatch(rf"{re.escape(prefix)}-(\d{{6,}})_stats\.json", name)
+    return int(m.group(1)) if m else None
+
+
+def read_stats(out_dir: fs.PathLike, prefix: str = "shard") -> dict[int, ShardStats]:
+    """The committed shards in ``out_dir`` (a folder or URL) by index: those whose stats file
+    exists and whose tar is there too."""
+    names = fs.listdir(out_dir)
+    present = set(names)
     done = {}
-    pattern = re.compile(rf"{re.escape(prefix)}-(\d{{6,}})_stats\.json$")
-    for path in Path(out_dir).glob(f"{prefix}-*_stats.json"):
-        m = pattern.match(path.name)
-        if not m:
+    for name in names:
+        index = shard_index(name, prefix)
+        if index is None:
             continue
-        stats = ShardStats.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        if (path.parent / stats.shard).exists():
-            done[int(m.group(1))] = stats
+        stats = ShardStats.from_dict(json.loads(fs.read_text(fs.join(out_dir, name))))
+        if stats.shard in present:
+            done[index] = stats
     return done
 
 
 class _TarStream:
     """A tar file written member by member, with fixed owner, mode and mtime so that the same
-    samples give the same bytes. (Plain ``tarfile``: importing webdataset would import torch.)"""
+    samples give the same bytes, committed atomically by :meth:`close`. (Plain ``tarfile``:
+    importing webdataset would import torch.)"""
 
-    def __init__(self, path: Path, mtime: float) -> None:
+    def __init__(self, path: fs.PathLike, mtime: float) -> None:
         self.mtime = mtime
-        self._file = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self._stack = ExitStack()
+        self._file: IO[bytes] = self._stack.enter_context(fs.atomic_write(path))
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)
 
     def add(self, name: str, data: bytes) -> None:
@@ -116,125 +146,99 @@ class _TarStream:
         self._tar.addfile(info, io.BytesIO(data))
 
     def close(self) -> None:
+        """Finish the tar and make it appear under its name."""
         self._tar.close()
-        self._file.close()
+        self._stack.close()
+
+    def abort(self) -> None:
+        """Drop what was written: no file appears."""
+        self._stack.__exit__(_Aborted, _Aborted(), None)
+
+
+class _Aborted(Exception):
+    """Raised into :func:`counterfactual.fs.atomic_write` to discard an unfinished shard."""
 
 
 @dataclass
-class _Open:
-    size: int
-    next: int = 0
-    waiting: dict[int, tuple[Sample | None, Status, dict[str, float]]] = field(default_factory=dict)
+class ShardWriter:
+    """One shard, written by the worker that makes it, item by item in output order.
+
+    Each item arrives once through :meth:`add`, as a sample or as a status saying why there is
+    none (rows without an item, such as skipped images, arrive with ``sample=None`` too).
+    :meth:`commit` completes the tar and then writes the stats file, the commit marker;
+    :meth:`abort` leaves nothing behind.
+    """
+
+    out_dir: fs.PathLike
+    index: int
+    input: str = ""
+    node: str = ""
+    prefix: str = "shard"
+    mtime: float = 0.0
     keys: list[str] = field(default_factory=list)
     status: list[Status] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
-    writer: _TarStream | None = None
+    items: int = 0
+    images: int = 0
+    _tar: _TarStream | None = None
 
-
-class ShardAssembler:
-    """Writes shards whose contents are fixed in advance, from items arriving in any order.
-
-    ``sizes[i]`` is the number of items planned for shard ``i``; each item arrives once, through
-    :meth:`add`, as a sample or as a status saying why there is none. Samples are written in
-    item order as soon as their predecessors are in (out-of-order ones wait in memory), so a
-    shard's bytes do not depend on arrival order. When its last item is in, the tar is renamed
-    from ``.tmp`` and its stats file written: the commit marker. A repeated item is ignored.
-    """
-
-    def __init__(
-        self, out_dir: Path, sizes: dict[int, int], prefix: str = "shard", mtime: float = 0.0
-    ) -> None:
-        if "." in prefix or "/" in prefix:
-            raise ValueError(f"shard prefix {prefix!r} must not contain '.' or '/'")
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.prefix = prefix
-        self.mtime = mtime
-        self.duplicates = 0
-        self._open = {i: _Open(n) for i, n in sizes.items()}
-        self.committed: dict[int, ShardStats] = {}
-        for i in [i for i, n in sizes.items() if n == 0]:
-            self._commit(i)
+    def __post_init__(self) -> None:
+        if "." in self.prefix or "/" in self.prefix:
+            raise ValueError(f"shard prefix {self.prefix!r} must not contain '.' or '/'")
 
     @property
-    def pending(self) -> list[int]:
-        return sorted(self._open)
+    def name(self) -> str:
+        return shard_name(self.prefix, self.index)
 
     def add(
         self,
-        shard: int,
-        index: int,
         sample: Sample | None,
         status: Status,
         seconds: dict[str, float] | None = None,
-    ) -> ShardStats | None:
-        """Take one item; return the shard's stats when this item completed it."""
-        state = self._open.get(shard)
-        if state is None:
-            if shard in self.committed:
-                self.duplicates += 1
-                return None
-            raise ValueError(f"shard {shard} is not planned in this run")
-        if not 0 <= index < state.size:
-            raise ValueError(f"item {index} is outside shard {shard} of {state.size} items")
-        if index < state.next or index in state.waiting:
-            self.duplicates += 1
-            return None
+        item: bool = True,
+    ) -> None:
+        """Take one row: an item's sample (or ``None``) and its status; ``item=False`` for a
+        row that is no work item (an image that yields none)."""
         if sample is not None and "." in sample.key:
             raise ValueError(f"sample key {sample.key!r} contains a dot")
-        state.waiting[index] = (sample, status, seconds or {})
-        while state.next in state.waiting:
-            self._write(shard, state, *state.waiting.pop(state.next))
-            state.next += 1
-        if state.next == state.size:
-            return self._commit(shard)
-        return None
-
-    def abort(self) -> None:
-        """Close unfinished shards and remove their temporary files."""
-        for i, state in self._open.items():
-            if state.writer is not None:
-                state.writer.close()
-                self._tmp(i).unlink(missing_ok=True)
-                state.writer = None
-
-    def _tmp(self, i: int) -> Path:
-        return self.out_dir / (shard_name(self.prefix, i) + ".tmp")
-
-    def _write(
-        self,
-        i: int,
-        state: _Open,
-        sample: Sample | None,
-        status: Status,
-        seconds: dict[str, float],
-    ) -> None:
-        state.status.append(status)
-        for k, v in seconds.items():
-            state.seconds[k] = state.seconds.get(k, 0.0) + v
+        self.status.append(status)
+        self.items += item
+        for k, v in (seconds or {}).items():
+            self.seconds[k] = self.seconds.get(k, 0.0) + v
         if sample is None:
             return
-        if state.writer is None:
-            state.writer = _TarStream(self._tmp(i), self.mtime)
+        if self._tar is None:
+            self._tar = _TarStream(fs.join(self.out_dir, self.name), self.mtime)
         meta = json.dumps(sample.meta, ensure_ascii=False, sort_keys=True)
         # members in the order WebDataset's TarWriter uses: extensions sorted
-        state.writer.add(f"{sample.key}.jpg", sample.jpg)
-        state.writer.add(f"{sample.key}.json", meta.encode("utf-8"))
-        state.writer.add(f"{sample.key}.txt", sample.txt.encode("utf-8"))
-        state.keys.append(sample.key)
+        self._tar.add(f"{sample.key}.jpg", sample.jpg)
+        self._tar.add(f"{sample.key}.json", meta.encode("utf-8"))
+        self._tar.add(f"{sample.key}.txt", sample.txt.encode("utf-8"))
+        self.keys.append(sample.key)
 
-    def _commit(self, i: int) -> ShardStats:
-        state = self._open.pop(i)
-        name = shard_name(self.prefix, i)
-        if state.writer is None:  # every item failed: an empty but valid tar
-            state.writer = _TarStream(self._tmp(i), self.mtime)
-        state.writer.close()
-        os.replace(self._tmp(i), self.out_dir / name)
+    def commit(self) -> ShardStats:
+        """Write the tar (an empty but valid one when no item made a sample), then the stats."""
+        if self._tar is None:
+            self._tar = _TarStream(fs.join(self.out_dir, self.name), self.mtime)
+        self._tar.close()
+        self._tar = None
         stats = ShardStats(
-            name, len(state.keys), state.size, tuple(state.keys), tuple(state.status), state.seconds
+            self.name,
+            len(self.keys),
+            self.items,
+            tuple(self.keys),
+            tuple(self.status),
+            self.seconds,
+            self.input,
+            self.node,
+            self.images,
         )
-        tmp_stats = self.out_dir / (stats_name(self.prefix, i) + ".tmp")
-        tmp_stats.write_text(json.dumps(stats.to_dict(), indent=1, ensure_ascii=False), "utf-8")
-        os.replace(tmp_stats, self.out_dir / stats_name(self.prefix, i))
-        self.committed[i] = stats
+        text = json.dumps(stats.to_dict(), indent=1, ensure_ascii=False)
+        fs.write_text(fs.join(self.out_dir, stats_name(self.prefix, self.index)), text)
         return stats
+
+    def abort(self) -> None:
+        """Drop the unfinished tar."""
+        if self._tar is not None:
+            self._tar.abort()
+            self._tar = None

@@ -28,7 +28,15 @@ from counterfactual.image import EditRequest, ImageEditor, make_editor
 from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg
 from counterfactual.masks import plan_mask
-from counterfactual.records import Status, source_to_dict
+from counterfactual.records import Status
+from counterfactual.samples import (
+    BestOfNMeta,
+    DetectedObject,
+    DetectionMeta,
+    PlanMeta,
+    SampleMeta,
+    VerifyMeta,
+)
 from counterfactual.selection import CAPTION_UNCHANGED, RemovalPlan, select_many
 from counterfactual.shards import Sample
 from counterfactual.synth import SynthConfig, WorkItem, load_record_image
@@ -305,50 +313,49 @@ class Rewrite:
 
 
 def sample_meta(job: Job, seed: int) -> dict[str, Any]:
-    """Everything needed to trace and reproduce a sample (SPEC 1.4)."""
+    """Everything needed to trace and reproduce a sample (SPEC 1.4): a
+    :class:`~counterfactual.samples.SampleMeta` as its json."""
     item, edited, caption = job.item, job.edited, job.caption
     if edited is None or caption is None or job.mask is None:
         raise ValueError(f"job {item.key} is not edited and rewritten")
-    return {
-        "key": item.key,
-        "dataset": item.record.dataset,
-        "split": item.record.split,
-        "image_id": item.record.image_id,
-        "file": item.record.file,
-        **({"source": source_to_dict(item.record.source)} if item.record.source else {}),
-        "width": int(edited.shape[1]),
-        "height": int(edited.shape[0]),
-        "caption_id": item.caption.caption_id,
-        "original_caption": item.caption.text,
-        "caption": caption.text,
-        "removed_phrases": list(caption.removed_phrases),
-        "plan": job.plan.to_dict(),
-        "mask_boxes": [list(b) for b in job.plan.mask_boxes],
-        **_detection_meta(job),
-        "mask_pixels": int(np.count_nonzero(job.mask)),
-        "image_method": job.methods.get("image_method"),
-        **({"best_of_n": job.methods["best_of_n"]} if "best_of_n" in job.methods else {}),
-        "text_method": job.methods.get("text_method"),
-        "seed": seed,
-        "sample_seed": item.seed,
-        "counterfactual_version": __version__,
-        **({"verify": job.verify} if job.verify is not None else {}),
-    }
+    best_of_n = job.methods.get("best_of_n")
+    return SampleMeta(
+        key=item.key,
+        dataset=item.record.dataset,
+        split=item.record.split,
+        image_id=item.record.image_id,
+        file=item.record.file,
+        source=item.record.source,
+        width=int(edited.shape[1]),
+        height=int(edited.shape[0]),
+        caption_id=item.caption.caption_id,
+        original_caption=item.caption.text,
+        caption=caption.text,
+        removed_phrases=tuple(caption.removed_phrases),
+        plan=PlanMeta.from_dict(job.plan.to_dict()),
+        mask_boxes=job.plan.mask_boxes,
+        detection=_detection_meta(job),
+        mask_pixels=int(np.count_nonzero(job.mask)),
+        image_method=job.methods.get("image_method"),
+        best_of_n=None if best_of_n is None else BestOfNMeta.from_dict(best_of_n),
+        text_method=job.methods.get("text_method"),
+        seed=seed,
+        sample_seed=item.seed,
+        counterfactual_version=__version__,
+        verify=None if job.verify is None else VerifyMeta.from_dict(job.verify),
+    ).to_dict()
 
 
-def _detection_meta(job: Job) -> dict[str, Any]:
+def _detection_meta(job: Job) -> DetectionMeta | None:
     """With detected boxes: the detector, every object it kept (with its score) and the valid
     targets the policy did not draw."""
     if "detector" not in job.methods:
-        return {}
-    return {
-        "detector": job.methods["detector"],
-        "objects": [
-            {"category": o.category, "bbox": list(o.bbox), "score": o.score}
-            for o in job.item.record.objects
-        ],
-        "not_drawn": job.methods.get("not_drawn", []),
-    }
+        return None
+    return DetectionMeta(
+        job.methods["detector"],
+        tuple(DetectedObject(o.category, o.bbox, o.score) for o in job.item.record.objects),
+        tuple(job.methods.get("not_drawn", ())),
+    )
 
 
 class Detect:

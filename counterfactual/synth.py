@@ -52,7 +52,7 @@ class SynthConfig:
     captions: str = "one"
     """``one``: one caption per image, drawn with the seed (as the paper); ``all``: each."""
     seed: int = 0
-    samples_per_shard: int = 1000
+    images_per_shard: int = 1000
     max_pixels: int = DEFAULT_MAX_PIXELS
     jpeg_quality: int = 95
     batch_size: int = 16
@@ -63,8 +63,8 @@ class SynthConfig:
             raise ValueError(f"captions {self.captions!r} is not one of {CAPTION_CHOICES}")
         if not 1 <= self.jpeg_quality <= 100:
             raise ValueError(f"jpeg_quality must be in [1, 100], got {self.jpeg_quality}")
-        if self.batch_size < 1 or self.samples_per_shard < 1 or self.max_pixels < 1:
-            raise ValueError("batch_size, samples_per_shard and max_pixels must be >= 1")
+        if self.batch_size < 1 or self.images_per_shard < 1 or self.max_pixels < 1:
+            raise ValueError("batch_size, images_per_shard and max_pixels must be >= 1")
         if self.detect is not None and self.selection.policy != "uniform":
             raise ValueError(
                 f"policy {self.selection.policy!r} needs the boxes of every image before any is "
@@ -197,7 +197,8 @@ def load_record_image(record: ImageRecord, max_pixels: int) -> np.ndarray:
     A picture whose size differs but whose aspect ratio matches (within 1%) is used and boxes are
     scaled to it; any other size mismatch is a ``size-mismatch`` failure. A record of unknown
     size (``0 x 0``, a corpus without boxes) is not checked. A picture inside another file (a
-    tar member, a Parquet cell: ``record.source``) is read from there.
+    tar member, a Parquet cell: ``record.source``) is read from there; a ``root`` that is a URL
+    (``s3://bucket/images``) is read through :mod:`counterfactual.fs`.
     """
     if record.source is not None:
         from counterfactual.readers.corpus import read_source

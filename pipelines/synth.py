@@ -1,36 +1,42 @@
-"""The synthesis run on Ray Data: the library's steps as streaming stages.
+"""The synthesis run on Ray: shard workers that write their own shards, model actors they call.
 
-The driver plans the run (:func:`counterfactual.run.layout`), streams the jobs of unfinished
-shards through the stages and writes each shard as its last item comes back, through the same
-:class:`~counterfactual.shards.ShardAssembler` the in-process runner uses; only JPEG bytes and
-metadata travel back to it. Consecutive steps that run no learned model form one CPU stage (an
-actor pool: spaCy and the fills load once per actor, pixels never leave the worker); each model
-step (diffusion inpainting, captioner, the CLIP verifier) is an actor pool of its own with ``num_gpus`` when its
-device is CUDA, fed by CPU stages before and after it, so decoding never starves a GPU.
+The driver (:func:`counterfactual.run.run_shards`) streams shard tasks to a pool of
+:class:`ShardWorker` actors, at most ``in_flight`` queued per worker, and hears back only each
+shard's counts. A worker reads its task's input (a slice of records, or a corpus piece it reads
+itself), plans it, runs the steps batch by batch and writes the shard's tar and then its stats
+file straight into OUT (a folder every node sees, or an object store), exactly as the
+in-process runner does (:class:`counterfactual.tasks.ShardMaker`): img2dataset's model.
 
-``ray.init()`` starts a local Ray, or joins the cluster named by ``RAY_ADDRESS`` (or
-``--ray-address``); under ``ray job submit`` it joins the job's cluster.
+Steps that run a learned model on a GPU (diffusion inpainting, the captioner, the detector, the
+CLIP verifier) are actor pools of their own (:class:`Inpaint`, :class:`Caption`,
+:class:`Detect`, :class:`Verify`, with ``num_gpus``); the workers send them batches of decoded
+pictures through Ray's object store and go on with the CPU steps, so several workers keep a GPU
+fed. On CPU a worker runs every step itself (``--model-actors N`` makes model pools on CPU too).
+
+Before any shard starts, impossible setups fail in seconds with one line: a stage that needs
+more GPUs than the cluster has, an actor whose model does not load. ``ray.init()`` starts a
+local Ray, or joins the cluster named by ``RAY_ADDRESS`` (or ``--ray-address``); under
+``ray job submit`` it joins the job's cluster.
 """
 
 from __future__ import annotations
 
-import math
+import logging
 import os
-import pickle
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from counterfactual import fs
+from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
-from counterfactual.run import RunResult, deliver, finish_run, layout, prepare_run
-from counterfactual.shards import ShardAssembler
+from counterfactual.run import RunResult, run_shards
+from counterfactual.runner import as_input
 from counterfactual.stages import (
     Chain,
-    Done,
     Job,
     build_steps,
     step_batch_size,
@@ -39,17 +45,20 @@ from counterfactual.stages import (
     uses_model,
 )
 from counterfactual.synth import SynthConfig
+from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask, batched
 
 
 @dataclass(frozen=True, slots=True)
 class RayOptions:
-    """How the stages are spread over the cluster; none of it changes the output.
+    """How the work is spread over the cluster; none of it changes the output.
 
-    ``cpu_actors``: actors per CPU stage (default: the cluster's CPUs left after the model
-    stages). ``model_actors``: actors per model stage (default: one per ``gpus_per_actor`` GPUs,
-    or 1 on CPU). ``model_batch_size``: items per model call batch (default: the image config's
-    ``batch_size``). ``address``: a cluster to join (default: ``RAY_ADDRESS``, else local).
-    ``num_cpus`` and ``dashboard`` apply to a local Ray only.
+    ``cpu_actors``: shard workers (default: the cluster's CPUs left after the model actors).
+    ``model_actors``: actors per model stage (default: one per ``gpus_per_actor`` GPUs shared
+    among the GPU stages; on CPU none: workers run models themselves, unless set).
+    ``model_batch_size``: items per model call (default: the step's own batch size).
+    ``in_flight``: tasks queued per worker. ``address``: a cluster to join (default:
+    ``RAY_ADDRESS``, else local). ``num_cpus`` and ``dashboard`` apply to a local Ray only.
+    ``verbose``: Ray's own logs and worker output on the driver's terminal.
     """
 
     cpu_actors: int | None = None
@@ -59,22 +68,22 @@ class RayOptions:
     address: str | None = None
     num_cpus: int | None = None
     dashboard: bool = True
-    block_items: int = 64
+    in_flight: int = 2
+    verbose: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("cpu_actors", "model_actors", "model_batch_size", "num_cpus"):
+        for name in ("cpu_actors", "model_actors", "model_batch_size", "num_cpus", "in_flight"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if not 0 < self.gpus_per_actor <= 8:
             raise ValueError(f"gpus_per_actor must be in (0, 8], got {self.gpus_per_actor}")
-        if self.block_items < 1:
-            raise ValueError(f"block_items must be >= 1, got {self.block_items}")
 
 
 @dataclass(frozen=True, slots=True)
 class Stage:
-    """Consecutive steps run by one actor pool."""
+    """Consecutive steps run in one place: a model step alone, the CPU steps between them
+    together."""
 
     steps: tuple[str, ...]
     uses_model: bool
@@ -92,103 +101,142 @@ def plan_stages(config: SynthConfig) -> list[Stage]:
     return stages
 
 
-def _pack(jobs: Iterable[Job | Done]) -> dict[str, np.ndarray]:
-    packed = [pickle.dumps(job, protocol=5) for job in jobs]
-    out = np.empty(len(packed), dtype=object)
-    out[:] = packed
-    return {"job": out}
+def pooled(stage: Stage, config: SynthConfig, options: RayOptions) -> bool:
+    """Whether a stage runs on an actor pool of its own (a model on a GPU, or asked for)."""
+    if not stage.uses_model:
+        return False
+    return options.model_actors is not None or on_gpu(stage, config)
 
 
-def _blocks(jobs: list[bytes], block_items: int, cpus: int) -> list[Any]:
-    """Arrow tables of about ``block_items`` pickled jobs, at least two per CPU while jobs last:
-    the input blocks, in output order."""
-    import pyarrow as pa
-
-    n = min(len(jobs), max(math.ceil(len(jobs) / block_items), 2 * cpus))
-    size = math.ceil(len(jobs) / n)
-    return [
-        pa.table({"job": pa.array(jobs[i : i + size], pa.binary())})
-        for i in range(0, len(jobs), size)
-    ]
+def on_gpu(stage: Stage, config: SynthConfig) -> bool:
+    return step_device(config, stage.steps[0]).startswith("cuda")
 
 
-def _unpack(batch: dict[str, np.ndarray]) -> list[Any]:
-    return [pickle.loads(raw) for raw in batch["job"]]
+class SetupError(ValueError):
+    """The run cannot start on this cluster; the message names the stage, cause and fix."""
 
 
-class _Steps:
-    """A Ray Data UDF: builds its steps once per actor, runs them on each batch."""
+# ------------------------------------------------------------------------------ actors
+
+
+class _ModelStep:
+    """A model step's actor: loads its model once, runs one batch per call. A model that does
+    not load is reported by :meth:`ready` (one line), not as a crash of the actor."""
 
     def __init__(self, config: SynthConfig, steps: Sequence[str]) -> None:
-        if not any(uses_model(config, name) for name in steps):
-            import cv2
+        self.error: str | None = None
+        try:
+            self.chain = Chain(build_steps(config, steps))
+        except Exception as err:  # noqa: BLE001 - reported to the driver as one line
+            self.error = f"{type(err).__name__}: {err}"
 
-            cv2.setNumThreads(1)  # one CPU per actor: OpenCV must not spread over the others
-        self.chain = Chain(build_steps(config, steps))
-        self.last = steps[-1] == "encode"
+    def ready(self) -> str | None:
+        return self.error
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        jobs = self.chain(_unpack(batch))
-        # the last stage sends the driver only what the writer needs
-        return _pack([job.done() for job in jobs] if self.last else jobs)
-
-
-# One class per role, so Ray's progress bars and dashboard name the stages.
-class CpuSteps(_Steps):
-    """Every step on CPU: decode, erase, rewrite, encode in one place."""
+    def run(self, jobs: list[Job]) -> list[Job]:
+        return self.chain(jobs)
 
 
-class Prepare(_Steps):
-    """CPU steps before a model stage (decode, and a rewriter that needs no picture)."""
+# One class per role, so the dashboard names them.
+class Inpaint(_ModelStep):
+    """The learned inpainter (diffusion, LaMa), one model per actor."""
 
 
-class Inpaint(_Steps):
-    """The learned inpainter (diffusion), one model per actor."""
-
-
-class Caption(_Steps):
+class Caption(_ModelStep):
     """The learned captioner, one model per actor."""
 
 
-class Detect(_Steps):
+class Detect(_ModelStep):
     """The open-vocabulary detector (boxes for a corpus without them), one model per actor."""
 
 
-class Plan(_Steps):
-    """CPU steps between the detector and the next model stage: the alpha rules on the
-    detections, then a rewriter that needs no picture (and the fills, on CPU)."""
+class Verify(_ModelStep):
+    """The counterfactual check (CLIP on the removed and kept boxes), one model per actor."""
 
 
-class Verify(_Steps):
-    """The counterfactual check (CLIP crops of the removed and kept classes), one model per
-    actor."""
+MODEL_ACTORS: dict[str, type[_ModelStep]] = {
+    "edit": Inpaint,
+    "rewrite": Caption,
+    "detect": Detect,
+    "verify": Verify,
+}
 
 
-class Finish(_Steps):
-    """CPU steps after the model stages (encode)."""
+class _RemoteStep:
+    """A pooled model step as seen from a worker: a batch cut into the model's batch size,
+    spread over the pool's actors, results back in order."""
+
+    def __init__(self, actors: Sequence[Any], batch_size: int, start: int) -> None:
+        self.actors, self.batch_size, self.next = list(actors), batch_size, start
+
+    def __call__(self, jobs: list[Job]) -> list[Job]:
+        import ray
+
+        refs = []
+        for chunk in batched(jobs, self.batch_size):
+            actor = self.actors[self.next % len(self.actors)]
+            self.next += 1
+            refs.append(actor.run.remote(chunk))
+        return [job for part in ray.get(refs) for job in part]
 
 
-def _stage_class(stage: Stage, position: int, stages: Sequence[Stage]) -> type[_Steps]:
-    if stage.uses_model:
-        return {("edit",): Inpaint, ("verify",): Verify, ("detect",): Detect}.get(
-            stage.steps, Caption
-        )
-    if len(stages) == 1:
-        return CpuSteps
-    if position == 0:
-        return Prepare
-    return Plan if stage.steps[0] == "select" else Finish
+class ShardWorker:
+    """Makes whole shards: reads a task's input, runs the steps (model steps of pooled stages
+    on their actors), writes the tar and the stats file into OUT."""
+
+    def __init__(
+        self,
+        config: SynthConfig,
+        out_dir: str,
+        stages: Sequence[Stage],
+        pools: Sequence[Sequence[Any] | None],
+        batch_sizes: Sequence[int],
+        position: int,
+    ) -> None:
+        import ray
+
+        self.error: str | None = None
+        self.node = ray.get_runtime_context().get_node_id()
+        self.parts: list[Callable[[list[Job]], list[Job]]] = []
+        try:
+            if not any(pools):  # one CPU per worker: OpenCV must not spread over the others
+                import cv2
+
+                cv2.setNumThreads(1)
+            for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
+                if pool:
+                    self.parts.append(_RemoteStep(pool, size, position))
+                else:
+                    self.parts.append(Chain(build_steps(config, stage.steps)))
+        except Exception as err:  # noqa: BLE001 - reported to the driver as one line
+            self.error = f"{type(err).__name__}: {err}"
+        self.maker = ShardMaker(config, out_dir, self.process, self.node)
+
+    def ready(self) -> str | None:
+        return self.error
+
+    def process(self, jobs: list[Job]) -> list[Job]:
+        for part in self.parts:
+            jobs = part(jobs)
+        return jobs
+
+    def run(self, task: ShardTask) -> ShardDone:
+        return self.maker(task)
 
 
-def init_ray(work_dir: Path, options: RayOptions) -> dict[str, Any]:
+# ------------------------------------------------------------------------------ cluster
+
+
+def init_ray(work_dir: fs.PathLike, options: RayOptions) -> dict[str, Any]:
     """Start or join Ray once per process; return what the manifest records about it."""
     import ray
 
     dashboard = None
     if not ray.is_initialized():
+        quiet = {} if options.verbose else {"log_to_driver": False, "logging_level": logging.ERROR}
         address = options.address or os.environ.get("RAY_ADDRESS")
         if address:
-            ctx = ray.init(address=address)
+            ctx = ray.init(address=address, **quiet)
         else:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -197,8 +245,11 @@ def init_ray(work_dir: Path, options: RayOptions) -> dict[str, Any]:
                 include_dashboard=options.dashboard and _has_dashboard(),
                 dashboard_host="127.0.0.1",
                 _temp_dir=str(ray_temp_dir(work_dir)),
+                **quiet,
             )
         dashboard = ctx.dashboard_url or None
+        if dashboard and "://" not in dashboard:
+            dashboard = f"http://{dashboard}"
     context = ray.get_runtime_context()
     resources = ray.cluster_resources()
     return {
@@ -206,18 +257,19 @@ def init_ray(work_dir: Path, options: RayOptions) -> dict[str, Any]:
         "dashboard": dashboard,
         "cpus": resources.get("CPU", 0.0),
         "gpus": resources.get("GPU", 0.0),
-        "nodes": len([n for n in ray.nodes() if n.get("Alive")]),
+        "nodes": {n["NodeID"]: n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")},
         "version": ray.__version__,
     }
 
 
-def ray_temp_dir(work_dir: Path) -> Path:
-    """``WORK/.ray`` when its path is short enough for Ray's unix sockets (which must stay under
-    107 bytes), else a fresh folder under the system temp dir."""
-    path = Path(work_dir).resolve() / ".ray"
-    if len(str(path)) <= 40:
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+def ray_temp_dir(work_dir: fs.PathLike) -> Path:
+    """``WORK/.ray`` when WORK is a local folder whose path is short enough for Ray's unix
+    sockets (which must stay under 107 bytes), else a fresh folder under the system temp dir."""
+    if not fs.is_url(work_dir):
+        path = Path(fs.as_path(work_dir)).resolve() / ".ray"
+        if len(str(path)) <= 40:
+            path.mkdir(parents=True, exist_ok=True)
+            return path
     return Path(tempfile.mkdtemp(prefix="cf-ray-"))
 
 
@@ -229,92 +281,182 @@ def _has_dashboard() -> bool:
     return True
 
 
-def stage_args(
-    stage: Stage,
-    stages: Sequence[Stage],
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where the work goes: actors per pooled stage, GPUs per model actor, shard workers."""
+
+    model_actors: tuple[int, ...]
+    """Per stage: its actors (0: the workers run it)."""
+    gpus: tuple[float, ...]
+    workers: int
+
+
+def layout_actors(
+    stages: Sequence[Stage], config: SynthConfig, options: RayOptions, cpus: float, gpus: float
+) -> Layout:
+    """Share the cluster out, or :class:`SetupError` when a stage cannot be placed."""
+    gpu_stages = [s for s in stages if pooled(s, config, options) and on_gpu(s, config)]
+    actors, per_actor = [], []
+    for stage in stages:
+        if not pooled(stage, config, options):
+            actors.append(0)
+            per_actor.append(0.0)
+            continue
+        need = options.gpus_per_actor if on_gpu(stage, config) else 0.0
+        if need and gpus < need:
+            device = step_device(config, stage.steps[0])
+            raise SetupError(
+                f"stage {MODEL_ACTORS[stage.steps[0]].__name__} ({stage.steps[0]} on {device}) "
+                f"needs {need:g} GPU per actor but the cluster has {gpus:g} GPUs; run it with "
+                "--device cpu, or join a cluster with GPUs (RAY_ADDRESS)"
+            )
+        if options.model_actors:
+            n = options.model_actors
+        elif need:
+            n = max(1, int(gpus / len(gpu_stages) // need))
+        else:
+            n = 1
+        if need and n * need > gpus + 1e-9:
+            raise SetupError(
+                f"stage {MODEL_ACTORS[stage.steps[0]].__name__}: {n} actors x {need:g} GPU "
+                f"exceed the cluster's {gpus:g} GPUs; lower --model-actors or --gpus-per-actor"
+            )
+        actors.append(n)
+        per_actor.append(need)
+    held = sum(actors)  # each model actor holds one CPU
+    if options.cpu_actors is None and cpus - held < 1:
+        raise SetupError(
+            f"the cluster's {cpus:g} CPUs leave none for a shard worker after {held} model "
+            "actors (one CPU each); lower --model-actors or join a larger cluster"
+        )
+    workers = options.cpu_actors or max(1, int(cpus - held))
+    return Layout(tuple(actors), tuple(per_actor), workers)
+
+
+def _start(
     config: SynthConfig,
+    out_dir: str,
+    stages: Sequence[Stage],
+    layout: Layout,
     options: RayOptions,
-    cpus: float,
-    gpus: float,
-) -> dict[str, Any]:
-    """``map_batches`` arguments for one stage: actors, resources and batch size."""
+) -> tuple[list[Any], list[Any]]:
+    """Start the model actors and the workers; wait until each is ready, or raise
+    :class:`SetupError` with the first one that failed."""
     import ray
 
-    model_stages = [s for s in stages if s.uses_model]
-    cpu_stages = len(stages) - len(model_stages)
-
-    def on_gpu(s: Stage) -> bool:
-        return step_device(config, s.steps[0]).startswith("cuda")
-
-    gpu_stages = sum(on_gpu(s) for s in model_stages)
-
-    def actors(s: Stage) -> int:
-        """The stage's actors: as asked, else the GPUs shared out among the GPU stages."""
-        if options.model_actors:
-            return options.model_actors
-        if not on_gpu(s):
-            return 1
-        return max(1, int(gpus / gpu_stages // options.gpus_per_actor))
-
-    if stage.uses_model:
-        batch = options.model_batch_size or step_batch_size(config, stage.steps[0])
-        return {
-            "compute": ray.data.ActorPoolStrategy(size=actors(stage)),
-            "num_cpus": 1,
-            "num_gpus": options.gpus_per_actor if on_gpu(stage) else 0,
-            "batch_size": batch,
-        }
-    reserved = sum(actors(s) for s in model_stages)  # each model actor holds one CPU
-    n = options.cpu_actors or max(1, int(cpus) - reserved)
-    pool = (
-        ray.data.ActorPoolStrategy(size=n)
-        if cpu_stages == 1
-        else ray.data.ActorPoolStrategy(min_size=1, max_size=n)
+    pools: list[list[Any] | None] = []
+    sizes: list[int] = []
+    for stage, n, gpus in zip(stages, layout.model_actors, layout.gpus, strict=True):
+        name = stage.steps[0]
+        sizes.append(options.model_batch_size or step_batch_size(config, name))
+        if not n:
+            pools.append(None)
+            continue
+        cls = ray.remote(MODEL_ACTORS[name]).options(num_cpus=1, num_gpus=gpus, max_restarts=3)
+        pools.append([cls.options(max_task_retries=3).remote(config, stage.steps) for _ in range(n)])
+    worker = ray.remote(ShardWorker).options(
+        num_cpus=1, max_restarts=3, max_task_retries=3, scheduling_strategy="SPREAD"
     )
-    return {"compute": pool, "num_cpus": 1, "batch_size": step_batch_size(config, stage.steps[0])}
+    workers = [
+        worker.remote(config, out_dir, stages, pools, sizes, i) for i in range(layout.workers)
+    ]
+    roles: dict[Any, str] = {}
+    for stage, pool in zip(stages, pools, strict=True):
+        for actor in pool or ():
+            roles[actor.ready.remote()] = MODEL_ACTORS[stage.steps[0]].__name__
+    roles.update({w.ready.remote(): "ShardWorker" for w in workers})
+    pending = list(roles)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        error = ray.get(ready[0])
+        if error:
+            raise SetupError(f"{roles[ready[0]]} could not start: {error}")
+    return [a for pool in pools for a in pool or ()], workers
+
+
+def _map_unordered(
+    workers: Sequence[Any], tasks: Iterator[ShardTask], in_flight: int
+) -> Iterator[ShardDone]:
+    """Each task on a free worker, at most ``in_flight`` queued per worker; results as they
+    come. The driver holds only the tasks in flight."""
+    import ray
+
+    slots = deque(w for _ in range(in_flight) for w in workers)
+    running: dict[Any, Any] = {}
+    exhausted = False
+    while True:
+        while slots and not exhausted:
+            task = next(tasks, None)
+            if task is None:
+                exhausted = True
+                break
+            worker = slots.popleft()
+            running[worker.run.remote(task)] = worker
+        if not running:
+            return
+        ready, _ = ray.wait(list(running), num_returns=1)
+        worker = running.pop(ready[0])
+        slots.append(worker)
+        yield ray.get(ready[0])
 
 
 def run_ray(
-    records: Iterable[ImageRecord],
-    out_dir: Path,
+    inputs: RunInput | Iterable[ImageRecord],
+    out_dir: fs.PathLike,
     config: SynthConfig,
     options: RayOptions | None = None,
     failures: Sequence[Status] = (),
-    progress: Callable[[int, int], None] | None = None,
+    on_shard: Callable[[ShardDone], None] | None = None,
+    progress: Progress | None = None,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
 ) -> RunResult:
-    """Make the shards of ``records`` in ``out_dir`` on Ray, resuming a run of the same config.
+    """Make the shards of ``inputs`` in ``out_dir`` on Ray, resuming a run of the same config.
 
-    Same contract and same bytes as :func:`counterfactual.runner.run_local`;
-    ``progress(items_done, items_todo)`` is called after every batch that comes back.
+    Same contract and same bytes as :func:`counterfactual.runner.run_local`. ``on_start(info)``
+    hears where the run goes (address, dashboard, CPUs, GPUs, nodes) once Ray is up; a run
+    whose shards are all committed starts no Ray.
     """
     import ray
 
     options = options or RayOptions()
-    out_dir = Path(out_dir)
-    run = prepare_run(out_dir, layout(records, config, failures), config)
-    assembler = ShardAssembler(run.out_dir, run.todo_sizes())
-    jobs = [pickle.dumps(job, protocol=5) for job in run.jobs()]
-    # a run whose shards are all committed only rewrites its records: no Ray needed
-    info = init_ray(out_dir, options) if jobs else {"skipped": "every shard was committed"}
     stages = plan_stages(config)
-    try:
-        if jobs:
-            ds = ray.data.from_arrow(_blocks(jobs, options.block_items, int(info["cpus"])))
-            for position, stage in enumerate(stages):
-                ds = ds.map_batches(
-                    _stage_class(stage, position, stages),
-                    fn_constructor_kwargs={"config": config, "steps": stage.steps},
-                    batch_format="numpy",
-                    **stage_args(stage, stages, config, options, info["cpus"], info["gpus"]),
-                )
-            done = 0
-            for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-                finished = _unpack(batch)
-                deliver(assembler, finished)
-                done += len(finished)
-                if progress is not None:
-                    progress(done, len(jobs))
-    finally:
-        assembler.abort()
-    extra = {"ray": {**info, "stages": [list(s.steps) for s in stages], "options": asdict(options)}}
-    return finish_run(run, assembler.committed, "ray", extra)
+    info: dict[str, Any] = {"skipped": "every shard was committed"}
+    out = str(fs.as_path(out_dir)) if fs.is_url(out_dir) else str(Path(out_dir).resolve())
+
+    def execute(tasks: Iterator[ShardTask]) -> Iterator[ShardDone]:
+        first = next(tasks, None)
+        if first is None:
+            return
+        info.clear()
+        info.update(init_ray(out_dir, options))
+        layout = layout_actors(stages, config, options, info["cpus"], info["gpus"])
+        info["layout"] = asdict(layout)
+        if on_start is not None:
+            on_start(info)
+        actors: list[Any] = []
+        try:
+            models, workers = _start(config, out, stages, layout, options)
+            actors = [*models, *workers]
+            yield from _map_unordered(workers, _chain_first(first, tasks), options.in_flight)
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+
+    def extra() -> dict[str, Any]:
+        return {
+            "ray": {
+                **info,
+                "stages": [list(s.steps) for s in stages],
+                "options": asdict(options),
+            }
+        }
+
+    return run_shards(
+        as_input(inputs, failures), out_dir, config, execute, "ray", on_shard, progress, extra
+    )
+
+
+def _chain_first(first: ShardTask, rest: Iterator[ShardTask]) -> Iterator[ShardTask]:
+    yield first
+    yield from rest
+

@@ -51,7 +51,7 @@ def _args(owl, dataset, root, out, *extra):
         "caption",
         "--image-method",
         "blur",
-        "--samples-per-shard",
+        "--images-per-shard",
         "3",
         "--contact-sheet",
         "2",

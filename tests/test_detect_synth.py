@@ -190,7 +190,7 @@ def test_every_input_is_accounted_for(coco, tmp_path):
 
 def test_rerun_resumes_and_another_detector_config_is_refused(coco, tmp_path):
     records = list(coco.records[:10])
-    config = SynthConfig(image=BLUR, detect=DETECT, samples_per_shard=3)
+    config = SynthConfig(image=BLUR, detect=DETECT, images_per_shard=3)
     detector = ScriptedDetector(records)
     first = run_local(_boxless(records), tmp_path / "out", config, detector=detector)
     calls = detector.calls

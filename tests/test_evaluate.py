@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from sample_json import sample_json
 
 from counterfactual.cli import main
 from counterfactual.evalset import Corpus, CorpusImage, Query, read_karpathy, read_queries
@@ -194,10 +195,7 @@ def test_read_queries_keeps_one_per_plan_and_reports_bad_samples(tmp_path):
     jpg = buf.getvalue()
 
     def meta(image_id, removed, caption):
-        plan = {"removed": removed, "kept": ["person"]}
-        return json.dumps(
-            {"image_id": image_id, "split": "test", "plan": plan, "caption": caption}
-        ).encode()
+        return json.dumps(sample_json(image_id, removed, ["person"], caption)).encode()
 
     _write_shard(
         tmp_path / "shard-000000.tar",

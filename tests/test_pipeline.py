@@ -52,7 +52,7 @@ def outputs(out):
     files = {p.name: p.read_bytes() for p in out.glob("shard-*.tar")}
     for p in out.glob("shard-*_stats.json"):
         stats = json.loads(p.read_text())
-        stats.pop("seconds")
+        stats.pop("seconds"), stats.pop("node")  # where and how long: not the output
         files[p.name] = stats
     files["status.jsonl"] = (out / "status.jsonl").read_text()
     return files
@@ -61,7 +61,7 @@ def outputs(out):
 @pytest.fixture(scope="module")
 def local_run(coco, tmp_path_factory):
     out = tmp_path_factory.mktemp("local")
-    extra = ("--image-method", "blur", "--policy", "all", "--samples-per-shard", "3")
+    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
     assert main(args(coco, out, *extra, "--contact-sheet", "0")) == 0
     return out
 
@@ -69,7 +69,7 @@ def local_run(coco, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ray_run(coco, cluster, tmp_path_factory):
     out = tmp_path_factory.mktemp("ray")
-    extra = ("--image-method", "blur", "--policy", "all", "--samples-per-shard", "3")
+    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
     assert main(args(coco, out, *extra, "--runner", "ray", "--contact-sheet", "2")) == 0
     return out
 
@@ -110,7 +110,10 @@ def test_every_input_ends_in_a_shard_or_a_reasoned_status_row(ray_run):
     assert manifest["ray"]["cpus"] == 2 and manifest["versions"]["ray"] == ray.__version__
     assert "git_revision" in manifest and manifest["config"]["image"]["method"] == "blur"
     stats = [json.loads(p.read_text()) for p in sorted(ray_run.glob("*_stats.json"))]
-    assert [s["items"] for s in stats[:-1]] == [3] * (len(stats) - 1)  # fixed items per shard
+    assert [s["images"] for s in stats[:-1]] == [3] * (len(stats) - 1)  # fixed images per shard
+    assert manifest["items_per_node"] and sum(manifest["items_per_node"].values()) == sum(
+        s["items"] for s in stats
+    )
     assert (ray_run / "contact_sheet.png").exists()
 
 
@@ -130,16 +133,16 @@ def test_shards_load_the_way_clip_training_reads_them(ray_run):
 
 def test_rerun_keeps_finished_shards_and_refuses_another_config(ray_run, coco, capsys):
     before = {p.name: p.stat().st_mtime_ns for p in ray_run.glob("shard-*")}
-    extra = ("--image-method", "blur", "--policy", "all", "--samples-per-shard", "3")
+    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
     assert main(args(coco, ray_run, *extra, "--runner", "ray", "--contact-sheet", "0")) == 0
     assert {p.name: p.stat().st_mtime_ns for p in ray_run.glob("shard-*")} == before
     assert "from an earlier run" in capsys.readouterr().out
-    code = main(args(coco, ray_run, "--image-method", "zero", "--samples-per-shard", "3"))
+    code = main(args(coco, ray_run, "--image-method", "zero", "--images-per-shard", "3"))
     assert code == 2 and "different config" in capsys.readouterr().err
 
 
 KILLING_RUN = Path(__file__).with_name("killing_run.py")
-KILL_ARGS = ("--image-method", "blur", "--samples-per-shard", "4", "--batch-size", "2")
+KILL_ARGS = ("--image-method", "blur", "--images-per-shard", "4", "--batch-size", "2")
 
 
 def _run_and_kill(cluster, files, out, target, n):
@@ -158,7 +161,7 @@ def _run_and_kill(cluster, files, out, target, n):
 @pytest.fixture(scope="module")
 def big_clean(big, tmp_path_factory):
     out = tmp_path_factory.mktemp("clean")
-    extra = ("--image-method", "blur", "--samples-per-shard", "4", "--contact-sheet", "0")
+    extra = ("--image-method", "blur", "--images-per-shard", "4", "--contact-sheet", "0")
     assert main(args(big, out, *extra)) == 0
     return out
 
@@ -250,7 +253,7 @@ def test_model_stage_runs_as_an_actor_pool(coco, cluster, tmp_path):
 
 def test_yaml_config_with_command_line_overrides(coco, tmp_path, capsys):
     config = tmp_path / "run.yaml"
-    config.write_text("image_method: zero\ntext_method: prompt\nsamples_per_shard: 2\nseed: 3\n")
+    config.write_text("image_method: zero\ntext_method: prompt\nimages_per_shard: 2\nseed: 3\n")
     out = tmp_path / "out"
     assert (
         main([*args(coco, out, "--contact-sheet", "0"), "--config", str(config), "--seed", "4"])
@@ -259,7 +262,7 @@ def test_yaml_config_with_command_line_overrides(coco, tmp_path, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["image"]["method"] == "zero"
     assert manifest["config"]["text"]["method"] == "prompt"
-    assert manifest["config"]["samples_per_shard"] == 2 and manifest["config"]["seed"] == 4
+    assert manifest["config"]["images_per_shard"] == 2 and manifest["config"]["seed"] == 4
     config.write_text("image_methd: zero\n")
     assert main([*args(coco, tmp_path / "o2"), "--config", str(config)]) == 2
     assert "image_methd" in capsys.readouterr().err

@@ -136,7 +136,7 @@ def coco(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bad(coco, tmp_path_factory):
     out = tmp_path_factory.mktemp("bad") / "run"
-    extra = ("--image-method", "blur", "--policy", "all", "--samples-per-shard", "4")
+    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "4")
     assert main(synth_args(coco, out, *extra, "--contact-sheet", "0")) == 0
     return out
 
@@ -271,9 +271,10 @@ VERIFY = {
         }
     },
     "retention": {"person": {"rank": 9, "prob": 0.01, "kept": False}},
-    "text": {"mentions_removed": 0, "similarity": 0.93},
+    "text": {"names_removed": [], "names_kept": True},
     "model": "tiny-clip",
     "k": 5,
+    "retention_k": 10,
 }
 
 
@@ -327,12 +328,10 @@ def test_missing_originals_show_the_edited_picture(bad, coco, tmp_path):
     # with a root, one deleted original: that row alone goes without
     images = tmp_path / "images"
     shutil.copytree(coco.images, images)
-    gone = report.shown[0].load_meta()["file"]
+    gone = report.shown[0].load_meta().file
     (images / gone).unlink()
     partial = write_report(bad, tmp_path / "some", n=6, root=images)
-    assert (
-        partial.missing_originals == sum(s.load_meta()["file"] == gone for s in partial.shown) >= 1
-    )
+    assert partial.missing_originals == sum(s.load_meta().file == gone for s in partial.shown) >= 1
     assert_links_exist(partial.index, parse(partial.index))
     sheet = np.asarray(Image.open(partial.sheets[0]).convert("L"), dtype=np.float64)
     assert sheet.std() > 10

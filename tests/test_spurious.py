@@ -8,6 +8,7 @@ from io import BytesIO
 import numpy as np
 import pytest
 from PIL import Image
+from sample_json import sample_json
 
 from counterfactual.cli import main
 from counterfactual.cooccurrence import (
@@ -203,15 +204,16 @@ def _write_shard(folder, metas):
                 info = tarfile.TarInfo(f"k{n}.{ext}")
                 info.size = len(data)
                 tar.addfile(info, BytesIO(data))
+    (folder / "shard-000000_stats.json").write_text("{}")  # committed
 
 
 def test_cli_after_counts_are_before_plus_synthetic(tmp_path):
     """Hand-made shards on the demo: the same plan written with two captions is one image."""
     runs = tmp_path / "run"
     metas = [
-        {"image_id": "1", "plan": {"removed": ["flag"], "kept": ["person", "rocket"]}},
-        {"image_id": "1", "plan": {"removed": ["flag"], "kept": ["person", "rocket"]}},
-        {"image_id": "7", "plan": {"removed": ["rocket"], "kept": ["cat"]}},
+        sample_json("1", ["flag"], ["person", "rocket"]),
+        sample_json("1", ["flag"], ["person", "rocket"]),
+        sample_json("7", ["rocket"], ["cat"]),
     ]
     _write_shard(runs, metas)
     assert synthetic_class_sets(runs) == ([{"person", "rocket"}, {"cat"}], 3)

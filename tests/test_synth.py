@@ -23,7 +23,7 @@ def synth(files, out, *extra):
         synth_args(
             files,
             out,
-            "--samples-per-shard",
+            "--images-per-shard",
             "3",
             "--max-pixels",
             "1000000",
@@ -82,7 +82,10 @@ def test_shards_read_back_with_webdataset(run):
     assert [p.name for p in tars][:2] == ["shard-000000.tar", "shard-000001.tar"]
     for tar in tars:
         stats = json.loads(tar.with_name(tar.stem + "_stats.json").read_text())
-        assert stats["count"] == len(stats["keys"]) <= 3
+        assert stats["count"] == len(stats["keys"]) <= stats["items"]
+        assert stats["images"] <= 3  # --images-per-shard 3: the shard holds what they yield
+        image_ids = {s["image_id"] for s in stats["status"]}
+        assert len(image_ids) <= 3 and {k.split("_")[0] for k in stats["keys"]} <= image_ids
     for key, image, text, meta in samples:
         assert "." not in key
         assert isinstance(image, Image.Image) and image.mode == "RGB"
@@ -183,48 +186,48 @@ def test_sample_keys_are_stable_and_dotless():
     assert "." not in odd and " " not in odd and odd != sample_key("a-b", "hot dog", "x_y")
 
 
-def test_assembler_writes_item_order_whatever_the_arrival_order(tmp_path):
+def test_shard_writer_commits_the_tar_then_its_stats(tmp_path):
     from counterfactual.records import Status
-    from counterfactual.shards import Sample, ShardAssembler, read_stats
+    from counterfactual.shards import Sample, ShardWriter, read_stats
 
     def item(i):
         if i == 3:  # a failed item: a status row, no sample
             return None, Status(str(i), "failed", "decode-error", "", f"k{i}", "dog")
         return Sample(f"k{i}", b"\xff\xd8", f"t{i}", {"i": i}), Status(str(i), "written")
 
-    asm = ShardAssembler(tmp_path, {0: 2, 1: 2, 2: 1})
-    committed = []
-    for shard, index in [(1, 1), (2, 0), (0, 1), (1, 0), (0, 0), (0, 0)]:
-        stats = asm.add(shard, index, *item(2 * shard + index))
-        committed.append(stats.shard if stats else None)
-    assert committed == [
-        None,
-        "shard-000002.tar",
-        None,
-        "shard-000001.tar",
-        "shard-000000.tar",
-        None,
-    ]
-    assert asm.duplicates == 1 and asm.pending == []
+    for shard, items in enumerate([(0, 1), (2, 3), (4,)]):
+        writer = ShardWriter(tmp_path, shard, input=f"in{shard}", node="n")
+        writer.add(None, Status("skipped-image", "skipped", "no-removable-class"), item=False)
+        for i in items:
+            writer.add(*item(i), {"decode": 0.5})
+        writer.images = len(items) + 1
+        stats = writer.commit()
+        assert stats.shard == f"shard-{shard:06d}.tar"
     assert not list(tmp_path.glob("*.tmp"))
     done = read_stats(tmp_path)
     assert sorted(done) == [0, 1, 2]
-    assert (done[1].count, done[1].items, done[1].keys) == (1, 2, ("k2",))
-    assert [s.reason for s in done[1].status] == [None, "decode-error"]
+    assert (done[1].count, done[1].items, done[1].keys, done[1].images) == (1, 2, ("k2",), 3)
+    assert [s.reason for s in done[1].status] == ["no-removable-class", None, "decode-error"]
+    assert (done[1].input, done[1].node, done[1].seconds) == ("in1", "n", {"decode": 1.0})
+    assert done[1].counts() == {
+        "skipped:no-removable-class": 1,
+        "written": 1,
+        "failed:decode-error": 1,
+    }
     urls = sorted(str(p) for p in tmp_path.glob("*.tar"))
     rows = list(wds.WebDataset(urls, shardshuffle=False))
     assert [r["__key__"] for r in rows] == ["k0", "k1", "k2", "k4"]
-    with pytest.raises(ValueError, match="not planned"):
-        asm.add(7, 0, *item(0))
     with pytest.raises(ValueError, match="dot"):
-        ShardAssembler(tmp_path / "x", {0: 1}).add(
-            0, 0, Sample("a.b", b"", "", {}), Status("a", "written")
-        )
-    # a writer that stops half-way leaves no temporary file behind
-    half = ShardAssembler(tmp_path / "half", {0: 2})
-    half.add(0, 0, *item(0))
+        ShardWriter(tmp_path / "x", 0).add(Sample("a.b", b"", "", {}), Status("a", "written"))
+    # a writer that stops half-way leaves nothing behind, and a tar without stats is not
+    # committed
+    (tmp_path / "half").mkdir()
+    half = ShardWriter(tmp_path / "half", 0)
+    half.add(*item(0))
     half.abort()
     assert not list((tmp_path / "half").iterdir())
+    (tmp_path / "shard-000003.tar").write_bytes(b"")
+    assert sorted(read_stats(tmp_path)) == [0, 1, 2]
 
 
 @pytest.mark.slow

@@ -415,7 +415,7 @@ def step_config(mode, policy="all"):
         image=ImageConfig(method="zero"),
         selection=SelectionConfig(policy=policy),
         verify=VerifyConfig(mode=mode, k=2, retention_k=8, min_box=8),
-        samples_per_shard=100,
+        images_per_shard=100,
     )
 
 

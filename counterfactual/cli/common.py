@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from counterfactual.readers import CORPORA, DATASETS
 from counterfactual.selection import POLICIES, SelectionConfig
+
+if TYPE_CHECKING:
+    from counterfactual.readers.spec import DataSpec
 
 
 def add_selection_args(parser: argparse.ArgumentParser) -> None:
@@ -49,12 +52,12 @@ def add_data_args(
             "; wds, parquet, csv: the files, with brace ranges or globs, e.g. "
             "'data/{00000..00099}.tar'"
         )
-    d.add_argument("--root", type=Path, default=None, help=root_help)
-    d.add_argument("--instances", type=Path, help="COCO instances_*.json")
-    d.add_argument("--captions", type=Path, help="COCO captions_*.json")
+    root_help += "; every path may be an fsspec URL (s3://, gs://, az://, hf://)"
+    d.add_argument("--root", default=None, help=root_help)
+    d.add_argument("--instances", help="COCO instances_*.json")
+    d.add_argument("--captions", help="COCO captions_*.json")
     d.add_argument(
         "--images",
-        type=Path,
         help="folder the file names are relative to (parquet, csv: default the table's folder)",
     )
     if corpora:
@@ -69,7 +72,29 @@ def add_data_args(
                 help=f"parquet, csv: the {name} column (default: the first present of {what})",
             )
     d.add_argument("--coco-set", default="train2017", help="COCO file set under ROOT")
-    d.add_argument("--split-file", type=Path, help="Karpathy dataset_coco.json")
+    d.add_argument("--split-file", help="Karpathy dataset_coco.json")
     d.add_argument("--split", default=None, help="train, val or test (Karpathy / Flickr30k)")
     d.add_argument("--limit", type=int, default=None, help="only the first N images")
     return d
+
+
+def data_spec(args: argparse.Namespace, demo_root: str | None = None) -> DataSpec:
+    """The :class:`DataSpec` the data options name (``demo_root``: where the demo's pictures
+    go when ``--root`` is not given)."""
+    from counterfactual.readers.spec import DataSpec
+
+    root = args.root if args.root is not None else (demo_root if args.dataset == "demo" else None)
+    return DataSpec(
+        kind=args.dataset,
+        root=None if root is None else str(root),
+        images=args.images,
+        instances=args.instances,
+        captions=args.captions,
+        coco_set=args.coco_set,
+        split_file=args.split_file,
+        split=args.split,
+        caption_column=getattr(args, "caption_column", None),
+        image_column=getattr(args, "image_column", None),
+        id_column=getattr(args, "id_column", None),
+        limit=args.limit,
+    )

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from counterfactual.cli.common import add_data_args
 from counterfactual.cooccurrence import (
@@ -16,6 +17,9 @@ from counterfactual.cooccurrence import (
     report,
     synthetic_class_sets,
 )
+
+if TYPE_CHECKING:
+    from counterfactual.readers.spec import DataSpec
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,13 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from counterfactual.cli.synth import load_dataset
+    from counterfactual.readers.spec import read_dataset
 
     if args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     if args.smoothing < 0:
         raise ValueError(f"--smoothing must be >= 0, got {args.smoothing}")
-    dataset = load_dataset(argparse.Namespace(**{**vars(args), "out": args.synthetic}))
+    dataset = read_dataset(_spec(args))
     records = dataset.records[: args.limit] if args.limit else dataset.records
     sets, samples = synthetic_class_sets(args.synthetic)
     before = CooccurrenceStats.from_records(records)
@@ -68,3 +72,17 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _spec(args: argparse.Namespace) -> DataSpec:
+    """The data options; without ``--root``, the data spec the run recorded in its manifest."""
+    from counterfactual import fs
+    from counterfactual.cli.common import data_spec
+    from counterfactual.readers.spec import DataSpec
+
+    manifest = fs.join(args.synthetic, "manifest.json")
+    if args.root is None and args.instances is None and fs.exists(manifest):
+        recorded = json.loads(fs.read_text(manifest)).get("data")
+        if isinstance(recorded, dict):
+            return DataSpec.from_dict({**recorded, "limit": args.limit})
+    return data_spec(args, str(fs.join(args.synthetic, "demo-data")))

@@ -8,12 +8,20 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from counterfactual.cli.common import add_data_args, add_selection_args, selection_config
+from counterfactual import fs
+from counterfactual.cli.common import (
+    add_data_args,
+    add_selection_args,
+    data_spec,
+    selection_config,
+)
 from counterfactual.detect import QUERY_MODES, DetectConfig
 from counterfactual.image import IMAGE_METHODS, INPAINT_BACKENDS, ImageConfig
 from counterfactual.masks import MASK_SOURCES, MaskConfig
+from counterfactual.progress import Progress
 from counterfactual.readers import CORPORA
-from counterfactual.records import Dataset, ImageRecord
+from counterfactual.readers.spec import open_input
+from counterfactual.records import ImageRecord
 from counterfactual.synth import CAPTION_CHOICES, SynthConfig
 from counterfactual.text import TEXT_METHODS, TextConfig
 from counterfactual.verify import VerifyConfig
@@ -46,7 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cluster in RAY_ADDRESS",
     )
     add_data_args(p, corpora=True)
-    p.add_argument("--out", type=Path, default=None, help="output folder (required)")
+    p.add_argument(
+        "--out", default=None, help="output folder or URL, e.g. s3://bucket/run (required)"
+    )
     add_selection_args(p)
     b = p.add_argument_group("boxes (an open-vocabulary detector for corpora without them)")
     b.add_argument(
@@ -154,7 +164,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     v.add_argument("--verify-batch-size", type=int, default=_VERIFY.batch_size)
     o = p.add_argument_group("output")
-    o.add_argument("--samples-per-shard", type=int, default=1000)
+    o.add_argument(
+        "--images-per-shard",
+        "--samples-per-shard",  # its name before 0.2
+        type=int,
+        default=_SYNTH.images_per_shard,
+        help="input images per shard (a corpus: rows; a WebDataset tar is one shard): a shard "
+        "holds the samples its images yield, fewer when some yield none (default: %(default)s)",
+    )
     o.add_argument(
         "--max-pixels", type=int, default=_SYNTH.max_pixels, help="refuse larger pictures"
     )
@@ -167,15 +184,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r = p.add_argument_group("ray (with --runner ray)")
     r.add_argument("--ray-address", default=None, help="cluster to join (default: RAY_ADDRESS)")
     r.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
-    r.add_argument("--cpu-actors", type=int, default=None, help="actors per CPU stage")
-    r.add_argument("--model-actors", type=int, default=None, help="actors per model stage")
+    r.add_argument(
+        "--cpu-actors",
+        type=int,
+        default=None,
+        help="shard workers (default: the cluster's CPUs left after the model actors)",
+    )
+    r.add_argument(
+        "--model-actors",
+        type=int,
+        default=None,
+        help="actors per model stage (default: the GPUs shared among the GPU stages; on CPU "
+        "none, the shard workers run the models themselves)",
+    )
     r.add_argument("--gpus-per-actor", type=float, default=1.0)
     r.add_argument("--model-batch-size", type=int, default=None, help="items per model call")
     r.add_argument(
-        "--block-items",
-        type=int,
-        default=64,
-        help="items per Ray input block: smaller streams finer, larger costs less overhead",
+        "--in-flight", type=int, default=2, help="shard tasks queued per worker (default 2)"
+    )
+    r.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="Ray's own logs and the workers' output on this terminal",
     )
     r.add_argument(
         "--no-dashboard",
@@ -186,42 +217,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_dataset(args: argparse.Namespace) -> Dataset:
-    if args.dataset in CORPORA:
-        if args.root is None:
-            raise ValueError(
-                f"--dataset {args.dataset} needs --root: its files, e.g. 'data/{{00000..00009}}"
-                f".{'tar' if args.dataset == 'wds' else args.dataset}'"
-            )
-        from counterfactual.readers.corpus import read_table, read_wds
-
-        if args.dataset == "wds":
-            return read_wds(str(args.root))
-        return read_table(
-            str(args.root),
-            args.dataset,
-            images=args.images,
-            caption_column=args.caption_column,
-            image_column=args.image_column,
-            id_column=args.id_column,
-        )
-    if args.dataset == "demo":
-        from counterfactual.readers.demo import read_demo
-
-        return read_demo(args.root or args.out / "demo-data")
-    if args.root is None and args.instances is None:
-        raise ValueError(f"--dataset {args.dataset} needs --root (or --instances for COCO)")
-    if args.dataset == "flickr30k":
-        from counterfactual.readers.flickr30k import read_flickr30k
-
-        return read_flickr30k(args.root, split=args.split)
-    from counterfactual.readers.coco import read_coco
-
-    root = args.root or args.instances.parent
-    instances = args.instances or root / "annotations" / f"instances_{args.coco_set}.json"
-    captions = args.captions or root / "annotations" / f"captions_{args.coco_set}.json"
-    images = args.images or root / args.coco_set
-    return read_coco(instances, captions, images, args.split_file, args.split)
+def demo_root(args: argparse.Namespace) -> str:
+    """Where the demo's pictures go without ``--root``: ``OUT/demo-data``."""
+    return str(fs.join(args.out, "demo-data"))
 
 
 def default_vocabulary(args: argparse.Namespace) -> str | None:
@@ -298,7 +296,7 @@ def build_config(args: argparse.Namespace) -> SynthConfig:
         detect=detect,
         captions=args.captions_per_image,
         seed=args.seed,
-        samples_per_shard=args.samples_per_shard,
+        images_per_shard=args.images_per_shard,
         max_pixels=args.max_pixels,
         batch_size=args.batch_size,
     )
@@ -322,11 +320,18 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ValueError("--out is required (on the command line or in --config)")
     config = build_config(args)
-    dataset = load_dataset(args)
-    records = dataset.records[: args.limit] if args.limit else dataset.records
-    if config.verify.enabled:
+    spec = data_spec(args, demo_root(args))
+    inputs, _ = open_input(spec, config.images_per_shard)
+    records = inputs.records if isinstance(inputs.records, Sequence) else ()
+    if config.verify.enabled and records:
         check_vocabulary(records, config.text.vocabulary)
-    print(f"{dataset.name}: {len(records)} images -> {args.out} ({args.runner})", file=sys.stderr)
+    what = (
+        f"{len(inputs.pieces)} pieces of {spec.root}"
+        if inputs.pieces is not None
+        else f"{len(records)} images"
+    )
+    print(f"{spec.kind}: {what} -> {args.out} ({args.runner})", file=sys.stderr)
+    progress = Progress(inputs.image_count(), inputs.shard_count(config) or 0)
     if args.runner == "ray":
         from pipelines.synth import RayOptions, run_ray
 
@@ -338,21 +343,32 @@ def run(args: argparse.Namespace) -> int:
             address=args.ray_address,
             num_cpus=args.num_cpus,
             dashboard=args.dashboard,
-            block_items=args.block_items,
+            in_flight=args.in_flight,
+            verbose=args.verbose,
         )
-        result = run_ray(records, args.out, config, options, failures=dataset.failures)
+        result = run_ray(inputs, args.out, config, options, progress=progress, on_start=_started)
     else:
         from counterfactual.runner import run_local
 
-        result = run_local(records, args.out, config, failures=dataset.failures)
+        result = run_local(inputs, args.out, config, progress=progress)
     if args.contact_sheet:
         from counterfactual.contact_sheet import contact_sheet, sheet_rows
 
-        rows = sheet_rows(args.out, {r.image_id: r for r in records}, args.contact_sheet)
+        by_id = {r.image_id: r for r in records}
+        rows = sheet_rows(args.out, by_id, args.contact_sheet)
         if rows:
-            sheet = contact_sheet(rows, args.out / "contact_sheet.png")
+            sheet = contact_sheet(rows, fs.join(args.out, "contact_sheet.png"))
             print(f"contact sheet: {sheet}", file=sys.stderr)
     from counterfactual.run import summary_table
 
     print(summary_table(result))
     return 0
+
+
+def _started(info: dict) -> None:
+    nodes, cpus, gpus = len(info.get("nodes") or {}), info.get("cpus", 0), info.get("gpus", 0)
+    where = f"Ray {info.get('address')}: {nodes} node(s), {cpus:g} CPUs, {gpus:g} GPUs"
+    if info.get("dashboard"):
+        where += f"; dashboard {info['dashboard']}"
+    layout = info.get("layout") or {}
+    print(f"{where}; {layout.get('workers', '?')} shard workers", file=sys.stderr)

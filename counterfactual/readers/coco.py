@@ -1,29 +1,32 @@
 """COCO: ``instances_*.json`` (boxes ``[x, y, w, h]`` in pixels) and ``captions_*.json``,
-optionally restricted to one split of Karpathy's ``dataset_coco.json``."""
+optionally restricted to one split of Karpathy's ``dataset_coco.json``.
+
+Every file and the images folder may be a local path or a URL (``s3://bucket/coco/...``, see
+:mod:`counterfactual.fs`); records keep the images folder as their ``root``."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
+from counterfactual import fs
 from counterfactual.readers import safe_relative_path
 from counterfactual.records import Caption, Dataset, ImageRecord, ObjectAnnotation, Status
 
 KARPATHY_SPLITS = ("train", "val", "test")
 
 
-def _load_json(path: Path) -> Any:
+def _load_json(path: fs.PathLike) -> Any:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with fs.open_file(path, "rb") as fh:
             return json.load(fh)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from err
 
 
-def karpathy_ids(split_file: Path, split: str) -> set[str]:
+def karpathy_ids(split_file: fs.PathLike, split: str) -> set[str]:
     """COCO image ids of one Karpathy split; ``restval`` counts as ``train`` (113,287 images)."""
     if split not in KARPATHY_SPLITS:
         raise ValueError(f"split {split!r} is not one of {KARPATHY_SPLITS}")
@@ -63,18 +66,20 @@ def _parse_object(ann: dict[str, Any], categories: dict[Any, str]) -> ObjectAnno
 
 
 def read_coco(
-    instances: Path,
-    captions: Path | None,
-    images: Path,
-    split_file: Path | None = None,
+    instances: fs.PathLike,
+    captions: fs.PathLike | None,
+    images: fs.PathLike,
+    split_file: fs.PathLike | None = None,
     split: str | None = None,
     dataset: str = "coco",
 ) -> Dataset:
     """Read COCO-format annotations. ``images`` is the folder the ``file_name`` entries are
-    relative to. With ``split_file`` and ``split``, only that Karpathy split is kept."""
-    inst = _load_json(Path(instances))
-    caps = _load_json(Path(captions)) if captions is not None else {"annotations": []}
-    wanted = karpathy_ids(Path(split_file), split) if split_file and split else None
+    relative to. With ``split_file`` and ``split``, only that Karpathy split is kept. Each may be
+    a local path or a URL."""
+    inst = _load_json(instances)
+    caps = _load_json(captions) if captions is not None else {"annotations": []}
+    wanted = karpathy_ids(split_file, split) if split_file and split else None
+    root = fs.as_path(images)
     categories = {c["id"]: str(c["name"]) for c in inst.get("categories", [])}
     objects: dict[str, list[ObjectAnnotation]] = defaultdict(list)
     problems: dict[str, list[str]] = defaultdict(list)
@@ -115,7 +120,7 @@ def read_coco(
                     height=height,
                     objects=tuple(objects.get(image_id, ())),
                     captions=tuple(texts.get(image_id, ())),
-                    root=Path(images),
+                    root=root,
                     split=split,
                     dataset=dataset,
                 )

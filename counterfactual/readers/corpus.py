@@ -18,6 +18,18 @@ Formats:
   holds the encoded picture (a binary column, or a struct ``{bytes, path}`` as Hugging Face
   datasets write images) or a path to a picture file.
 - **CSV** (:func:`iter_table`, ``kind="csv"``): like Parquet, but the image column holds paths.
+  Read as Python's :mod:`csv` reads it (the ``excel`` dialect, UTF-8, blank lines skipped).
+
+Every path may be a local path or an fsspec URL (``s3://bucket/shards/{00000..00099}.tar``),
+read through :mod:`counterfactual.fs`: pattern expansion, tars, tables, and the pictures that
+:func:`read_source` reads back.
+
+Pieces: a run cuts a corpus into :class:`InputPiece` s, one output shard each, so that the
+driver holds O(files), never O(samples). :func:`plan_pieces` (the driver) lists the files and
+cuts them without reading samples: one piece per tar (nothing read from it), Parquet by row
+counts from the footer, CSV by one binary scan that records the byte offset of every
+``rows_per_piece``-th row. :func:`read_piece` (a worker) reads one piece's records.
+:func:`iter_wds` and :func:`iter_table` are the same machinery with one piece per file.
 
 Streaming: readers never read picture data. A shard's tar headers are read one after another
 and the data between them is skipped by seeking; only the small ``txt`` / ``json`` members are
@@ -25,24 +37,28 @@ read. Parquet is read by row group, only the id and caption columns, plus the im
 the row group's statistics do not rule out empty cells. A picture inside another file gets a
 ``source`` (:class:`~counterfactual.records.TarMember`: byte offset and size;
 :class:`~counterfactual.records.ParquetCell`: row group, row and column), which a worker reads
-with :func:`read_source` (one seek for a tar member); a picture file of its own gets ``file``
-relative to ``root``, as in the annotated datasets.
+with :func:`read_source` (one ranged read for a tar member); a picture file of its own gets
+``file`` relative to ``root`` (a ``Path``, or a ``str`` URL), as in the annotated datasets.
 
 Bad data never raises; it becomes a ``failed`` :class:`~counterfactual.records.Status`:
 
 - ``missing-image``: a sample without a picture member, or a row whose image cell is null
   (a struct with neither ``bytes`` nor ``path``; in a CSV, an empty cell).
-- ``duplicate-key``: a key or id already seen earlier in the same stream (any shard or file);
-  the first one is kept, ``detail`` names both places.
+- ``duplicate-key``: a key or id already seen earlier in the same stream; the first one is
+  kept, ``detail`` names both places. :func:`iter_wds` / :func:`iter_table` check the whole
+  stream (every shard or file); :func:`read_piece` checks only its piece.
 - ``bad-metadata``: the caption would come from a member that cannot be read as text (a ``txt``
   that is not UTF-8, a ``json`` that does not parse or is not an object, text members over
   1 MiB).
 - ``unsafe-path``: a path cell that is absolute outside the images folder, climbs out with
-  ``..``, names a drive or URL, or is an empty string (Parquet).
+  ``..``, names a drive or URL (other than one inside a URL images folder), or is an empty
+  string (Parquet).
 - ``missing-file`` (``image_id`` = the path): a shard or table that does not exist.
 - ``bad-shard`` (``image_id`` = the path): a tar that is corrupt, truncated or compressed, or a
   table that cannot be read. Records read before the problem are kept; a sample that was still
-  being grouped when it occurred is dropped (it may be incomplete) and named in ``detail``.
+  being grouped when it occurred is dropped (it may be incomplete) and named in ``detail``. A
+  CSV that stops being UTF-8 fails the piece that holds the bad bytes, from the decoding block
+  that holds them; other pieces of the file are read.
 
 Bad configuration raises ``ValueError`` up front: a pattern that matches nothing, a named
 column that a table lacks, a table with no caption or image column to be found, a caption or
@@ -51,21 +67,25 @@ image column of the wrong type.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
-import glob
+import io
 import json
 import os
 import re
 import tarfile
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 from braceexpand import braceexpand
 
+from counterfactual import fs
 from counterfactual._lazy import require
 from counterfactual.imageio import SampleError
 from counterfactual.readers import safe_relative_path
@@ -85,6 +105,7 @@ CAPTION_COLUMNS = ("caption", "txt", "text", "TEXT")
 IMAGE_COLUMNS = ("image", "jpg", "path", "file", "filepath", "file_name", "image_path")
 ID_COLUMNS = ("key", "id", "image_id")
 TABLE_KINDS = ("parquet", "csv")
+PIECE_KINDS = ("wds", *TABLE_KINDS)
 MAX_TEXT_BYTES = 1 << 20
 """A ``txt`` or ``json`` member larger than this is not read (``bad-metadata``)."""
 
@@ -101,11 +122,16 @@ _COMPRESSED_MAGIC = {
     b"\xfd7zXZ": "xz",
     b"\x28\xb5\x2f\xfd": "zstd",
 }
+_PLAN_THREADS = 8
+"""Table headers and footers read at once when planning files behind URLs."""
+_URL_STAMP_SECONDS = 60
+"""How long a worker trusts a URL's size and ETag before asking again (see :func:`read_source`)."""
 
 
-def expand_pattern(pattern: str | Path) -> list[Path]:
+def expand_pattern(pattern: str | Path) -> list[str | Path]:
     """The files named by ``pattern``: brace expansion (``data/{00000..00009}.tar``), then shell
     globs (``*``, ``?``, ``[...]``) on each result, sorted within a glob, brace order kept.
+    Local files come back as :class:`Path`, URLs as ``str`` (globbed through fsspec).
 
     A brace result without glob characters is kept even when it does not exist (the readers
     report it as ``missing-file``); a glob keeps only the files it matches. Raises
@@ -114,15 +140,204 @@ def expand_pattern(pattern: str | Path) -> list[Path]:
     text = os.fspath(pattern)
     if not text:
         raise ValueError("empty file pattern")
-    paths: list[Path] = []
+    paths: list[str | Path] = []
+    globbed = False
     for part in braceexpand(text):
         if _GLOB_MAGIC.search(part):
-            paths += [Path(p) for p in sorted(glob.glob(part)) if os.path.isfile(p)]
+            found = fs.glob(part)
+            globbed = globbed or bool(found)
+            paths += found
         else:
-            paths.append(Path(part))
-    if not any(p.is_file() for p in paths):
+            paths.append(fs.as_path(part))
+    if not globbed and not any(fs.isfile(p) for p in paths):
         raise ValueError(f"no file matches {text!r}")
     return paths
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+@dataclass(frozen=True, slots=True)
+class TableLayout:
+    """How a worker reads a table without planning it again: the columns chosen, what the
+    image column holds (``"bytes"``: binary; ``"struct"``: ``{bytes, path}``; ``"path"``: a
+    path string; always ``"path"`` in a CSV), the CSV header row, and ``images``, the folder
+    that path cells are relative to (a local path or URL; ``None``: the table's folder)."""
+
+    caption: str
+    image: str
+    id: str | None = None
+    holds: str = "path"
+    header: tuple[str, ...] = ()
+    images: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InputPiece:
+    """One output shard's worth of a corpus: small, picklable, read by :func:`read_piece`.
+
+    ``kind``: ``"wds"``, ``"parquet"`` or ``"csv"``; ``path``: the file (local path or URL);
+    ``index``: its position in the expanded pattern. Rows ``start`` (inclusive) to ``stop``
+    (exclusive; ``None``: to the end) are counted from 0 within the file, blank CSV lines not
+    counted; a tar is always read whole. CSV only: ``offset`` is the byte offset of row
+    ``start`` (after the header), ``end`` the byte offset one past the piece (``None``: the end
+    of the file). ``table``: the table's layout (``None`` for a tar).
+    """
+
+    kind: str
+    path: str
+    index: int
+    start: int = 0
+    stop: int | None = None
+    offset: int = 0
+    end: int | None = None
+    table: TableLayout | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _File:
+    """One input file as planned: its layout, and where its rows lie (Parquet: ``rows``, the
+    row count from the footer; CSV: ``offset``, the byte offset just after the header)."""
+
+    kind: str
+    path: str
+    index: int
+    table: TableLayout | None = None
+    rows: int = 0
+    offset: int = 0
+
+
+def plan_pieces(
+    pattern: str | Path,
+    kind: str,
+    rows_per_piece: int,
+    images: str | Path | None = None,
+    caption_column: str | None = None,
+    image_column: str | None = None,
+    id_column: str | None = None,
+) -> Iterator[InputPiece | Status]:
+    """The pieces of a corpus, file by file in pattern order, each at most ``rows_per_piece``
+    rows, and a ``failed`` status for each table that is missing (``missing-file``) or cannot
+    be read (``bad-shard``).
+
+    Runs in the driver in O(1) memory per row: a WebDataset shard is one piece and is not
+    opened (a missing or bad tar is reported by :func:`read_piece`); a Parquet file is cut by
+    the row counts in its footer (a piece may cross row groups); a CSV is scanned once as bytes
+    for row boundaries (a newline inside a quoted field does not end a row; parsing as
+    :mod:`csv` does) and cut at every ``rows_per_piece``-th row. A file without rows gives no
+    piece. The table options are those of :func:`iter_table` (ignored for ``"wds"``).
+
+    Raises ``ValueError`` at the call, before any piece: an unknown ``kind``, a
+    ``rows_per_piece`` below 1, a pattern that matches nothing, and for tables every file's
+    columns checked as :func:`iter_table` checks them (its header or footer is read now).
+    """
+    if kind not in PIECE_KINDS:
+        raise ValueError(f"corpus kind {kind!r} is not one of {PIECE_KINDS}")
+    if isinstance(rows_per_piece, bool) or not isinstance(rows_per_piece, int):
+        raise ValueError(f"rows_per_piece must be an integer, not {rows_per_piece!r}")
+    if rows_per_piece < 1:
+        raise ValueError(f"rows_per_piece must be at least 1, not {rows_per_piece}")
+    files = _plan_files(pattern, kind, images, caption_column, image_column, id_column)
+    return _pieces(files, rows_per_piece)
+
+
+def read_piece(piece: InputPiece) -> Iterator[ImageRecord | Status]:
+    """The records and ``failed`` statuses of one piece, as :func:`iter_wds` /
+    :func:`iter_table` yield them for those rows (same ids, ``file``, ``source``, captions and
+    failure reasons), except that ``duplicate-key`` is checked only within the piece."""
+    return _read_piece(piece, {})
+
+
+def _plan_files(
+    pattern: str | Path,
+    kind: str,
+    images: str | Path | None,
+    caption_column: str | None,
+    image_column: str | None,
+    id_column: str | None,
+) -> list[_File | Status]:
+    paths = [str(p) for p in expand_pattern(pattern)]
+    if kind == "wds":
+        return [_File(kind, path, i) for i, path in enumerate(paths)]
+    folder = None if images is None else str(fs.as_path(images))
+
+    def plan(item: tuple[int, str]) -> _File | Status:
+        index, path = item
+        return _plan_table(path, index, kind, folder, caption_column, image_column, id_column)
+
+    if len(paths) > 1 and any(fs.is_url(p) for p in paths):
+        with ThreadPoolExecutor(_PLAN_THREADS) as pool:
+            return list(pool.map(plan, enumerate(paths)))
+    return [plan(item) for item in enumerate(paths)]
+
+
+def _pieces(
+    files: list[_File | Status], rows_per_piece: int | None
+) -> Iterator[InputPiece | Status]:
+    """Cut each planned file; ``rows_per_piece=None``: one piece per file, nothing scanned."""
+    for file in files:
+        if isinstance(file, Status):
+            yield file
+        elif file.kind == "wds":
+            yield InputPiece(file.kind, file.path, file.index)
+        elif rows_per_piece is None:
+            yield _piece(file, 0, None, file.offset, None)
+        elif file.kind == "parquet":
+            for start in range(0, file.rows, rows_per_piece):
+                yield _piece(file, start, min(start + rows_per_piece, file.rows))
+        else:
+            yield from _csv_pieces(file, rows_per_piece)
+
+
+def _piece(
+    file: _File, start: int, stop: int | None, offset: int = 0, end: int | None = None
+) -> InputPiece:
+    return InputPiece(file.kind, file.path, file.index, start, stop, offset, end, file.table)
+
+
+def _read_piece(piece: InputPiece, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
+    """``seen``: key or id -> where it was first seen, shared by the pieces of one stream."""
+    if piece.kind == "wds":
+        return _read_shard(piece.path, seen)
+    if piece.kind not in TABLE_KINDS:
+        raise ValueError(f"piece kind {piece.kind!r} is not one of {PIECE_KINDS}")
+    if piece.table is None:
+        raise ValueError(f"{piece.path}: a {piece.kind} piece needs its table layout")
+    return _read_table_piece(piece, piece.table, seen)
+
+
+def _read_all(plans: Iterator[InputPiece | Status]) -> Iterator[ImageRecord | Status]:
+    seen: dict[str, str] = {}
+    for item in plans:
+        if isinstance(item, Status):
+            yield item
+        else:
+            yield from _read_piece(item, seen)
+
+
+def _open(path: str, cache_type: str | None = None) -> IO[bytes]:
+    """A local file or URL opened for binary reading; ``cache_type`` is fsspec's (URLs only:
+    ``"none"`` when the reader makes its own ranged reads, as pyarrow does)."""
+    if cache_type is not None and fs.is_url(path):
+        return fs.open_file(path, "rb", cache_type=cache_type)
+    return fs.open_file(path, "rb")
+
+
+def _absolute(path: str) -> str:
+    """A URL as it is, a local path made absolute (the form a record's ``source`` keeps)."""
+    p = fs.as_path(path)
+    return p if isinstance(p, str) else str(p.absolute())
+
+
+def _collect(name: str, rows: Iterator[ImageRecord | Status]) -> Dataset:
+    records: list[ImageRecord] = []
+    failures: list[Status] = []
+    for row in rows:
+        if isinstance(row, Status):
+            failures.append(row)
+        else:
+            records.append(row)
+    return Dataset(name, tuple(records), class_names=(), failures=tuple(failures))
 
 
 # --------------------------------------------------------------------------- WebDataset
@@ -147,13 +362,7 @@ def iter_wds(pattern: str | Path) -> Iterator[ImageRecord | Status]:
     The pattern is expanded at once (``ValueError`` when nothing matches); the shards are read
     lazily, headers only.
     """
-    return _iter_shards(expand_pattern(pattern))
-
-
-def _iter_shards(shards: list[Path]) -> Iterator[ImageRecord | Status]:
-    seen: dict[str, int] = {}
-    for index, shard in enumerate(shards):
-        yield from _iter_shard(shard, index, shards, seen)
+    return _read_all(_pieces(_plan_files(pattern, "wds", None, None, None, None), None))
 
 
 def read_wds(pattern: str | Path) -> Dataset:
@@ -161,30 +370,36 @@ def read_wds(pattern: str | Path) -> Dataset:
     return _collect("wds", iter_wds(pattern))
 
 
-def _iter_shard(
-    shard: Path, index: int, shards: list[Path], seen: dict[str, int]
-) -> Iterator[ImageRecord | Status]:
+def _read_shard(shard: str, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
     try:
-        fh = open(shard, "rb")
+        fh = _open(shard)
     except FileNotFoundError:
-        yield Status(str(shard), "failed", "missing-file", f"no such shard {shard}")
+        yield Status(shard, "failed", "missing-file", f"no such shard {shard}")
         return
     except OSError as err:
-        yield Status(str(shard), "failed", "bad-shard", f"{type(err).__name__}: {err}")
+        yield Status(shard, "failed", "bad-shard", f"{type(err).__name__}: {err}")
         return
     with fh:
         pending: list[_Sample] = []
         try:
-            for sample in _tar_samples(fh, pending):
-                yield _sample_row(sample, fh, shard, index, shards, seen)
+            for sample in _tar_samples(fh, shard, pending):
+                yield _sample_row(sample, fh, shard, seen)
         except _BadShard as err:
             detail = str(err)
             if pending:
                 detail += f"; sample {pending[0].key!r} was incomplete and is left out"
-            yield Status(str(shard), "failed", "bad-shard", detail)
+            yield Status(shard, "failed", "bad-shard", detail)
 
 
-def _tar_samples(fh: Any, pending: list[_Sample]) -> Iterator[_Sample]:
+def _file_size(fh: Any, path: str) -> int:
+    """The size of an open file: ``fstat`` for a local one, fsspec's for a URL."""
+    if not fs.is_url(path):
+        return os.fstat(fh.fileno()).st_size
+    size = getattr(fh, "size", None)
+    return int(size) if isinstance(size, int) else fs.size(path)
+
+
+def _tar_samples(fh: Any, path: str, pending: list[_Sample]) -> Iterator[_Sample]:
     """The samples of one open tar, grouped as webdataset groups them. ``pending`` holds the
     sample being grouped, so that the caller can name it when the shard turns out bad."""
     try:
@@ -192,7 +407,7 @@ def _tar_samples(fh: Any, pending: list[_Sample]) -> Iterator[_Sample]:
         for magic, name in _COMPRESSED_MAGIC.items():
             if head.startswith(magic):
                 raise _BadShard(f"{name}-compressed; only plain tar can be read by seeking")
-        size = os.fstat(fh.fileno()).st_size
+        size = _file_size(fh, path)
         fh.seek(0)
         tar = tarfile.open(fileobj=fh, mode="r:")
         while (info := tar.next()) is not None:
@@ -244,31 +459,29 @@ def member_key_field(info: tarfile.TarInfo) -> tuple[str, str] | None:
     return (match.group(1), match.group(2).lower()) if match else None
 
 
-def _sample_row(
-    sample: _Sample, fh: Any, shard: Path, index: int, shards: list[Path], seen: dict[str, int]
-) -> ImageRecord | Status:
+def _sample_row(sample: _Sample, fh: Any, shard: str, seen: dict[str, str]) -> ImageRecord | Status:
     key = sample.key
     if key in seen:
-        first = shards[seen[key]]
-        return Status(key, "failed", "duplicate-key", f"first in {first}, again in {shard}")
-    seen[key] = index
+        return Status(key, "failed", "duplicate-key", f"first in {seen[key]}, again in {shard}")
+    seen[key] = shard
     picture = next((sample.members[f] for f in PICTURE_FIELDS if f in sample.members), None)
+    name = fs.name(shard)
     if picture is None:
         fields = ", ".join(sample.members)
-        return Status(key, "failed", "missing-image", f"{shard.name}: no picture among {fields}")
+        return Status(key, "failed", "missing-image", f"{name}: no picture among {fields}")
     text = _wds_caption(sample, fh)
     if isinstance(text, Status):
         return text
     return ImageRecord(
         image_id=key,
-        file=f"{shard.name}/{picture.name}",
+        file=f"{name}/{picture.name}",
         width=0,
         height=0,
         objects=(),
         captions=(Caption("0", text),) if text else (),
         root=None,
         dataset="wds",
-        source=TarMember(str(shard.absolute()), picture.offset_data, picture.size),
+        source=TarMember(_absolute(shard), picture.offset_data, picture.size),
     )
 
 
@@ -323,24 +536,10 @@ def _member_bytes(info: tarfile.TarInfo, fh: Any) -> bytes | None:
 # --------------------------------------------------------------------------- Parquet and CSV
 
 
-@dataclass(frozen=True, slots=True)
-class _Table:
-    """One table file and how to read it: the columns chosen, and what the image column holds
-    (``"bytes"``: binary; ``"struct"``: ``{bytes, path}``; ``"path"``: a path string). ``error``
-    is set when the file could not be opened (a ``missing-file`` or ``bad-shard`` row)."""
-
-    path: Path
-    caption: str = ""
-    image: str = ""
-    id: str | None = None
-    holds: str = "path"
-    error: Status | None = None
-
-
 def iter_table(
     pattern: str | Path,
     kind: str,
-    images: Path | None = None,
+    images: str | Path | None = None,
     caption_column: str | None = None,
     image_column: str | None = None,
     id_column: str | None = None,
@@ -363,17 +562,14 @@ def iter_table(
     """
     if kind not in TABLE_KINDS:
         raise ValueError(f"table kind {kind!r} is not one of {TABLE_KINDS}")
-    plans = [
-        _plan_table(path, kind, caption_column, image_column, id_column)
-        for path in expand_pattern(pattern)
-    ]
-    return _iter_tables(plans, kind, None if images is None else Path(images))
+    files = _plan_files(pattern, kind, images, caption_column, image_column, id_column)
+    return _read_all(_pieces(files, None))
 
 
 def read_table(
     pattern: str | Path,
     kind: str,
-    images: Path | None = None,
+    images: str | Path | None = None,
     caption_column: str | None = None,
     image_column: str | None = None,
     id_column: str | None = None,
@@ -383,23 +579,24 @@ def read_table(
     return _collect(kind, rows)
 
 
-def _collect(name: str, rows: Iterator[ImageRecord | Status]) -> Dataset:
-    records: list[ImageRecord] = []
-    failures: list[Status] = []
-    for row in rows:
-        if isinstance(row, Status):
-            failures.append(row)
-        else:
-            records.append(row)
-    return Dataset(name, tuple(records), class_names=(), failures=tuple(failures))
-
-
 def _pyarrow() -> tuple[ModuleType, ModuleType]:
     return require("pyarrow", "corpora"), require("pyarrow.parquet", "corpora")
 
 
+@contextlib.contextmanager
+def _parquet(path: str) -> Iterator[Any]:
+    """A ``pyarrow.parquet.ParquetFile`` on a local path, or on an fsspec file for a URL."""
+    _, pq = _pyarrow()
+    if not fs.is_url(path):
+        with pq.ParquetFile(path) as pf:
+            yield pf
+        return
+    with _open(path, cache_type="none") as fh, pq.ParquetFile(fh) as pf:
+        yield pf
+
+
 def _pick(
-    path: Path, columns: Sequence[str], named: str | None, defaults: tuple[str, ...], role: str
+    path: str, columns: Sequence[str], named: str | None, defaults: tuple[str, ...], role: str
 ) -> str | None:
     """The column to use for ``role``: ``named`` (which must exist), else the first default
     present, else ``None``."""
@@ -411,19 +608,27 @@ def _pick(
 
 
 def _plan_table(
-    path: Path,
+    path: str,
+    index: int,
     kind: str,
+    images: str | None,
     caption_column: str | None,
     image_column: str | None,
     id_column: str | None,
-) -> _Table:
+) -> _File | Status:
     """Choose the columns of one file, reading only its header or Parquet footer."""
+    rows = offset = 0
+    types: dict[str, Any] = {}
     try:
-        columns, types = _parquet_schema(path) if kind == "parquet" else (_csv_header(path), {})
+        if kind == "parquet":
+            columns, types, rows = _parquet_schema(path)
+        else:
+            header, offset = _csv_header(path)
+            columns = list(header)
     except FileNotFoundError:
-        return _Table(path, error=Status(str(path), "failed", "missing-file", f"no such {kind}"))
+        return Status(path, "failed", "missing-file", f"no such {kind}")
     except _BadShard as err:
-        return _Table(path, error=Status(str(path), "failed", "bad-shard", str(err)))
+        return Status(path, "failed", "bad-shard", str(err))
     caption = _pick(path, columns, caption_column, CAPTION_COLUMNS, "caption")
     image = _pick(path, columns, image_column, IMAGE_COLUMNS, "image")
     ident = _pick(path, columns, id_column, ID_COLUMNS, "id")
@@ -445,32 +650,40 @@ def _plan_table(
             raise ValueError(
                 f"{path}: caption column {caption!r} has type {types[caption]}; expected string"
             )
-    return _Table(path, caption, image, ident, holds)
+    header_row = tuple(columns) if kind == "csv" else ()
+    table = TableLayout(caption, image, ident, holds, header_row, images)
+    return _File(kind, path, index, table, rows, offset)
 
 
-def _parquet_schema(path: Path) -> tuple[list[str], dict[str, Any]]:
-    pa, pq = _pyarrow()
+def _parquet_schema(path: str) -> tuple[list[str], dict[str, Any], int]:
+    """The column names, their Arrow types and the row count, from the footer."""
+    pa, _ = _pyarrow()
     try:
-        with pq.ParquetFile(path) as pf:
+        with _parquet(path) as pf:
             schema = pf.schema_arrow
+            rows = pf.metadata.num_rows
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as err:
         raise _BadShard(f"not a readable Parquet file: {err}") from err
-    return list(schema.names), {f.name: f.type for f in schema}
+    return list(schema.names), {f.name: f.type for f in schema}, int(rows)
 
 
-def _csv_header(path: Path) -> list[str]:
+def _csv_header(path: str) -> tuple[list[str], int]:
+    """The header row and the byte offset just after it."""
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
-            header = next(csv.reader(fh), None)
+        with _open(path) as fh:
+            end = next(_csv_records(_binary_lines(fh), 0), (0, True))[0]
+            fh.seek(0)
+            data = fh.read(end)
+        header = next(csv.reader(io.StringIO(data.decode("utf-8"), newline="")), None)
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise _BadShard(f"{type(err).__name__}: {err}") from err
     if not header:
         raise _BadShard("no header row")
-    return header
+    return header, end
 
 
 def _value_type(kind: Any) -> Any:
@@ -516,25 +729,6 @@ def _image_holds(kind: Any) -> str | None:
     return None
 
 
-def _iter_tables(
-    plans: list[_Table], kind: str, images: Path | None
-) -> Iterator[ImageRecord | Status]:
-    seen: dict[str, tuple[Path, int]] = {}
-    for plan in plans:
-        if plan.error is not None:
-            yield plan.error
-            continue
-        root = images if images is not None else plan.path.parent
-        rows = _parquet_rows(plan) if kind == "parquet" else _csv_rows(plan)
-        try:
-            for row, ident, caption, cell in rows:
-                yield _table_row(plan, kind, root, row, ident, caption, cell, seen)
-        except FileNotFoundError:
-            yield Status(str(plan.path), "failed", "missing-file", f"no such {kind}")
-        except _BadShard as err:
-            yield Status(str(plan.path), "failed", "bad-shard", str(err))
-
-
 @dataclass(frozen=True, slots=True)
 class _InFile:
     """An image cell whose picture lies in the table itself."""
@@ -547,33 +741,45 @@ _Cell = _InFile | str | None
 """An image cell: the picture in the table, a path, or nothing."""
 
 
+def _read_table_piece(
+    piece: InputPiece, table: TableLayout, seen: dict[str, str]
+) -> Iterator[ImageRecord | Status]:
+    root = fs.as_path(table.images) if table.images is not None else fs.parent(piece.path)
+    rows = _parquet_rows(piece, table) if piece.kind == "parquet" else _csv_rows(piece, table)
+    stem = PurePosixPath(fs.name(piece.path)).stem
+    try:
+        for row, ident, caption, cell in rows:
+            yield _table_row(piece, table, stem, root, row, ident, caption, cell, seen)
+    except FileNotFoundError:
+        yield Status(piece.path, "failed", "missing-file", f"no such {piece.kind}")
+    except _BadShard as err:
+        yield Status(piece.path, "failed", "bad-shard", str(err))
+
+
 def _table_row(
-    plan: _Table,
-    kind: str,
-    root: Path,
+    piece: InputPiece,
+    table: TableLayout,
+    stem: str,
+    root: str | Path,
     row: int,
     ident: Any,
     caption: Any,
     cell: _Cell,
-    seen: dict[str, tuple[Path, int]],
+    seen: dict[str, str],
 ) -> ImageRecord | Status:
-    image_id = f"{plan.path.stem}-{row:08d}" if ident is None or ident == "" else str(ident)
-    where = f"{plan.path.name}#{row}"
+    image_id = f"{stem}-{row:08d}" if ident is None or ident == "" else str(ident)
+    where = f"{fs.name(piece.path)}#{row}"
     if image_id in seen:
-        first_path, first_row = seen[image_id]
-        return Status(
-            image_id,
-            "failed",
-            "duplicate-key",
-            f"first at {first_path}#{first_row}, again at {plan.path}#{row}",
-        )
-    seen[image_id] = (plan.path, row)
+        detail = f"first at {seen[image_id]}, again at {piece.path}#{row}"
+        return Status(image_id, "failed", "duplicate-key", detail)
+    seen[image_id] = f"{piece.path}#{row}"
     if cell is None:
-        return Status(image_id, "failed", "missing-image", f"{where}: {plan.image!r} is empty")
+        return Status(image_id, "failed", "missing-image", f"{where}: {table.image!r} is empty")
     text = caption.strip() if isinstance(caption, str) else ""
     captions = (Caption("0", text),) if text else ()
+    kind = piece.kind
     if isinstance(cell, _InFile):
-        source = ParquetCell(str(plan.path.absolute()), cell.row_group, cell.row, plan.image)
+        source = ParquetCell(_absolute(piece.path), cell.row_group, cell.row, table.image)
         return ImageRecord(image_id, where, 0, 0, (), captions, None, None, kind, source)
     file = _inside(cell, root)
     if file is None:
@@ -581,10 +787,15 @@ def _table_row(
     return ImageRecord(image_id, file, 0, 0, (), captions, root, None, kind)
 
 
-def _inside(cell: str, root: Path) -> str | None:
+def _inside(cell: str, root: str | Path) -> str | None:
     """``cell`` as a path relative to ``root``, or ``None`` when it would leave ``root``. An
-    absolute path is accepted when it lies inside ``root`` (compared lexically; symlinks are
-    checked when the picture is loaded)."""
+    absolute path (a URL, when ``root`` is one) is accepted when it lies inside ``root``
+    (compared lexically; symlinks are checked when the picture is loaded)."""
+    if isinstance(root, str):  # a URL: only a URL under it, or a relative path
+        base = root.rstrip("/") + "/"
+        if cell.startswith(base):
+            cell = cell[len(base) :]
+        return safe_relative_path(cell)
     if os.path.isabs(cell):
         base = os.path.abspath(root)
         path = os.path.normpath(cell)
@@ -594,16 +805,23 @@ def _inside(cell: str, root: Path) -> str | None:
     return safe_relative_path(cell)
 
 
-def _parquet_rows(plan: _Table) -> Iterator[tuple[int, Any, Any, _Cell]]:
-    """``(row in file, id, caption, image cell)`` for each row, one row group at a time."""
-    pa, pq = _pyarrow()
+def _parquet_rows(piece: InputPiece, table: TableLayout) -> Iterator[tuple[int, Any, Any, _Cell]]:
+    """``(row in file, id, caption, image cell)`` for each row of the piece, one row group at a
+    time (a row group the piece only partly covers is read whole and sliced)."""
+    pa, _ = _pyarrow()
     try:
-        with pq.ParquetFile(plan.path) as pf:
-            offset = 0
+        with _parquet(piece.path) as pf:
+            meta = pf.metadata
+            stop = meta.num_rows if piece.stop is None else piece.stop
+            first = 0
             for group in range(pf.num_row_groups):
-                rows = pf.metadata.row_group(group).num_rows
-                yield from _group_rows(pf, plan, group, offset, rows)
-                offset += rows
+                if first >= stop:
+                    break
+                rows = meta.row_group(group).num_rows
+                lo, hi = max(piece.start, first), min(stop, first + rows)
+                if lo < hi:
+                    yield from _group_rows(pf, table, group, first, lo - first, hi - first)
+                first += rows
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as err:
@@ -611,21 +829,24 @@ def _parquet_rows(plan: _Table) -> Iterator[tuple[int, Any, Any, _Cell]]:
 
 
 def _group_rows(
-    pf: Any, plan: _Table, group: int, offset: int, rows: int
+    pf: Any, table: TableLayout, group: int, first: int, lo: int, hi: int
 ) -> Iterator[tuple[int, Any, Any, _Cell]]:
-    leaf = f"{plan.image}.bytes" if plan.holds == "struct" else plan.image
-    read_image = plan.holds == "path" or not _no_nulls(pf, group, leaf)
-    wanted = [c for c in (plan.id, plan.caption, plan.image if read_image else None) if c]
-    table = pf.read_row_group(group, columns=list(dict.fromkeys(wanted)))
-    ids = table.column(plan.id).to_pylist() if plan.id is not None else [None] * rows
-    captions = table.column(plan.caption).to_pylist()
+    """Rows ``lo`` to ``hi`` (within the group) of row group ``group``, which starts at row
+    ``first`` of the file."""
+    leaf = f"{table.image}.bytes" if table.holds == "struct" else table.image
+    read_image = table.holds == "path" or not _no_nulls(pf, group, leaf)
+    wanted = [c for c in (table.id, table.caption, table.image if read_image else None) if c]
+    data = pf.read_row_group(group, columns=list(dict.fromkeys(wanted))).slice(lo, hi - lo)
+    count = hi - lo
+    ids = data.column(table.id).to_pylist() if table.id is not None else [None] * count
+    captions = data.column(table.caption).to_pylist()
     cells: list[_Cell]
     if not read_image:
-        cells = [_InFile(group, i) for i in range(rows)]
+        cells = [_InFile(group, lo + i) for i in range(count)]
     else:
-        cells = _image_cells(table.column(plan.image).combine_chunks(), plan.holds, group)
-    for i in range(rows):
-        yield offset + i, ids[i], captions[i], cells[i]
+        cells = _image_cells(data.column(table.image).combine_chunks(), table.holds, group, lo)
+    for i in range(count):
+        yield first + lo + i, ids[i], captions[i], cells[i]
 
 
 def _no_nulls(pf: Any, group: int, leaf: str) -> bool:
@@ -640,31 +861,149 @@ def _no_nulls(pf: Any, group: int, leaf: str) -> bool:
     return False
 
 
-def _image_cells(column: Any, holds: str, group: int) -> list[_Cell]:
+def _image_cells(column: Any, holds: str, group: int, lo: int) -> list[_Cell]:
+    """The cells of ``column``, whose first row is row ``lo`` of row group ``group``."""
     if holds == "path":
         return column.to_pylist()
     if holds == "bytes":
-        return [None if null else _InFile(group, i) for i, null in enumerate(column.is_null())]
+        return [None if null else _InFile(group, lo + i) for i, null in enumerate(column.is_null())]
     fields = dict(zip((f.name for f in column.type), column.flatten(), strict=True))
     has_bytes = fields["bytes"].is_valid().to_pylist()
     paths = fields["path"].to_pylist() if "path" in fields else [None] * len(column)
     return [
-        _InFile(group, i) if b else p for i, (b, p) in enumerate(zip(has_bytes, paths, strict=True))
+        _InFile(group, lo + i) if b else p
+        for i, (b, p) in enumerate(zip(has_bytes, paths, strict=True))
     ]
 
 
-def _csv_rows(plan: _Table) -> Iterator[tuple[int, Any, Any, _Cell]]:
-    """``(row in file, id, caption, path)`` for each non-blank data row; empty cells are
-    ``None``."""
+# --------------------------------------------------------------------------- CSV rows
+
+# One field as Python's csv module (excel dialect, strict=False) reads it: quoted (a closing
+# quote may be followed by more characters, kept literally up to the next delimiter) or
+# unquoted (quotes inside are literal); a bare CR ends an unquoted record, as a newline does.
+_FIELD = rb'(?:"[^"]*+(?:""[^"]*+)*+"[^,\r\n]*+|[^",\r\n][^,\r\n]*+)?'
+_RECORD = re.compile(_FIELD + rb"(?:," + _FIELD + rb")*+")
+"""The fields of a record from its start; stops at its end or at a quote left open."""
+_QUOTED_REST = re.compile(rb'[^"]*+(?:""[^"]*+)*+"[^,\r\n]*+(?:,' + _FIELD + rb")*+")
+"""The rest of a record from inside a quoted field opened on an earlier line."""
+_BLANK = (b"\n", b"\r\n", b"\r")
+_SCAN_BLOCK = 1 << 20
+
+
+def _binary_lines(fh: Any, block: int = _SCAN_BLOCK) -> Iterator[bytes]:
+    """The lines of a binary file, each with its ``\\n`` (the last one may lack it), read in
+    blocks (fsspec files have no fast ``readline``)."""
+    rest = b""
+    while chunk := fh.read(block):
+        lines = io.BytesIO(rest + chunk).readlines()
+        rest = lines.pop() if not lines[-1].endswith(b"\n") else b""
+        yield from lines
+    if rest:
+        yield rest
+
+
+def _csv_records(lines: Iterable[bytes], pos: int) -> Iterator[tuple[int, bool]]:
+    """``(byte offset one past the record, whether it is blank)`` for each CSV record in
+    ``lines``, which start at byte ``pos``: the records :func:`csv.reader` reads (a blank one
+    is a line it reads as ``[]``), found without decoding or parsing fields.
+
+    A line is a record by itself unless it opens a quoted field that it does not close; quotes
+    are looked at only in lines that have one, and from where a field may open one.
+    """
+    inside = False
+    for line in lines:
+        base, size = pos, len(line)
+        pos += size
+        if not inside:
+            last = size - 2 if line.endswith(b"\n") else size - 1
+            if b'"' not in line and line.find(b"\r", 0, last) < 0:
+                yield pos, line in _BLANK
+                continue
+            i, fresh = 0, True
+        else:
+            match = _QUOTED_REST.match(line)
+            if match is None:
+                continue  # the quoted field goes on
+            i, fresh, inside = match.end(), False, False
+        while True:
+            start = i
+            if fresh:
+                if i >= size:
+                    break
+                i = _RECORD.match(line, i).end()  # type: ignore[union-attr]  # always matches
+            blank = fresh and i == start
+            if i >= size:  # the file ends without a newline
+                yield pos, False
+                break
+            char = line[i : i + 1]
+            if char == b'"':  # a quoted field goes on past this line
+                inside = True
+                break
+            if char == b"\n" or line[i:] == b"\r\n":
+                yield pos, blank
+                break
+            yield base + i + 1, blank  # a bare CR
+            i, fresh = i + 1, True
+    if inside:  # a quoted field open at the end of the file ends there, as csv reads it
+        yield pos, False
+
+
+def _csv_pieces(file: _File, rows_per_piece: int) -> Iterator[InputPiece | Status]:
+    """Cut a CSV after every ``rows_per_piece``-th non-blank record, scanning it once."""
+    rows, offset = 0, file.offset
     try:
-        with open(plan.path, encoding="utf-8", newline="") as fh:
-            reader = csv.reader(fh)
-            header = next(reader, None) or []
-            at = {name: header.index(name) for name in dict.fromkeys(header)}
-            wanted = (plan.id, plan.caption, plan.image)
-            index = [None if name is None else at[name] for name in wanted]
-            row = 0
-            for cells in reader:
+        with _open(file.path) as fh:
+            fh.seek(file.offset)
+            for end, blank in _csv_records(_binary_lines(fh), file.offset):
+                if blank:
+                    continue
+                rows += 1
+                if rows % rows_per_piece == 0:
+                    yield _piece(file, rows - rows_per_piece, rows, offset, end)
+                    offset = end
+    except FileNotFoundError:
+        yield Status(file.path, "failed", "missing-file", f"no such {file.kind}")
+        return
+    except OSError as err:
+        yield Status(file.path, "failed", "bad-shard", f"{type(err).__name__}: {err}")
+        return
+    if rows % rows_per_piece:
+        yield _piece(file, rows - rows % rows_per_piece, rows, offset, None)
+
+
+class _Window(io.RawIOBase):
+    """The next ``limit`` bytes of ``fh`` (all of them when ``limit`` is ``None``)."""
+
+    def __init__(self, fh: Any, limit: int | None) -> None:
+        super().__init__()
+        self._fh = fh
+        self._left = limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        size = len(buffer) if self._left is None else min(len(buffer), self._left)
+        data = self._fh.read(size) if size > 0 else b""
+        buffer[: len(data)] = data
+        if self._left is not None:
+            self._left -= len(data)
+        return len(data)
+
+
+def _csv_rows(piece: InputPiece, table: TableLayout) -> Iterator[tuple[int, Any, Any, _Cell]]:
+    """``(row in file, id, caption, path)`` for each non-blank data row of the piece; empty
+    cells are ``None``."""
+    at = {name: table.header.index(name) for name in dict.fromkeys(table.header)}
+    index = [None if name is None else at[name] for name in (table.id, table.caption, table.image)]
+    try:
+        with _open(piece.path) as fh:
+            fh.seek(piece.offset)
+            limit = None if piece.end is None else piece.end - piece.offset
+            buffered = io.BufferedReader(_Window(fh, limit), _SCAN_BLOCK)
+            text = io.TextIOWrapper(buffered, encoding="utf-8", newline="")
+            row = piece.start
+            for cells in csv.reader(text):
                 if not cells:
                     continue
                 ident, caption, image = (
@@ -683,11 +1022,15 @@ def _csv_rows(plan: _Table) -> Iterator[tuple[int, Any, Any, _Cell]]:
 
 
 def read_source(source: ImageSource) -> bytes:
-    """The encoded picture that ``source`` points to.
+    """The encoded picture that ``source`` points to (its ``path`` a local path or URL).
 
     Raises :class:`~counterfactual.imageio.SampleError` ``missing-file`` when the tar or
     Parquet file is gone and ``read-error`` when the bytes are not there (a short read, an
     index out of range, an empty cell).
+
+    A Parquet cell's row group column is kept for the next cells of the same group (a worker
+    reads a table's rows in order), keyed on the file's modification time and size; for a URL
+    on its size and ETag, asked for at most once a minute.
     """
     if isinstance(source, TarMember):
         return _read_member(source)
@@ -698,9 +1041,14 @@ def read_source(source: ImageSource) -> bytes:
 
 def _read_member(source: TarMember) -> bytes:
     try:
-        with open(source.path, "rb") as fh:
-            fh.seek(source.offset)
-            data = fh.read(source.size)
+        if fs.is_url(source.path):
+            remote, inside = fs.filesystem(source.path)
+            end = source.offset + source.size
+            data = remote.cat_file(inside, start=source.offset, end=end)
+        else:
+            with open(source.path, "rb") as fh:
+                fh.seek(source.offset)
+                data = fh.read(source.size)
     except FileNotFoundError as err:
         raise SampleError("missing-file", source.path) from err
     except OSError as err:
@@ -717,10 +1065,12 @@ def _read_cell(source: ParquetCell) -> bytes:
     pa, _ = _pyarrow()
     where = f"{source.path} row group {source.row_group} row {source.row} {source.column!r}"
     try:
-        stat = os.stat(source.path)
-        column = _group_column(
-            source.path, stat.st_mtime_ns, stat.st_size, source.row_group, source.column
-        )
+        if fs.is_url(source.path):
+            version = _url_version(source.path, int(time.monotonic() // _URL_STAMP_SECONDS))
+        else:
+            stat = os.stat(source.path)
+            version = (str(stat.st_mtime_ns), stat.st_size)
+        column = _group_column(source.path, version, source.row_group, source.column)
     except FileNotFoundError as err:
         raise SampleError("missing-file", source.path) from err
     except (OSError, KeyError, pa.ArrowException) as err:
@@ -736,13 +1086,22 @@ def _read_cell(source: ParquetCell) -> bytes:
     return data
 
 
+@functools.lru_cache(maxsize=16)
+def _url_version(path: str, period: int) -> tuple[str, int]:
+    """``(ETag, size)`` of the object at ``path``; ``period`` (the minute) is part of the key so
+    that a worker asks again once a minute rather than once a picture."""
+    remote, inside = fs.filesystem(path)
+    info = remote.info(inside)
+    tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or ""
+    return str(tag), int(info.get("size") or 0)
+
+
 @functools.lru_cache(maxsize=2)
-def _group_column(path: str, mtime_ns: int, size: int, row_group: int, column: str) -> Any:
+def _group_column(path: str, version: tuple[str, int], row_group: int, column: str) -> Any:
     """One column of one row group, kept for the next rows of the same group (a worker reads a
-    table's rows in order). ``mtime_ns`` and ``size`` are part of the key so that a rewritten
-    file is read again."""
-    _, pq = _pyarrow()
-    with pq.ParquetFile(path) as pf:
+    table's rows in order). ``version`` (modification time or ETag, and size) is part of the key
+    so that a rewritten file is read again."""
+    with _parquet(path) as pf:
         if not 0 <= row_group < pf.num_row_groups:
             raise KeyError(f"no row group {row_group} (the file has {pf.num_row_groups})")
         if column not in pf.schema_arrow.names:
@@ -755,9 +1114,15 @@ __all__ = [
     "ID_COLUMNS",
     "IMAGE_COLUMNS",
     "PICTURE_FIELDS",
+    "PIECE_KINDS",
+    "InputPiece",
+    "TableLayout",
     "expand_pattern",
     "iter_table",
     "iter_wds",
+    "member_key_field",
+    "plan_pieces",
+    "read_piece",
     "read_source",
     "read_table",
     "read_wds",

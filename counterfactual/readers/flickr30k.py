@@ -28,6 +28,10 @@ Captions: ``Caption(f"{id}_{n}", text, phrases)`` with ``n`` counting the non-em
 space before the full stop), and each :class:`~counterfactual.records.Phrase` gives character
 offsets into it (``text[start:end]`` is the phrase), all its types and its entity id.
 
+``root`` (and ``images``) may be a local folder or a URL (``s3://bucket/flickr30k``, see
+:mod:`counterfactual.fs`): the ``Annotations`` and ``Sentences`` folders are listed once and each
+image's two files read; records keep the picture folder as their ``root``.
+
 An image whose files are missing or malformed becomes a ``failed``
 :class:`~counterfactual.records.Status` in ``Dataset.failures`` (reasons ``missing-annotation``,
 ``missing-sentences``, ``bad-annotation``, ``unreadable``, ``unsafe-path``); the others are
@@ -37,12 +41,15 @@ read.
 from __future__ import annotations
 
 import math
+import os
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from counterfactual import fs
 from counterfactual.readers import safe_relative_path
 from counterfactual.records import Caption, Dataset, ImageRecord, ObjectAnnotation, Phrase, Status
 
@@ -52,6 +59,8 @@ ALL_TYPES = (
     "people", "clothing", "bodyparts", "animals", "vehicles", "instruments", "scene", "other",
     "notvisual",
 )  # fmt: skip
+_URL_THREADS = 16
+"""Annotation and sentence files read at once from a URL root."""
 _HEADER = re.compile(r"\[/EN#([^/\s\]]+)((?:/[^/\s\]]+)+)\s")
 
 
@@ -153,36 +162,39 @@ def parse_annotation(xml: str | bytes) -> tuple[int, int, tuple[EntityBox, ...]]
     return w_img, h_img, tuple(boxes)
 
 
-def split_ids(root: Path, split: str) -> list[str]:
+def split_ids(root: fs.PathLike, split: str) -> list[str]:
     """Image ids listed in ``root/<split>.txt``, in file order."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {SPLITS}")
-    path = Path(root) / f"{split}.txt"
-    if not path.is_file():
+    path = fs.join(root, f"{split}.txt")
+    if not fs.isfile(path):
         raise ValueError(f"split file {path} does not exist")
-    ids = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
+    ids = (line.strip() for line in fs.read_text(path).splitlines())
     return list(dict.fromkeys(i for i in ids if i))
 
 
 def _read_image(
     image_id: str,
-    root: Path,
-    images: Path,
+    root: Path | str,
+    images: Path | str,
     types: tuple[str, ...],
     split: str | None,
+    listed: tuple[set[str], set[str]],
 ) -> ImageRecord | Status:
+    """One image's record or failure; ``listed`` holds the file names in ``Annotations`` and
+    ``Sentences``."""
     file = safe_relative_path(f"{image_id}.jpg")
     if file is None or "/" in image_id or "\\" in image_id:
         return Status(image_id, "failed", "unsafe-path", repr(image_id))
-    xml_path = root / "Annotations" / f"{image_id}.xml"
-    txt_path = root / "Sentences" / f"{image_id}.txt"
-    if not xml_path.is_file():
+    xml_path = fs.join(root, "Annotations", f"{image_id}.xml")
+    txt_path = fs.join(root, "Sentences", f"{image_id}.txt")
+    if f"{image_id}.xml" not in listed[0]:
         return Status(image_id, "failed", "missing-annotation", str(xml_path))
-    if not txt_path.is_file():
+    if f"{image_id}.txt" not in listed[1]:
         return Status(image_id, "failed", "missing-sentences", str(txt_path))
     try:
-        width, height, boxes = parse_annotation(xml_path.read_bytes())
-        lines = txt_path.read_text(encoding="utf-8").splitlines()
+        width, height, boxes = parse_annotation(fs.read_bytes(xml_path))
+        lines = fs.read_text(txt_path).splitlines()
         captions = []
         for n, line in enumerate(line for line in lines if line.strip()):
             text, phrases = parse_sentence(line.strip())
@@ -190,7 +202,7 @@ def _read_image(
     except FormatError as err:
         return Status(image_id, "failed", "bad-annotation", str(err))
     except UnicodeDecodeError as err:
-        return Status(image_id, "failed", "bad-annotation", f"{txt_path.name}: {err}")
+        return Status(image_id, "failed", "bad-annotation", f"{fs.name(txt_path)}: {err}")
     except OSError as err:
         return Status(image_id, "failed", "unreadable", str(err))
     entity_types: dict[str, tuple[str, ...]] = {}
@@ -217,32 +229,50 @@ def _read_image(
     )
 
 
+def _names(files: list[str], suffix: str) -> set[str]:
+    """The names in ``files`` that end in ``suffix`` and are not hidden (``*.xml`` in a glob)."""
+    return {n for n in files if n.endswith(suffix) and not n.startswith(".")}
+
+
 def read_flickr30k(
-    root: Path,
+    root: fs.PathLike,
     split: str | None = None,
     types: Sequence[str] = DEFAULT_TYPES,
     images: str | Path = "flickr30k-images",
 ) -> Dataset:
     """Read Flickr30k Entities under ``root``; with ``split`` only the ids in ``root/<split>.txt``,
     else every id that has a sentence or an annotation file. ``types`` are the entity types that
-    become object classes; ``images`` is the picture folder, relative to ``root`` or absolute."""
-    root = Path(root)
+    become object classes; ``images`` is the picture folder, relative to ``root`` or absolute (a
+    local path or a URL). ``root`` may be a local folder or a URL."""
+    root = fs.as_path(root)
     types = tuple(types)
     if not types or not all(isinstance(t, str) and t for t in types):
         raise ValueError(f"types must be non-empty type names, got {types!r}")
-    if not root.is_dir():
+    if not fs.isdir(root):
         raise ValueError(f"Flickr30k root {root} is not a folder")
+    listed = (
+        _names(fs.listdir(fs.join(root, "Annotations")), ".xml"),
+        _names(fs.listdir(fs.join(root, "Sentences")), ".txt"),
+    )
     if split is not None:
         ids = split_ids(root, split)
     else:
-        stems = {p.stem for p in (root / "Annotations").glob("*.xml")}
-        stems |= {p.stem for p in (root / "Sentences").glob("*.txt")}
+        stems = {n.removesuffix(".xml") for n in listed[0]}
+        stems |= {n.removesuffix(".txt") for n in listed[1]}
         ids = sorted(stems, key=lambda s: (len(s), s))
-    image_dir = root / images
-    records, failures = [], []
-    for image_id in ids:
-        result = _read_image(image_id, root, image_dir, types, split)
-        (records if isinstance(result, ImageRecord) else failures).append(result)
+    absolute = fs.is_url(images) or Path(fs.as_path(images)).is_absolute()
+    image_dir = fs.as_path(images) if absolute else fs.join(root, os.fspath(images))
+
+    def read(image_id: str) -> ImageRecord | Status:
+        return _read_image(image_id, root, image_dir, types, split, listed)
+
+    if fs.is_url(root):  # two requests an image: overlap them (results stay in id order)
+        with ThreadPoolExecutor(_URL_THREADS) as pool:
+            results = list(pool.map(read, ids))
+    else:
+        results = [read(image_id) for image_id in ids]
+    records = [r for r in results if isinstance(r, ImageRecord)]
+    failures = [r for r in results if not isinstance(r, ImageRecord)]
     return Dataset(
         name="flickr30k",
         records=tuple(records),

@@ -1,0 +1,256 @@
+"""Local paths and fsspec URLs behind one small set of functions.
+
+Every option that names input or output data takes a local path or a URL that fsspec knows
+(``s3://bucket/key``, ``gs://``, ``az://``, ``hf://``, ``file://``). Local paths go through the
+standard library (no fsspec import); URLs through ``fsspec.core.url_to_fs``, so credentials and
+endpoints are read the standard way of each backend (for S3 the ``AWS_*`` variables, including
+``AWS_ENDPOINT_URL``). The object-store backends are optional extras
+(``pip install "counterfactual[s3]"``, ``[gcs]``, ``[azure]``).
+
+Paths are returned as ``str`` for URLs and :class:`~pathlib.Path` for local paths, so code that
+only ever sees local data keeps its ``Path`` objects.
+
+Writes are atomic: :func:`atomic_write` writes a local file under a temporary name and renames it
+when complete; on an object store the object appears only when its upload (single or multipart)
+completes, and an upload cut short leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob as _glob
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from counterfactual._lazy import require
+
+PathLike = str | os.PathLike[str]
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
+"""The extra that installs each scheme's backend (``pip install "counterfactual[s3]"``)."""
+
+
+def is_url(path: PathLike) -> bool:
+    """Whether ``path`` names a location through a scheme other than ``file://``."""
+    m = _SCHEME.match(os.fspath(path))
+    return m is not None and m.group(1).lower() != "file"
+
+
+def as_path(path: PathLike) -> str | Path:
+    """A URL as ``str``, anything local (a ``file://`` URL too) as :class:`Path`."""
+    text = os.fspath(path)
+    if is_url(text):
+        return text.rstrip("/") if text.count("/") > 3 else text
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    return Path(text)
+
+
+def filesystem(path: PathLike) -> tuple[Any, str]:
+    """``(fsspec filesystem, path inside it)`` for a URL; ``ValueError`` naming the extra to
+    install when its backend is missing."""
+    fsspec = require("fsspec", "s3")
+    text = os.fspath(path)
+    try:
+        return fsspec.core.url_to_fs(text)
+    except ImportError as err:
+        scheme = _SCHEME.match(text)
+        extra = EXTRAS.get(scheme.group(1).lower() if scheme else "", "s3")
+        raise ValueError(
+            f"{text}: this scheme needs an fsspec backend that is not installed; "
+            f'pip install "counterfactual[{extra}]" ({err})'
+        ) from err
+
+
+def _unstrip(original: str, inside: str, fs: Any) -> str:
+    """A path from ``fs`` back as a full URL with the scheme of ``original``."""
+    return fs.unstrip_protocol(inside) if hasattr(fs, "unstrip_protocol") else inside
+
+
+def join(base: PathLike, *parts: str) -> str | Path:
+    """``base / part / ...`` for a local path, ``base/part/...`` for a URL."""
+    b = as_path(base)
+    if isinstance(b, Path):
+        return b.joinpath(*parts)
+    return "/".join([b.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def name(path: PathLike) -> str:
+    """The last component of ``path``."""
+    return os.fspath(path).rstrip("/").rsplit("/", 1)[-1]
+
+
+def parent(path: PathLike) -> str | Path:
+    p = as_path(path)
+    if isinstance(p, Path):
+        return p.parent
+    return p.rstrip("/").rsplit("/", 1)[0]
+
+
+def open_file(path: PathLike, mode: str = "rb", **kwargs: Any) -> IO[Any]:
+    """Open a local file or a URL (``FileNotFoundError`` when it does not exist)."""
+    p = as_path(path)
+    if isinstance(p, Path):
+        return open(p, mode, **kwargs)  # noqa: SIM115 - the caller closes it
+    fs, inside = filesystem(p)
+    return fs.open(inside, mode, **kwargs)
+
+
+def exists(path: PathLike) -> bool:
+    p = as_path(path)
+    if isinstance(p, Path):
+        return p.exists()
+    fs, inside = filesystem(p)
+    return bool(fs.exists(inside))
+
+
+def isfile(path: PathLike) -> bool:
+    p = as_path(path)
+    if isinstance(p, Path):
+        return p.is_file()
+    fs, inside = filesystem(p)
+    return bool(fs.isfile(inside))
+
+
+def isdir(path: PathLike) -> bool:
+    """A local folder, or a URL prefix that holds objects (object stores have no empty
+    folders: a bucket prefix is a folder once something lies under it)."""
+    p = as_path(path)
+    if isinstance(p, Path):
+        return p.is_dir()
+    fs, inside = filesystem(p)
+    return bool(fs.isdir(inside))
+
+
+def size(path: PathLike) -> int:
+    p = as_path(path)
+    if isinstance(p, Path):
+        return p.stat().st_size
+    fs, inside = filesystem(p)
+    return int(fs.size(inside))
+
+
+def glob(pattern: PathLike) -> list[str | Path]:
+    """Files matching a shell glob, sorted; URLs keep their scheme."""
+    p = as_path(pattern)
+    if isinstance(p, Path):
+        return [Path(x) for x in sorted(_glob.glob(str(p))) if os.path.isfile(x)]
+    fs, inside = filesystem(p)
+    found = sorted(x for x in fs.glob(inside) if not fs.isdir(x))
+    return [_unstrip(p, x, fs) for x in found]
+
+
+def listdir(folder: PathLike) -> list[str]:
+    """The names (last components) of the files directly in ``folder``; ``[]`` when it does
+    not exist."""
+    p = as_path(folder)
+    if isinstance(p, Path):
+        try:
+            return sorted(e.name for e in os.scandir(p) if e.is_file())
+        except FileNotFoundError:
+            return []
+    fs, inside = filesystem(p)
+    try:
+        entries = fs.ls(inside, detail=True, refresh=True)
+    except FileNotFoundError:
+        return []
+    return sorted(name(e["name"]) for e in entries if e.get("type") != "directory")
+
+
+def makedirs(path: PathLike) -> None:
+    """Create a local folder (and its parents); nothing to do on an object store."""
+    p = as_path(path)
+    if isinstance(p, Path):
+        p.mkdir(parents=True, exist_ok=True)
+
+
+def remove(path: PathLike) -> None:
+    """Delete a file or object; no error when it is already gone."""
+    p = as_path(path)
+    if isinstance(p, Path):
+        p.unlink(missing_ok=True)
+        return
+    fs, inside = filesystem(p)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(inside)
+
+
+def read_bytes(path: PathLike) -> bytes:
+    with open_file(path, "rb") as fh:
+        return fh.read()
+
+
+def read_text(path: PathLike) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def write_bytes(path: PathLike, data: bytes) -> None:
+    """Write a whole file atomically (see :func:`atomic_write`)."""
+    with atomic_write(path) as fh:
+        fh.write(data)
+
+
+def write_text(path: PathLike, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+TMP_SUFFIX = ".tmp"
+
+
+def temp_name(path: PathLike) -> str | Path:
+    """A temporary name beside ``path``, unique to this writer: ``NAME.<token>.tmp``."""
+    p = as_path(path)
+    token = uuid.uuid4().hex[:12]
+    if isinstance(p, Path):
+        return p.with_name(f"{p.name}.{token}{TMP_SUFFIX}")
+    return f"{p}.{token}{TMP_SUFFIX}"
+
+
+@contextlib.contextmanager
+def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
+    """A binary file to write ``path`` with: it appears whole when the block ends without an
+    exception, and not at all otherwise.
+
+    Locally the data goes to :func:`temp_name` and is renamed over ``path``; on an object store
+    fsspec uploads on close (multipart for large files), and the object exists only once the
+    upload completes; an exception discards the upload.
+    """
+    p = as_path(path)
+    if isinstance(p, Path):
+        tmp = temp_name(p)
+        assert isinstance(tmp, Path)
+        try:
+            with open(tmp, "wb") as fh:
+                yield fh
+            os.replace(tmp, p)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return
+    fs, inside = filesystem(p)
+    fh = fs.open(inside, "wb")
+    try:
+        yield fh
+    except BaseException:
+        discard = getattr(fh, "discard", None)
+        if discard is not None:
+            discard()
+            fh.closed = True  # nothing left to upload: its __del__ must not try
+        else:  # pragma: no cover - backends without discard
+            with contextlib.suppress(Exception):
+                fh.close()
+            remove(p)
+        raise
+    fh.close()
+
+
+def copy_local(src: Path, dst: PathLike) -> None:
+    """Copy a local file to ``dst`` (a path or URL), atomically."""
+    with open(src, "rb") as fin, atomic_write(dst) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)

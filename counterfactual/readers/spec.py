@@ -1,0 +1,171 @@
+"""Where a run's data comes from: a typed spec, resolved here and recorded in the manifest.
+
+A :class:`DataSpec` names the dataset kind and its files (local paths or fsspec URLs);
+:meth:`DataSpec.resolved` fills in the defaults (COCO's ``annotations/instances_SET.json``
+under the root, ...), :func:`open_input` reads it into a :class:`~counterfactual.tasks.RunInput`:
+the records of an annotated dataset (read once, in the driver), or the pieces of a corpus
+(listed by the driver, read by the workers). ``counterfactual report`` and ``cooccurrence``
+read the spec back from ``manifest.json`` (``data``) instead of re-parsing the command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from counterfactual import fs
+from counterfactual.readers import CORPORA, DATASETS
+from counterfactual.records import Dataset, ImageRecord, Status
+from counterfactual.tasks import RunInput
+
+KINDS = DATASETS + CORPORA
+
+
+@dataclass(frozen=True, slots=True)
+class DataSpec:
+    """A dataset and its files. Paths are local paths or URLs, kept as strings.
+
+    ``root``: the dataset folder (demo: where its pictures are written; wds, parquet, csv: the
+    file pattern, with brace ranges or globs). ``images``: the folder file names are relative
+    to. ``instances``/``captions``/``coco_set``: COCO's files. ``split_file``/``split``: the
+    Karpathy (or Flickr30k) split. ``*_column``: a table's columns. ``limit``: the first N
+    images only.
+    """
+
+    kind: str = "demo"
+    root: str | None = None
+    images: str | None = None
+    instances: str | None = None
+    captions: str | None = None
+    coco_set: str = "train2017"
+    split_file: str | None = None
+    split: str | None = None
+    caption_column: str | None = None
+    image_column: str | None = None
+    id_column: str | None = None
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"dataset {self.kind!r} is not one of {KINDS}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1 image, got {self.limit}")
+
+    @property
+    def corpus(self) -> bool:
+        return self.kind in CORPORA
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DataSpec:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def resolved(self) -> DataSpec:
+        """The spec with every default filled in, or ``ValueError`` naming what is missing."""
+        if self.corpus:
+            if self.root is None:
+                ext = "tar" if self.kind == "wds" else self.kind
+                raise ValueError(
+                    f"--dataset {self.kind} needs --root: its files, e.g. "
+                    f"'data/{{00000..00009}}.{ext}'"
+                )
+            return self
+        if self.kind == "demo":
+            if self.root is None:
+                raise ValueError("the demo needs a folder to write its pictures to (--root)")
+            return self
+        if self.root is None and self.instances is None:
+            raise ValueError(f"--dataset {self.kind} needs --root (or --instances for COCO)")
+        if self.kind == "flickr30k":
+            return self
+        root = self.root or str(fs.parent(str(self.instances)))
+        annotations = fs.join(root, "annotations")
+        return replace(
+            self,
+            root=root,
+            instances=self.instances or str(fs.join(annotations, f"instances_{self.coco_set}.json")),
+            captions=self.captions or str(fs.join(annotations, f"captions_{self.coco_set}.json")),
+            images=self.images or str(fs.join(root, self.coco_set)),
+        )
+
+
+def read_dataset(spec: DataSpec) -> Dataset:
+    """The records of an annotated dataset (demo, COCO, Flickr30k), read once."""
+    spec = spec.resolved()
+    if spec.corpus:
+        raise ValueError(f"{spec.kind} is a corpus: its workers read it (open_input)")
+    if spec.kind == "demo":
+        from counterfactual.readers.demo import read_demo
+
+        return read_demo(fs.as_path(str(spec.root)))
+    if spec.kind == "flickr30k":
+        from counterfactual.readers.flickr30k import read_flickr30k
+
+        return read_flickr30k(fs.as_path(str(spec.root)), split=spec.split)
+    from counterfactual.readers.coco import read_coco
+
+    assert spec.instances and spec.captions and spec.images
+    return read_coco(
+        fs.as_path(spec.instances),
+        fs.as_path(spec.captions),
+        fs.as_path(spec.images),
+        None if spec.split_file is None else fs.as_path(spec.split_file),
+        spec.split,
+    )
+
+
+def open_input(spec: DataSpec, images_per_shard: int) -> tuple[RunInput, Dataset | None]:
+    """What a run reads: an annotated dataset's records (and the dataset), or a corpus's
+    pieces of ``images_per_shard`` rows (no dataset: the workers read it)."""
+    spec = spec.resolved()
+    if not spec.corpus:
+        dataset = read_dataset(spec)
+        records = dataset.records[: spec.limit] if spec.limit else dataset.records
+        return RunInput(records, failures=dataset.failures, spec=spec.to_dict()), dataset
+    if spec.limit:  # a few rows: the driver reads them and hands them out as records
+        return _first_rows(spec), None
+    from counterfactual.readers.corpus import plan_pieces
+
+    rows = plan_pieces(
+        str(spec.root),
+        spec.kind,
+        images_per_shard,
+        images=None if spec.images is None else fs.as_path(spec.images),
+        caption_column=spec.caption_column,
+        image_column=spec.image_column,
+        id_column=spec.id_column,
+    )
+    pieces, failures = [], []
+    for row in rows:
+        (failures if isinstance(row, Status) else pieces).append(row)
+    return RunInput(pieces=pieces, failures=tuple(failures), spec=spec.to_dict()), None
+
+
+def _first_rows(spec: DataSpec) -> RunInput:
+    """The first ``spec.limit`` records of a corpus (and the failures met on the way)."""
+    from counterfactual.readers.corpus import iter_table, iter_wds
+
+    if spec.kind == "wds":
+        rows = iter_wds(str(spec.root))
+    else:
+        rows = iter_table(
+            str(spec.root),
+            spec.kind,
+            images=None if spec.images is None else fs.as_path(spec.images),
+            caption_column=spec.caption_column,
+            image_column=spec.image_column,
+            id_column=spec.id_column,
+        )
+    records: list[ImageRecord] = []
+    failures: list[Status] = []
+    for row in rows:
+        if isinstance(row, Status):
+            failures.append(row)
+        else:
+            records.append(row)
+            if len(records) == spec.limit:
+                break
+    return RunInput(records, failures=tuple(failures), spec=spec.to_dict())

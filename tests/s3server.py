@@ -1,0 +1,146 @@
+"""A real S3-compatible server for tests: moto's server mode on 127.0.0.1.
+
+The session fixture ``s3`` starts ``moto_server`` on a free port, points the standard ``AWS_*``
+variables at it (subprocesses such as Ray workers inherit them) and yields an :class:`S3Server`
+that makes fresh buckets and copies files in and out. Tests are skipped when moto or s3fs is not
+installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+class S3Server:
+    """A running moto server: ``endpoint`` is its ``http://127.0.0.1:<port>`` address."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self._numbers = itertools.count()
+
+    def _fs(self) -> Any:
+        import s3fs
+
+        return s3fs.S3FileSystem(
+            key=_ENV["AWS_ACCESS_KEY_ID"],
+            secret=_ENV["AWS_SECRET_ACCESS_KEY"],
+            endpoint_url=self.endpoint,
+            skip_instance_cache=True,
+        )
+
+    def bucket(self, name: str | None = None) -> str:
+        """Create a bucket (``cf-test-<n>`` unless named) and return ``"s3://<name>"``."""
+        name = name or f"cf-test-{next(self._numbers)}"
+        if not _BUCKET.match(name) or ".." in name:
+            raise ValueError(f"invalid bucket name {name!r}")
+        self._fs().mkdir(name)
+        return f"s3://{name}"
+
+    def upload(self, local: Path, url: str) -> None:
+        """Copy a file to ``url``, or a folder's files recursively under ``url``."""
+        local = Path(local)
+        fs = self._fs()
+        target = url.removeprefix("s3://").rstrip("/")
+        if local.is_dir():
+            for path in sorted(p for p in local.rglob("*") if p.is_file()):
+                fs.put_file(str(path), f"{target}/{path.relative_to(local).as_posix()}")
+        else:
+            fs.put_file(str(local), target)
+
+    def download(self, url: str, local: Path) -> None:
+        """Copy the object at ``url`` to the file ``local``, or every object under the prefix
+        ``url`` into the folder ``local``."""
+        local = Path(local)
+        fs = self._fs()
+        source = url.removeprefix("s3://").rstrip("/")
+        if fs.isfile(source):
+            local.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(source, str(local))
+            return
+        for key in fs.find(source):
+            dest = local / key[len(source) :].lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(key, str(dest))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_until_up(endpoint: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"moto_server exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(endpoint + "/moto-api/", timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"moto_server did not answer at {endpoint} within {timeout:.0f} s")
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """A moto S3 server for the whole session, with ``AWS_*`` pointing at it."""
+    try:
+        import moto  # noqa: F401
+        import s3fs
+    except ImportError as err:
+        pytest.skip(f"S3 tests need moto[server] and s3fs: {err}")
+    exe = Path(sys.executable).with_name("moto_server")
+    if not exe.is_file():
+        pytest.skip(f"S3 tests need the moto_server console script ({exe} is missing)")
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [str(exe), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    names = ["AWS_ENDPOINT_URL", *_ENV]
+    saved = {k: os.environ.get(k) for k in names}
+    try:
+        _wait_until_up(endpoint, proc)
+        os.environ.update(_ENV, AWS_ENDPOINT_URL=endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()
+        yield S3Server(endpoint)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        s3fs.S3FileSystem.clear_instance_cache()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
