@@ -22,7 +22,11 @@ baseline measured in the same run, because the machine is shared and absolute ti
   decode-only loop;
 - corpus: the whole corpus path (WebDataset shards, tiny detector, caption-aware selection)
   against the COCO path (annotated boxes) on the same pictures, in process on one core, with
-  each step's worker seconds and the readers' own rates.
+  each step's worker seconds and the readers' own rates;
+- run_layer: the run layer as a user meets it, ``counterfactual synth`` in a child process:
+  the driver's peak RSS over a 10x larger CSV (rows whose pictures are missing), the Ray
+  runner's speed against the in-process runner's (start-up included) beside what two plain
+  decode+encode processes gain over one, and the Ray driver's own CPU per input image.
 
 Sections with a note in ``NOTES`` also write it under ``_notes`` in the JSON.
 """
@@ -31,6 +35,8 @@ from __future__ import annotations
 
 import os
 
+USER_ENV = dict(os.environ)
+"""The environment before the thread pins below: the CLI's runs get it, as a user runs them."""
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
@@ -38,10 +44,12 @@ import argparse  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import cv2  # noqa: E402
@@ -55,6 +63,7 @@ from counterfactual.readers.coco import read_coco  # noqa: E402
 from counterfactual.records import Dataset  # noqa: E402
 from counterfactual.run import RunResult  # noqa: E402
 from counterfactual.selection import SelectionConfig, select, select_many  # noqa: E402
+from counterfactual.tasks import ShardDone  # noqa: E402
 from counterfactual.text import RewriteRequest, TextConfig, make_rewriter  # noqa: E402
 
 cv2.setNumThreads(1)
@@ -249,16 +258,18 @@ def _pss_sampler(stop: threading.Event, peak: list[float]) -> None:
 
 
 class _Clock:
-    """A progress callback that notes when the first and the last batch came back."""
+    """An ``on_shard`` callback that notes when each shard came back, and the input images
+    done by then."""
 
     def __init__(self) -> None:
         self.marks: list[tuple[float, int]] = []
 
-    def __call__(self, done: int, total: int) -> None:
-        self.marks.append((time.perf_counter(), done))
+    def __call__(self, done: ShardDone) -> None:
+        images = self.marks[-1][1] if self.marks else 0
+        self.marks.append((time.perf_counter(), images + done.images))
 
     def steady_rate(self) -> float:
-        """Items/s from the first batch back to the last: the rate once start-up is paid."""
+        """Images/s from the first shard back to the last: the rate once start-up is paid."""
         (t0, n0), (t1, n1) = self.marks[0], self.marks[-1]
         return (n1 - n0) / (t1 - t0) if t1 > t0 else float("nan")
 
@@ -268,7 +279,7 @@ def _local_run(records: list, out: Path, config) -> tuple[float, int, _Clock]:
 
     clock = _Clock()
     start = time.perf_counter()
-    result = run_local(records, out, config, progress=clock)
+    result = run_local(records, out, config, on_shard=clock)
     return time.perf_counter() - start, result.written, clock
 
 
@@ -292,7 +303,7 @@ def _ray_run(
         sampler.start()
     start = time.perf_counter()
     clock = _Clock()
-    result = run_ray(records, out, config, RayOptions(dashboard=False), progress=clock)
+    result = run_ray(records, out, config, RayOptions(dashboard=False), on_shard=clock)
     end = time.perf_counter()
     stop.set()
     if memory:
@@ -307,7 +318,8 @@ def bench_pipeline(work: Path, n: int, memory_sizes: tuple[int, int]) -> dict[st
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    config = SynthConfig(image=ImageConfig(method="blur"))
+    # 100 images per shard: both workers busy, and shards often enough for the steady rate
+    config = SynthConfig(image=ImageConfig(method="blur"), images_per_shard=100)
     records = _generated(work, n, (640, 480))
     floor = _floor_rate(records)
     parallel_floor = _parallel_floor_rate(records)
@@ -733,6 +745,239 @@ def bench_corpus(work: Path, n: int, repeat: int = 2) -> dict[str, float]:
     return out
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli_env() -> dict[str, str]:
+    """The user's environment (no thread pins), offline, Ray quiet."""
+    env = dict(USER_ENV)
+    for name, value in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("RAY_USAGE_STATS_ENABLED", "0"),
+        ("RAY_AUTH_MODE", "disabled"),
+    ):
+        env.setdefault(name, value)
+    return env
+
+
+@dataclass(frozen=True)
+class _Child:
+    """One ``counterfactual synth`` child: wall seconds; ``maxrss_mib``, its peak RSS from
+    ``wait4`` (the largest of it and the children it reaped: with Ray, Ray's own processes);
+    ``polled_rss_mib`` and ``polled_cpu_s``: its own peak RSS and user+system CPU as last seen
+    by polling that one process (psutil, every ``poll`` s)."""
+
+    seconds: float
+    maxrss_mib: float
+    polled_rss_mib: float
+    polled_cpu_s: float
+
+
+def _synth_cli(args: list[str], log: Path, poll: float = 0.1) -> _Child:
+    """Run ``python -m counterfactual synth ARGS`` as a user would, output to ``log``."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "counterfactual", "synth", *args]
+    rss = cpu = 0.0
+    with open(log, "wb") as fh:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_cli_env(), cwd=ROOT)
+        watch = psutil.Process(proc.pid)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            try:
+                rss = max(rss, watch.memory_info().rss)
+                times = watch.cpu_times()
+                cpu = times.user + times.system
+            except psutil.Error:
+                pass
+            time.sleep(poll)
+        seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
+    return _Child(seconds, usage.ru_maxrss / 1024, rss / 2**20, cpu)
+
+
+def _missing_pictures_csv(path: Path, rows: int) -> Path:
+    """A ``key,caption,image`` CSV whose pictures do not exist: each row is read by a worker
+    and becomes a ``failed: missing-file`` status, nothing is decoded."""
+    import csv
+
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["key", "caption", "image"])
+        for i in range(rows):
+            writer.writerow([f"k{i:08d}", DETECT_CAPTIONS[i % 6], f"missing/{i:08d}.jpg"])
+    return path
+
+
+def _run_layer_memory(work: Path, sizes: tuple[int, int]) -> dict[str, float]:
+    """Peak RSS of the CLI's driver over two CSV sizes: ``--runner local`` from ``wait4``
+    (the driver is the only process), ``--runner ray`` polled (the driver process only)."""
+    _tests_on_path()
+    from tiny_owlv2 import build_tiny_owlv2
+
+    owl = build_tiny_owlv2(work / "rl-owl", grid_boxes=True)
+    out: dict[str, float] = {}
+    for rows in sizes:
+        table = _missing_pictures_csv(work / f"rl-{rows}.csv", rows)
+        for runner in ("local", "ray"):
+            target = work / f"rl-csv-{runner}-{rows}"
+            args = ["--dataset", "csv", "--root", str(table), "--out", str(target)]
+            args += ["--runner", runner, "--detector-model", str(owl), "--image-method", "blur"]
+            child = _synth_cli([*args, "--contact-sheet", "0"], work / f"{target.name}.log", 0.2)
+            status = (target / "status.jsonl").read_text().count("missing-file")
+            if status != rows:
+                raise RuntimeError(f"{target}: {status} missing-file rows, expected {rows}")
+            peak = child.maxrss_mib if runner == "local" else child.polled_rss_mib
+            out[f"{runner}_peak_rss_mib_{rows}_rows"] = peak
+            out[f"{runner}_seconds_{rows}_rows"] = child.seconds
+            out[f"{runner}_cli_cpu_us_per_row_{rows}_rows"] = child.polled_cpu_s / rows * 1e6
+            shutil.rmtree(target)
+        table.unlink()
+    small, large = sizes
+    for runner in ("local", "ray"):
+        a, b = (
+            out[f"{runner}_peak_rss_mib_{small}_rows"],
+            out[f"{runner}_peak_rss_mib_{large}_rows"],
+        )
+        out[f"{runner}_ratio"] = b / a
+        out[f"{runner}_mib_per_100k_rows"] = (b - a) / (large - small) * 100_000
+    return out
+
+
+def _floor_split(pool, paths: list[str], parts: int) -> float:
+    """Seconds for ``pool`` to decode+encode ``paths`` cut into ``parts`` tasks."""
+    cut = -(-len(paths) // parts)
+    start = time.perf_counter()
+    pool.map(_floor_chunk, [paths[i : i + cut] for i in range(0, len(paths), cut)], chunksize=1)
+    return time.perf_counter() - start
+
+
+def _run_layer_speed(work: Path, n: int, repeat: int, per_shard: int) -> dict[str, float]:
+    """``synth --runner ray`` against ``--runner local``, both the CLI in a child process
+    (imports, reading, ``ray.init`` included), alternated with one and two plain
+    decode+encode processes over the same pictures; medians."""
+    import multiprocessing as mp
+
+    files = generate_coco(work / f"rl-coco{n}", n, seed=3, size=(640, 480))
+    data = ["--dataset", "coco", "--instances", str(files.instances)]
+    data += ["--captions", str(files.captions), "--images", str(files.images)]
+    data += ["--image-method", "blur", "--text-method", "np-removal", "--contact-sheet", "0"]
+    data += ["--images-per-shard", str(per_shard)]
+    paths = [str(p) for p in sorted(Path(files.images).glob("*.jpg"))[:300]]
+    times: dict[str, list[float]] = {"local": [], "ray": [], "one": [], "two": []}
+    cli_cpu: list[float] = []
+    written = {}
+    with mp.get_context("spawn").Pool(2) as pool:
+        pool.map(_floor_chunk, [paths[:5]] * 2, chunksize=1)  # start-up outside the timing
+        for i in range(repeat):
+            for runner in ("local", "ray"):
+                target = work / f"rl-speed-{runner}{i}"
+                child = _synth_cli(
+                    [*data, "--runner", runner, "--out", str(target)], work / f"{target.name}.log"
+                )
+                times[runner].append(child.seconds)
+                if runner == "ray":
+                    cli_cpu.append(child.polled_cpu_s)
+                manifest = json.loads((target / "manifest.json").read_text())
+                written[runner] = manifest.get("counts", manifest.get("status_counts"))
+                shutil.rmtree(target)
+            times["one"].append(_floor_split(pool, paths, 1))
+            times["two"].append(_floor_split(pool, paths, 2))
+    if written["local"] != written["ray"]:
+        raise RuntimeError(f"counts differ: local {written['local']}, ray {written['ray']}")
+    med = {name: float(np.median(values)) for name, values in times.items()}
+    ray_ratio = med["local"] / med["ray"]
+    gain = med["one"] / med["two"]
+    return {
+        "images": float(n),
+        "images_per_shard": float(per_shard),
+        "repeats": float(repeat),
+        "local_seconds": med["local"],
+        "ray_seconds": med["ray"],
+        "local_images_per_s": n / med["local"],
+        "ray_images_per_s": n / med["ray"],
+        "ray_vs_local": ray_ratio,
+        "two_process_gain": gain,
+        "ray_vs_local_over_two_process_gain": ray_ratio / gain,
+        "ray_cli_cpu_us_per_image": float(np.median(cli_cpu)) / n * 1e6,
+    }
+
+
+def _run_layer_driver_cpu(work: Path, n: int, per_shard: int, profile: Path | None) -> dict:
+    """The Ray driver's own CPU (every thread of this process, Ray's included; not the
+    workers') over ``run_ray`` on ``n`` generated pictures, Ray already up (``init_ray``
+    outside), reading outside; per input image."""
+    import ray
+
+    from counterfactual.synth import SynthConfig
+    from pipelines.synth import RayOptions, init_ray, run_ray
+
+    files = generate_coco(work / f"rl-coco{n}", n, seed=3, size=(640, 480))
+    start = time.process_time()
+    records = read_coco(files.instances, files.captions, files.images).records
+    read_cpu = time.process_time() - start
+    config = SynthConfig(image=ImageConfig(method="blur"), images_per_shard=per_shard)
+    options = RayOptions(dashboard=False)
+    init_ray(work, options)
+    try:
+        profiler = None
+        if profile is not None:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        wall = time.perf_counter()
+        start = time.process_time()
+        result = run_ray(records, work / "rl-driver", config, options)
+        cpu = time.process_time() - start
+        wall = time.perf_counter() - wall
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(str(profile))
+    finally:
+        ray.shutdown()
+    return {
+        "images": float(n),
+        "shards": float(len(result.shards)),
+        "run_ray_cpu_s": cpu,
+        "run_ray_wall_s": wall,
+        "us_per_image": cpu / n * 1e6,
+        "read_coco_us_per_image": read_cpu / n * 1e6,
+    }
+
+
+def bench_run_layer(
+    work: Path,
+    rows: tuple[int, int],
+    images: int,
+    repeat: int,
+    per_shard: int,
+    profile: Path | None = None,
+) -> dict[str, float]:
+    """The run layer's figures under ``run_layer.memory``, ``.speed`` and ``.driver_cpu``."""
+    out: dict[str, float] = {}
+    parts = {
+        "memory": lambda: _run_layer_memory(work, rows),
+        "speed": lambda: _run_layer_speed(work, images, repeat, per_shard),
+        "driver_cpu": lambda: _run_layer_driver_cpu(work, images, per_shard, profile),
+    }
+    for part, measure in parts.items():
+        start = time.perf_counter()
+        figures = measure()
+        print(f"run_layer.{part} ({time.perf_counter() - start:.0f} s): {figures}", flush=True)
+        out |= {f"run_layer.{part}.{name}": value for name, value in figures.items()}
+    return out
+
+
 TARGETS = {
     "pipeline_ray_vs_local": 1.6,
     "pipeline_ray_vs_floor_x_cores": 0.7,
@@ -743,12 +988,17 @@ TARGETS = {
     "image_mean_vs_floor": 0.7,
     "image_blur_vs_floor": 0.7,
     "image_opencv_inpaint_vs_floor": 0.25,
+    "run_layer.speed.ray_vs_local": 1.2,
+    "run_layer.speed.ray_vs_local_over_two_process_gain": 0.85,
 }
 MAX_TARGETS = {
     "pipeline_peak_memory_ratio": 1.2,
     "topk_seconds": 300,
     "topk_peak_rss_mib": 4096,
     "verify_vs_diffusion_30_steps": 0.1,
+    "run_layer.memory.local_ratio": 1.25,
+    "run_layer.memory.ray_ratio": 1.25,
+    "run_layer.driver_cpu.us_per_image": 50,
 }
 SECTIONS = (
     "selection",
@@ -761,6 +1011,7 @@ SECTIONS = (
     "verify",
     "detect",
     "corpus",
+    "run_layer",
 )
 NOTES = {
     "detect": (
@@ -787,6 +1038,25 @@ NOTES = {
         "base-size OWLv2 the detect step would cost what the detect section measures per "
         "image, and the boxes, so the selections and samples, would differ."
     ),
+    "run_layer": (
+        "`counterfactual synth` as a user runs it: `python -m counterfactual synth` in a child "
+        "process, with the user's environment (no thread pins). memory: a CSV of N rows "
+        "(key, caption, image) whose pictures do not exist (each row a failed: missing-file "
+        "status, read by a worker, nothing decoded), the tests' tiny OWLv2 as --detector-model "
+        "(loaded, never called), default 1,000 images per shard; local_peak_rss: the CLI's "
+        "ru_maxrss from wait4 (it is the only process); ray_peak_rss: the CLI process's RSS "
+        "polled every 0.2 s (the driver only, not Ray's processes); *_ratio: the larger CSV's "
+        "peak over the smaller's; *_cli_cpu_us_per_row: the CLI process's own CPU (polled, "
+        "imports and ray.init included) per row. speed: generated COCO-format 640x480 "
+        "pictures, blur, np-removal, images_per_shard per shard, --runner local against "
+        "--runner ray (local Ray started inside the timing, dashboard as by default), "
+        "alternated with one and two plain decode+encode processes (PIL via load_rgb, "
+        "encode_jpeg, 300 of the pictures, one spawn pool, start-up outside); medians of "
+        "`repeats`; two_process_gain: one process's seconds over two's; ray_vs_local: local "
+        "seconds over Ray's. driver_cpu: time.process_time() of this process (every thread, "
+        "Ray's C++ threads included; the workers not) around run_ray on the same pictures, "
+        "Ray already up (init_ray outside), the records read outside (read_coco_us_per_image)."
+    ),
 }
 
 
@@ -812,6 +1082,15 @@ def main(argv: list[str] | None = None) -> int:
         "--detect-base-images", type=int, default=3, help="photos for the base-size OWLv2"
     )
     parser.add_argument("--corpus-images", type=int, default=300)
+    parser.add_argument(
+        "--run-layer-rows", type=int, nargs=2, default=(40_000, 400_000), help="CSV rows"
+    )
+    parser.add_argument("--run-layer-images", type=int, default=3_000)
+    parser.add_argument("--run-layer-repeat", type=int, default=2)
+    parser.add_argument("--run-layer-per-shard", type=int, default=100)
+    parser.add_argument(
+        "--run-layer-profile", type=Path, default=None, help="cProfile the Ray driver to PATH"
+    )
     parser.add_argument("--topk-child", type=int, nargs=4, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--inpaint-model", default=None, help="diffusers model for the GPU figure")
     args = parser.parse_args(argv)
@@ -842,6 +1121,15 @@ def main(argv: list[str] | None = None) -> int:
             figures |= bench_detect(work, args.photos, args.detect_base_images)
         if "corpus" in todo:
             figures |= bench_corpus(work, args.corpus_images)
+        if "run_layer" in todo:
+            figures |= bench_run_layer(
+                work,
+                tuple(args.run_layer_rows),
+                args.run_layer_images,
+                args.run_layer_repeat,
+                args.run_layer_per_shard,
+                args.run_layer_profile,
+            )
     print(f"{'figure':<48} {'value':>12}  target")
     for name, value in figures.items():
         if (target := TARGETS.get(name)) is not None:
@@ -852,7 +1140,12 @@ def main(argv: list[str] | None = None) -> int:
             mark = ""
         print(f"{name:<48} {value:>12.3f}  {mark}")
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
-    previous.update({k: round(v, 4) for k, v in figures.items()})
+    for name, value in figures.items():  # "a.b.c": previous["a"]["b"]["c"]
+        *groups, key = name.split(".")
+        place = previous
+        for group in groups:
+            place = place.setdefault(group, {})
+        place[key] = round(value, 4)
     previous["_machine"] = (
         f"{platform.machine()}, {os.cpu_count()} cores; one used, except by the Ray pipeline and top-k"
     )

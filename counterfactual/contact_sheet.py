@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from counterfactual import fs
 from counterfactual.imageio import SampleError
 from counterfactual.records import ImageRecord
 from counterfactual.samples import SampleMeta, iter_samples
@@ -57,6 +58,8 @@ def sheet_rows(out_dir: str | Path, records: Mapping[str, ImageRecord], n: int) 
             break
         meta, jpg = sample.meta, sample.jpg
         record = records.get(meta.image_id)
+        if record is None and meta.source is not None:  # a corpus picture: its tar or table
+            record = ImageRecord(meta.image_id, meta.file, 0, 0, (), (), source=meta.source)
         if record is None or jpg is None:
             continue
         try:
@@ -71,8 +74,8 @@ def sheet_rows(out_dir: str | Path, records: Mapping[str, ImageRecord], n: int) 
     return rows
 
 
-def contact_sheet(examples: Sequence[SheetRow], path: Path) -> Path:
-    """Write a PNG with one row per example and return its path."""
+def contact_sheet(examples: Sequence[SheetRow], path: fs.PathLike) -> str | Path:
+    """Write a PNG (a local path or URL) with one row per example and return its path."""
     if not examples:
         raise ValueError("contact_sheet needs at least one example")
     font = ImageFont.load_default(size=14)
@@ -97,7 +100,9 @@ def contact_sheet(examples: Sequence[SheetRow], path: Path) -> Path:
             draw.text((_GAP, y), line, fill=(0, 0, 0), font=font)
             y += 17
         y += 2 * _GAP - 4
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sheet.save(path)
+    path = fs.as_path(path)
+    fs.makedirs(fs.parent(path))
+    buffer = io.BytesIO()
+    sheet.save(buffer, format="PNG")
+    fs.write_bytes(path, buffer.getvalue())
     return path

@@ -62,7 +62,7 @@ def expand_shards(spec: ShardSpec) -> list[str]:
             if not part:
                 raise ValueError(f"shard spec {text!r} has an empty part")
             for path in _expand_part(part, text):
-                real = os.path.realpath(path)
+                real = path if fs.is_url(path) else os.path.realpath(path)
                 if real in seen:
                     raise ValueError(f"shard spec {text!r}: {path} is listed twice")
                 seen[real] = path
@@ -73,7 +73,9 @@ def expand_shards(spec: ShardSpec) -> list[str]:
 def _expand_part(part: str, spec: str) -> list[str]:
     found: list[str] = []
     for path in braceexpand(part):
-        if _GLOB_MAGIC.search(path):
+        if fs.is_url(path):  # an object store: a glob, a run's prefix, or one object
+            found += _expand_url(path, spec)
+        elif _GLOB_MAGIC.search(path):
             matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
             if not matches:
                 raise ValueError(f"shard spec {spec!r}: nothing matches {path}")
@@ -90,6 +92,20 @@ def _expand_part(part: str, spec: str) -> list[str]:
         else:
             raise ValueError(f"shard spec {spec!r}: no such file {path}")
     return found
+
+
+def _expand_url(path: str, spec: str) -> list[str]:
+    if _GLOB_MAGIC.search(path):
+        matches = [str(p) for p in fs.glob(path)]
+        if not matches:
+            raise ValueError(f"shard spec {spec!r}: nothing matches {path}")
+        return matches
+    if fs.isfile(path):
+        return [path]
+    ours = [str(p) for p in shard_paths(path)]
+    if not ours:
+        raise ValueError(f"shard spec {spec!r}: no committed shard under {path}")
+    return ours
 
 
 def stats_path(shard: str) -> str:

@@ -19,7 +19,6 @@ import json
 import platform
 import subprocess
 import sys
-import tarfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -32,10 +31,10 @@ from counterfactual import fs
 from counterfactual.progress import Progress
 from counterfactual.records import Status
 from counterfactual.runlock import RunLock
+from counterfactual.samples import verify_summary_from_samples
 from counterfactual.shards import read_stats, shard_name
 from counterfactual.synth import SynthConfig
 from counterfactual.tasks import RunInput, ShardDone, ShardTask, shard_tasks
-from counterfactual.verify import VerifySummary
 
 RUN_FILE = "run.json"
 STATUS_FILE = "status.jsonl"
@@ -57,6 +56,10 @@ PACKAGES = (
     "ray",
 )
 
+
+class SetupError(ValueError):
+    """The run cannot start (a model that does not load, a stage the cluster cannot place); the
+    message names the stage, the cause and the fix."""
 
 
 @dataclass
@@ -214,6 +217,9 @@ def finish_run(
             f"{len(missing)} shards were not finished ({shard_name('shard', missing[0])}, ...); "
             "rerun the same command to finish them"
         )
+    for name in fs.listdir(run.out_dir):  # left by a worker that died mid-shard and was retried
+        if name.endswith(fs.TMP_SUFFIX):
+            fs.remove(fs.join(run.out_dir, name))
     counts: Counter[str] = Counter()
     images, items = len(inputs.failures), 0
 
@@ -249,7 +255,8 @@ def finish_run(
         dict(per_node),
     )
     if run.config.verify.enabled:
-        result.verify = verify_summary(run.out_dir, names, counts)
+        shards_ = [fs.join(run.out_dir, name) for name in names]
+        result.verify = verify_summary_from_samples(shards_, counts=counts)
     write_manifest(run, result, inputs, runner, extra)
     return result
 
@@ -308,26 +315,6 @@ def read_status(out_dir: fs.PathLike) -> Iterator[Status]:
         for line in fh:
             if line.strip():
                 yield Status(**json.loads(line))
-
-
-def verify_summary(out_dir: fs.PathLike, shards: Iterable[str], counts: Counter[str]) -> dict:
-    """The verdicts stored in the shards' json (only those members are read; tar headers let
-    the JPEGs be skipped) and the samples dropped with a ``verify-*`` reason."""
-    summary = VerifySummary()
-    for name in shards:
-        with fs.open_file(fs.join(out_dir, name), "rb") as raw, tarfile.open(
-            fileobj=raw, mode="r:"
-        ) as tar:
-            for member in tar:
-                if not member.name.endswith(".json"):
-                    continue
-                fh = tar.extractfile(member)
-                if fh is not None and "verify" in (meta := json.loads(fh.read())):
-                    summary.add(meta["verify"])
-    for name, n in counts.items():
-        if name.startswith("failed:verify-"):
-            summary.dropped[name.split(":", 1)[1]] += n
-    return summary.to_dict()
 
 
 def stage_table(result: RunResult) -> dict[str, dict[str, float]]:

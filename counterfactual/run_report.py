@@ -17,7 +17,6 @@ item with its reason.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import html
 import io
@@ -40,6 +39,7 @@ from counterfactual import fs
 from counterfactual.imageio import DEFAULT_MAX_PIXELS, SampleError, resolve_inside
 from counterfactual.jsonl import json_objects
 from counterfactual.masks import box_mask, dilate
+from counterfactual.readers.spec import DataSpec
 from counterfactual.records import ImageRecord, Status
 from counterfactual.run import MANIFEST_FILE, STATUS_FILE
 from counterfactual.samples import (
@@ -199,8 +199,8 @@ def read_run(out_dir: Path, workers: int | None = None) -> RunIndex:
         if stats:
             notes.append(
                 "status.jsonl is missing (the run is unfinished or was interrupted): counts are "
-                f"those of the {len(stats)} committed shards; images skipped before any shard "
-                "are not counted"
+                f"those of the {len(stats)} committed shards; images the reader could not turn "
+                "into a record are not counted"
             )
     samples: list[SampleRef] = []
     unreadable: list[Status] = []
@@ -350,32 +350,22 @@ def dataset_roots(
 ) -> list[Path]:
     """Folders a sample's ``file`` may be relative to, most likely first, existing ones only:
     ``root`` (and its ``images``/``train2017``/``val2017``/``flickr30k-images``) when given, else
-    what the run's command line says (``--images``, ``--root``, the demo's ``OUT/demo-data``)."""
+    the data spec the run recorded (``images``, ``root``; the demo's ``OUT/demo-data``)."""
     subdirs = ("images", "train2017", "val2017", "flickr30k-images")
     candidates: list[Path] = []
     if root is not None:
         candidates += [Path(root), *(Path(root) / s for s in subdirs)]
     else:
-        args = _synth_args(manifest.get("command"))
-        if args.images:
-            candidates.append(Path(args.images))
-        if args.root:
-            base = Path(args.root)
-            candidates += [base / args.coco_set, base / "images", base / "flickr30k-images"]
+        data = manifest.get("data")
+        spec = DataSpec.from_dict(data) if isinstance(data, dict) else None
+        if spec is not None and not spec.corpus:
+            if spec.images and not fs.is_url(spec.images):
+                candidates.append(Path(spec.images))
+            if spec.root and not fs.is_url(spec.root):
+                base = Path(spec.root)
+                candidates += [base / spec.coco_set, base / "images", base / "flickr30k-images"]
         candidates.append(Path(out_dir) / "demo-data" / "images")
     return list(dict.fromkeys(c for c in candidates if c.is_dir()))
-
-
-def _synth_args(command: Any) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(add_help=False)
-    for name in ("--images", "--root"):
-        parser.add_argument(name)
-    parser.add_argument("--coco-set", default="train2017")
-    argv = [str(a) for a in command] if isinstance(command, list) else []
-    if "synth" not in argv:
-        return parser.parse_args([])
-    args, _ = parser.parse_known_args(argv[argv.index("synth") + 1 :])
-    return args
 
 
 def caption_segments(caption: str, removed_phrases: Iterable[str]) -> list[tuple[str, bool]]:

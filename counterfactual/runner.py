@@ -15,7 +15,7 @@ from counterfactual.detect import Detector
 from counterfactual.image import ImageEditor
 from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
-from counterfactual.run import RunResult, run_shards
+from counterfactual.run import RunResult, SetupError, run_shards
 from counterfactual.stages import Chain, build_steps
 from counterfactual.synth import SynthConfig
 from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask
@@ -53,7 +53,12 @@ def run_local(
         maker: ShardMaker | None = None
         for task in tasks:
             if maker is None:  # models load only when there is work left
-                steps = build_steps(config, editor=editor, rewriter=rewriter, detector=detector)
+                try:
+                    steps = build_steps(config, editor=editor, rewriter=rewriter, detector=detector)
+                except (OSError, RuntimeError, ImportError) as err:
+                    raise SetupError(
+                        f"the run's steps could not start: {type(err).__name__}: {err}"
+                    ) from err
                 maker = ShardMaker(config, out_dir, Chain(steps), node, on_batch)
             yield maker(task)
 

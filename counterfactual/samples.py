@@ -657,12 +657,16 @@ def read_member(shard: fs.PathLike, at: tuple[int, int]) -> bytes:
 
 
 def verify_summary_from_samples(
-    source: fs.PathLike | Sequence[fs.PathLike], statuses: Iterable[Status] = ()
+    source: fs.PathLike | Sequence[fs.PathLike],
+    statuses: Iterable[Status] = (),
+    *,
+    counts: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """What ``manifest.json`` records under ``verify``
-    (:meth:`counterfactual.verify.VerifySummary.to_dict`): the verdicts in the samples' json
-    (pictures not read) and the samples dropped with a ``verify-*`` reason among ``statuses``.
-    ``ValueError`` on a sample that cannot be read."""
+    (:meth:`counterfactual.verify.VerifySummary.to_dict`): the verdicts in the json of the
+    samples of ``source`` (as :func:`read_samples` takes it; pictures not read) and the samples
+    dropped with a ``verify-*`` reason, from ``statuses`` and/or ``counts`` (``status:reason`` ->
+    rows, as ``manifest.json`` counts them). ``ValueError`` on a sample that cannot be read."""
     summary = VerifySummary()
     for row in iter_samples(source, images=False):
         if row.meta.verify is not None:
@@ -670,6 +674,9 @@ def verify_summary_from_samples(
     for s in statuses:
         if s.status == "failed" and (s.reason or "").startswith("verify-"):
             summary.dropped[s.reason or ""] += 1
+    for name, n in (counts or {}).items():
+        if name.startswith("failed:verify-"):
+            summary.dropped[name.split(":", 1)[1]] += n
     return summary.to_dict()
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from counterfactual import fs
 from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
-from counterfactual.run import RunResult, run_shards
+from counterfactual.run import RunResult, SetupError, run_shards
 from counterfactual.runner import as_input
 from counterfactual.stages import (
     Chain,
@@ -110,10 +110,6 @@ def pooled(stage: Stage, config: SynthConfig, options: RayOptions) -> bool:
 
 def on_gpu(stage: Stage, config: SynthConfig) -> bool:
     return step_device(config, stage.steps[0]).startswith("cuda")
-
-
-class SetupError(ValueError):
-    """The run cannot start on this cluster; the message names the stage, cause and fix."""
 
 
 # ------------------------------------------------------------------------------ actors
@@ -352,8 +348,10 @@ def _start(
         if not n:
             pools.append(None)
             continue
-        cls = ray.remote(MODEL_ACTORS[name]).options(num_cpus=1, num_gpus=gpus, max_restarts=3)
-        pools.append([cls.options(max_task_retries=3).remote(config, stage.steps) for _ in range(n)])
+        cls = ray.remote(MODEL_ACTORS[name]).options(
+            num_cpus=1, num_gpus=gpus, max_restarts=3, max_task_retries=3
+        )
+        pools.append([cls.remote(config, stage.steps) for _ in range(n)])
     worker = ray.remote(ShardWorker).options(
         num_cpus=1, max_restarts=3, max_task_retries=3, scheduling_strategy="SPREAD"
     )
@@ -369,8 +367,8 @@ def _start(
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         error = ray.get(ready[0])
-        if error:
-            raise SetupError(f"{roles[ready[0]]} could not start: {error}")
+        if error:  # one line: a loader's message may span several
+            raise SetupError(f"{roles[ready[0]]} could not start: {' '.join(error.split())}")
     return [a for pool in pools for a in pool or ()], workers
 
 
@@ -459,4 +457,3 @@ def run_ray(
 def _chain_first(first: ShardTask, rest: Iterator[ShardTask]) -> Iterator[ShardTask]:
     yield first
     yield from rest
-

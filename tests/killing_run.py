@@ -1,9 +1,15 @@
 """``counterfactual synth --runner ray`` with a SIGKILL at a fixed point, for the resume tests.
 
     python killing_run.py driver N SYNTH_ARGS...   the driver kills itself once N shards are
-                                                   committed and an item of the next is written
-    python killing_run.py worker N SYNTH_ARGS...   the driver kills a CPU-stage worker when its
-                                                   first N items are back, then runs on
+                                                   committed and a worker is inside another
+    python killing_run.py worker N SYNTH_ARGS...   the driver kills a shard worker once N
+                                                   shards are back, then runs on
+    python killing_run.py local N SYNTH_ARGS...    (--runner local) the process kills itself
+                                                   inside the (N+1)-th shard, when its second
+                                                   batch starts, with N shards committed
+    python killing_run.py block S SYNTH_ARGS...    (--runner local) the first shard waits S
+                                                   seconds before it starts (a live run that
+                                                   holds OUT's lock)
 
 A kill timed from outside races a fast run on a busy machine; this one lands where the test
 says, every time. Only the point of the kill is hooked: the run is the real command.
@@ -14,6 +20,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 import psutil
 
@@ -25,35 +33,65 @@ def _kill_a_worker() -> None:
     workers = [
         p
         for p in psutil.process_iter(["cmdline"])
-        if any("MapBatches(CpuSteps)" in part for part in (p.info["cmdline"] or []))
+        if any("ShardWorker" in part for part in (p.info["cmdline"] or []))
     ]
     if not workers:
-        sys.exit("no CPU stage worker to kill")
+        sys.exit("no shard worker to kill")
     workers[0].send_signal(signal.SIGKILL)
     print(f"killed worker {workers[0].pid}", file=sys.stderr, flush=True)
 
 
-def _hook(target: str, n: int):
-    deliver = ray_synth.deliver
-    seen = 0
+def _hook(target: str, n: int, out: Path):
+    run = ray_synth._map_unordered
 
-    def hooked(assembler, finished):
-        nonlocal seen
-        done = []
-        for item in finished:  # one at a time, so the kill can land inside a shard
-            done += deliver(assembler, [item])
-            seen += 1
-            if target == "driver" and len(assembler.committed) >= n and assembler.pending:
-                if any(assembler.out_dir.glob("*.tmp")):
-                    os.kill(os.getpid(), signal.SIGKILL)
+    def hooked(workers, tasks, in_flight):
+        for seen, done in enumerate(run(workers, tasks, in_flight), 1):
+            yield done
             if target == "worker" and seen == n:
                 _kill_a_worker()
-        return done
+            if target == "driver" and seen >= n:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:  # a worker is inside a shard
+                    if any(out.glob("*.tmp")):
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    time.sleep(0.005)
 
     return hooked
 
 
+def _hook_local(target: str, n: int) -> None:
+    """Wrap :meth:`ShardMaker.__call__`, which both runners use to make each shard."""
+    from counterfactual import tasks
+
+    make = tasks.ShardMaker.__call__
+    started = 0
+
+    def hooked(self, task):
+        nonlocal started
+        started += 1
+        if target == "block" and started == 1:
+            print(f"blocking for {n} s", file=sys.stderr, flush=True)
+            time.sleep(n)
+        if target == "local" and started == n + 1:
+            process, calls = self.process, 0
+
+            def killing(batch):
+                nonlocal calls
+                calls += 1
+                if calls == 2:  # the first batch's samples are in the shard's open tar
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return process(batch)
+
+            self.process = killing
+        return make(self, task)
+
+    tasks.ShardMaker.__call__ = hooked
+
+
 if __name__ == "__main__":
     target, n, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    ray_synth.deliver = _hook(target, n)
+    if target in ("local", "block"):
+        _hook_local(target, n)
+    else:
+        ray_synth._map_unordered = _hook(target, n, Path(argv[argv.index("--out") + 1]))
     sys.exit(main(argv))

@@ -136,7 +136,7 @@ def coco(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bad(coco, tmp_path_factory):
     out = tmp_path_factory.mktemp("bad") / "run"
-    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "4")
+    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
     assert main(synth_args(coco, out, *extra, "--contact-sheet", "0")) == 0
     return out
 
@@ -317,8 +317,13 @@ def test_escaping_and_verify_scores(demo, tmp_path):
 
 
 def test_missing_originals_show_the_edited_picture(bad, coco, tmp_path):
-    # no --root, and the run's command line (pytest's) names no dataset folder
-    report = write_report(bad, tmp_path / "none", n=6)
+    # no --root, and a manifest that names no dataset folder
+    run = tmp_path / "run"
+    shutil.copytree(bad, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest.pop("data")
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    report = write_report(run, tmp_path / "none", n=6)
     assert report.missing_originals == len(report.shown) > 0
     page = parse(report.index)
     assert_links_exist(report.index, page)
@@ -345,7 +350,7 @@ def test_unfinished_run_and_not_a_run(demo, tmp_path, capsys):
     index = read_run(run)
     assert "status.jsonl is missing" in index.notes[0]
     assert index.counts()["written"] == stats.counts()["written"]
-    assert "skipped:fewer-than-two-classes" not in index.counts()  # not in any shard
+    assert index.counts() == stats.counts()  # every image's row is in its shard's stats
     page = parse(write_report(run).index)
     assert "status.jsonl is missing" in "".join(page.text)
     empty = tmp_path / "empty"
@@ -407,15 +412,15 @@ def test_shards_read_in_parallel_as_in_one_process(bad):
     ]
 
 
-def test_dataset_folder_from_the_runs_command_line(tmp_path):
+def test_dataset_folder_from_the_runs_data_spec(tmp_path):
     root = tmp_path / "coco"
     for sub in ("val2017", "images", "pictures"):
         (root / sub).mkdir(parents=True)
-    command = ["/usr/bin/counterfactual", "synth", "--images", str(root / "pictures")]
-    assert dataset_roots(tmp_path, {"command": command}) == [root / "pictures"]
-    command = ["counterfactual", "synth", "--root", str(root), "--coco-set=val2017"]
-    assert dataset_roots(tmp_path, {"command": command}) == [root / "val2017", root / "images"]
-    assert dataset_roots(tmp_path, {"command": ["pytest", "-q"]}) == []
-    assert dataset_roots(tmp_path, {"command": command}, root=root)[0] == root  # --root wins
+    data = {"kind": "coco", "images": str(root / "pictures")}
+    assert dataset_roots(tmp_path, {"data": data}) == [root / "pictures"]
+    data = {"kind": "coco", "root": str(root), "coco_set": "val2017"}
+    assert dataset_roots(tmp_path, {"data": data}) == [root / "val2017", root / "images"]
+    assert dataset_roots(tmp_path, {"data": None}) == []
+    assert dataset_roots(tmp_path, {"data": data}, root=root)[0] == root  # --root wins
     (tmp_path / "demo-data" / "images").mkdir(parents=True)
     assert dataset_roots(tmp_path, {}) == [tmp_path / "demo-data" / "images"]

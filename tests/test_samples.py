@@ -328,6 +328,10 @@ def test_verify_summary_from_the_samples(tmp_path):
     assert got["written_checked"] == 3 and got["written_passed"] == 1
     assert got["written_failed"] == {"removal": 1, "retention": 1, "text": 1}
     assert Counter(got["dropped"]) == Counter({"verify-removal": 2})
+    # the same from the counts manifest.json keeps, for the shards named
+    counts = Counter({"failed:verify-removal": 2, "failed:decode-error": 1, "written": 4})
+    shards = [tmp_path / "shard-000000.tar"]
+    assert verify_summary_from_samples(shards, counts=counts) == got
 
 
 def test_the_same_rows_through_an_s3_url(run, s3):

@@ -14,17 +14,17 @@ from counterfactual.cli import main
 from counterfactual.image import ImageConfig
 from counterfactual.imageio import SampleError
 from counterfactual.records import Caption, ImageRecord, ObjectAnnotation
-from counterfactual.run import layout
 from counterfactual.selection import SelectionConfig
 from counterfactual.stages import (
     Chain,
+    Job,
     build_steps,
     step_batch_size,
     step_device,
     step_order,
     uses_model,
 )
-from counterfactual.synth import SynthConfig
+from counterfactual.synth import SynthConfig, plan
 from counterfactual.text import TextConfig
 from counterfactual.verify import (
     REMOVAL,
@@ -380,15 +380,12 @@ def test_config_fingerprint_and_step_wiring():
     assert step_device(rec, "verify") == "cuda" and step_device(off, "verify") == "cpu"
     assert step_batch_size(rec, "verify") == 7
 
-    from pipelines.synth import _stage_class, plan_stages
+    from pipelines.synth import RayOptions, layout_actors, plan_stages
 
     stages = plan_stages(rec)
-    got = [(_stage_class(s, i, stages).__name__, s.steps) for i, s in enumerate(stages)]
-    assert got == [
-        ("Prepare", ("rewrite", "decode", "edit")),
-        ("Verify", ("verify",)),
-        ("Finish", ("encode",)),
-    ]
+    assert [s.steps for s in stages] == [("rewrite", "decode", "edit"), ("verify",), ("encode",)]
+    layout = layout_actors(stages, rec, RayOptions(), cpus=8, gpus=2)
+    assert layout.model_actors == (0, 2, 0)  # the verifier's own pool on the GPUs
 
 
 def records(tmp_path: Path, n: int, codes=None) -> list[ImageRecord]:
@@ -406,7 +403,8 @@ def records(tmp_path: Path, n: int, codes=None) -> list[ImageRecord]:
 
 
 def run_jobs(recs, config, verifier):
-    jobs = list(layout(recs, config).jobs([0]))
+    items = [i for p in plan(recs, config) if isinstance(p, list) for i in p]
+    jobs = [Job(0, k, item) for k, item in enumerate(items)]
     return Chain(build_steps(config, verifier=verifier))(jobs)
 
 

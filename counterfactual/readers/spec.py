@@ -86,7 +86,8 @@ class DataSpec:
         return replace(
             self,
             root=root,
-            instances=self.instances or str(fs.join(annotations, f"instances_{self.coco_set}.json")),
+            instances=self.instances
+            or str(fs.join(annotations, f"instances_{self.coco_set}.json")),
             captions=self.captions or str(fs.join(annotations, f"captions_{self.coco_set}.json")),
             images=self.images or str(fs.join(root, self.coco_set)),
         )
