@@ -156,10 +156,12 @@ class ShardDone:
     input: str = ""
 
     def outcomes(self) -> dict[str, int]:
-        """Status rows by outcome: ``written``, ``skipped``, ``failed``."""
+        """Status rows by outcome: ``written``, ``skipped``, ``failed`` (plans the policy did
+        not draw are no items, and not counted)."""
         out = {"written": 0, "skipped": 0, "failed": 0}
         for name, n in self.counts.items():
-            out[name.split(":", 1)[0]] += n
+            if name != "skipped:not-drawn":
+                out[name.split(":", 1)[0]] += n
         return out
 
     @classmethod
