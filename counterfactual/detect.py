@@ -207,8 +207,9 @@ def postprocess(
 def to_objects(detections: Sequence[Detection]) -> tuple[ObjectAnnotation, ...]:
     """Detections as the object annotations the alpha rules read (score kept in ``score``).
 
-    Boxes are rounded to 1/100 px and scores to 6 decimals: finer digits are float noise that
+    Boxes are rounded to 1/100 px and scores to 4 decimals: finer digits are float noise that
     differs between thread counts (a Ray actor and this process), and would change the json.
+    (Both runners also give a model the same batches: :func:`counterfactual.stages.in_chunks`.)
     """
     return tuple(
         ObjectAnnotation(
@@ -219,7 +220,7 @@ def to_objects(detections: Sequence[Detection]) -> tuple[ObjectAnnotation, ...]:
                 round(d.bbox[3], 2),
             ),
             category=d.category,
-            score=round(d.score, 6),
+            score=round(d.score, 4),
         )
         for d in detections
     )

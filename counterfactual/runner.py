@@ -16,7 +16,7 @@ from counterfactual.image import ImageEditor
 from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
 from counterfactual.run import RunResult, SetupError, run_shards
-from counterfactual.stages import Chain, build_steps
+from counterfactual.stages import Staged, build_steps
 from counterfactual.synth import SynthConfig
 from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask
 from counterfactual.text import TextRewriter
@@ -59,7 +59,7 @@ def run_local(
                     raise SetupError(
                         f"the run's steps could not start: {type(err).__name__}: {err}"
                     ) from err
-                maker = ShardMaker(config, out_dir, Chain(steps), node, on_batch)
+                maker = ShardMaker(config, out_dir, Staged(config, steps), node, on_batch)
             yield maker(task)
 
     inputs = as_input(inputs, failures)

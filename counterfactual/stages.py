@@ -615,3 +615,53 @@ class Chain:
         for step in self.steps:
             jobs = step(jobs)
         return jobs
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """Consecutive steps run in one place: a model step alone, the CPU steps between them
+    together."""
+
+    steps: tuple[str, ...]
+    uses_model: bool
+
+
+def plan_stages(config: SynthConfig) -> list[Stage]:
+    """Group the steps: each model step alone, the CPU steps between them together."""
+    stages: list[Stage] = []
+    for name in step_order(config):
+        model = uses_model(config, name)
+        if not model and stages and not stages[-1].uses_model:
+            stages[-1] = Stage((*stages[-1].steps, name), False)
+        else:
+            stages.append(Stage((name,), model))
+    return stages
+
+
+def in_chunks(call: Callable[[list[Job]], list[Job]], jobs: list[Job], size: int) -> list[Job]:
+    """``call`` on consecutive chunks of ``size`` jobs, results in order. Model steps get their
+    batches this way in every runner, so a model sees the same batches (and computes the same
+    floats) in process and on Ray."""
+    out: list[Job] = []
+    for start in range(0, len(jobs), size):
+        out.extend(call(jobs[start : start + size]))
+    return out
+
+
+class Staged:
+    """A batch through the stages: CPU steps together, each model step on chunks of its own
+    batch size (:func:`in_chunks`). The in-process runner's ``process``; the Ray workers do
+    the same with the model steps on their actors."""
+
+    def __init__(self, config: SynthConfig, steps: Sequence[Step]) -> None:
+        by_name = {step.name: step for step in steps}
+        self.parts: list[tuple[Chain, int | None]] = []
+        for stage in plan_stages(config):
+            chain = Chain([by_name[name] for name in stage.steps])
+            size = step_batch_size(config, stage.steps[0]) if stage.uses_model else None
+            self.parts.append((chain, size))
+
+    def __call__(self, jobs: list[Job]) -> list[Job]:
+        for chain, size in self.parts:
+            jobs = chain(jobs) if size is None else in_chunks(chain, jobs, size)
+        return jobs

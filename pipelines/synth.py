@@ -21,6 +21,7 @@ local Ray, or joins the cluster named by ``RAY_ADDRESS`` (or ``--ray-address``);
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -38,14 +39,15 @@ from counterfactual.runner import as_input
 from counterfactual.stages import (
     Chain,
     Job,
+    Stage,
     build_steps,
+    in_chunks,
+    plan_stages,
     step_batch_size,
     step_device,
-    step_order,
-    uses_model,
 )
 from counterfactual.synth import SynthConfig
-from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask, batched
+from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,27 +80,6 @@ class RayOptions:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if not 0 < self.gpus_per_actor <= 8:
             raise ValueError(f"gpus_per_actor must be in (0, 8], got {self.gpus_per_actor}")
-
-
-@dataclass(frozen=True, slots=True)
-class Stage:
-    """Consecutive steps run in one place: a model step alone, the CPU steps between them
-    together."""
-
-    steps: tuple[str, ...]
-    uses_model: bool
-
-
-def plan_stages(config: SynthConfig) -> list[Stage]:
-    """Group the steps: each model step alone, the CPU steps between them together."""
-    stages: list[Stage] = []
-    for name in step_order(config):
-        model = uses_model(config, name)
-        if not model and stages and not stages[-1].uses_model:
-            stages[-1] = Stage((*stages[-1].steps, name), False)
-        else:
-            stages.append(Stage((name,), model))
-    return stages
 
 
 def pooled(stage: Stage, config: SynthConfig, options: RayOptions) -> bool:
@@ -169,10 +150,13 @@ class _RemoteStep:
         import ray
 
         refs = []
-        for chunk in batched(jobs, self.batch_size):
-            actor = self.actors[self.next % len(self.actors)]
+
+        def send(chunk: list[Job]) -> list[Job]:  # the chunks of in_chunks, sent at once
+            refs.append(self.actors[self.next % len(self.actors)].run.remote(chunk))
             self.next += 1
-            refs.append(actor.run.remote(chunk))
+            return []
+
+        in_chunks(send, jobs, self.batch_size)
         return [job for part in ray.get(refs) for job in part]
 
 
@@ -202,6 +186,9 @@ class ShardWorker:
             for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
                 if pool:
                     self.parts.append(_RemoteStep(pool, size, position))
+                elif stage.uses_model:  # on CPU, here: in the same chunks as in process
+                    chain = Chain(build_steps(config, stage.steps))
+                    self.parts.append(functools.partial(in_chunks, chain, size=size))
                 else:
                     self.parts.append(Chain(build_steps(config, stage.steps)))
         except Exception as err:  # noqa: BLE001 - reported to the driver as one line
