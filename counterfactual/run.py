@@ -16,6 +16,7 @@ this OUT and, when samples were verified, a summary of the verdicts).
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -59,7 +60,52 @@ PACKAGES = (
 
 class SetupError(ValueError):
     """The run cannot start (a model that does not load, a stage the cluster cannot place); the
-    message names the stage, the cause and the fix."""
+    message names the stage, the cause and the fix, on one line."""
+
+
+STAGE_NAMES = {"edit": "Inpaint", "rewrite": "Caption", "detect": "Detect", "verify": "Verify"}
+"""The name of each model step's stage (a Ray actor class of that name runs it on GPUs)."""
+MODEL_OPTIONS = {
+    "edit": "--inpaint-model",
+    "rewrite": "--captioner-model",
+    "detect": "--detector-model",
+    "verify": "--verify-model",
+}
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def setup_failure(step: str, err: BaseException) -> SetupError:
+    """The error for a step that could not start: its stage, the cause, the option to fix."""
+    stage = STAGE_NAMES.get(step, step)
+    fix = f"; check {MODEL_OPTIONS[step]} and --device" if step in MODEL_OPTIONS else ""
+    return SetupError(f"{stage} could not start: {type(err).__name__}: {one_line(err)}{fix}")
+
+
+def preflight(config: SynthConfig) -> None:
+    """Cheap checks in the driver before anything starts: a model named by a path that does not
+    exist, a CUDA device on a machine without one (checked when torch is already imported)."""
+    models = {
+        "edit": config.image.model
+        if config.image.method == "inpaint" and config.image.backend != "opencv"
+        else None,
+        "rewrite": config.text.model if config.text.method == "captioner" else None,
+        "detect": config.detect.model if config.detect is not None else None,
+        "verify": config.verify.model if config.verify.enabled else None,
+    }
+    for step, model in models.items():
+        if model is None:
+            continue
+        path = model.split(":", 1)[1] if model.startswith(("hf-clip:", "blip:")) else model
+        if path.startswith(("/", "./", "../", "~")) and not os.path.exists(
+            os.path.expanduser(path)
+        ):
+            raise SetupError(
+                f"{STAGE_NAMES[step]}: the model {path} does not exist; pass "
+                f"{MODEL_OPTIONS[step]} a hub id or an existing folder or file"
+            )
 
 
 @dataclass

@@ -15,8 +15,8 @@ from counterfactual.detect import Detector
 from counterfactual.image import ImageEditor
 from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
-from counterfactual.run import RunResult, SetupError, run_shards
-from counterfactual.stages import Staged, build_steps
+from counterfactual.run import RunResult, preflight, run_shards, setup_failure
+from counterfactual.stages import Staged, build_steps, step_order
 from counterfactual.synth import SynthConfig
 from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask
 from counterfactual.text import TextRewriter
@@ -53,14 +53,15 @@ def run_local(
         maker: ShardMaker | None = None
         for task in tasks:
             if maker is None:  # models load only when there is work left
-                try:
-                    steps = build_steps(config, editor=editor, rewriter=rewriter, detector=detector)
-                except (OSError, RuntimeError, ImportError) as err:
-                    raise SetupError(
-                        f"the run's steps could not start: {type(err).__name__}: {err}"
-                    ) from err
+                steps = []
+                for name in step_order(config):
+                    try:
+                        steps += build_steps(config, [name], editor, rewriter, None, detector)
+                    except (OSError, RuntimeError, ImportError, ValueError) as err:
+                        raise setup_failure(name, err) from err
                 maker = ShardMaker(config, out_dir, Staged(config, steps), node, on_batch)
             yield maker(task)
 
+    preflight(config)
     inputs = as_input(inputs, failures)
     return run_shards(inputs, out_dir, config, execute, "local", on_shard, progress)

@@ -101,14 +101,10 @@ def _row_id(row: ImageRecord | Status) -> str:
 
 
 def piece_fingerprint(piece: InputPiece) -> str:
-    """The piece's file (name and size when readable) and its range."""
-    try:
-        size = fs.size(piece.path)
-    except OSError:
-        size = -1
-    return _fingerprint(
-        [fs.name(piece.path), str(size), *(str(getattr(piece, k)) for k in ("start", "stop"))]
-    )
+    """The piece's file name and its range (rows, and a CSV's byte offsets). Nothing is read:
+    on an object store a request per file would cost the driver more than the whole plan."""
+    fields = (piece.kind, piece.index, piece.start, piece.stop, piece.offset, piece.end)
+    return _fingerprint([fs.name(piece.path), *map(str, fields)])
 
 
 def shard_tasks(inputs: RunInput, config: SynthConfig) -> Iterator[ShardTask]:

@@ -25,6 +25,7 @@ import functools
 import logging
 import os
 import tempfile
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -34,7 +35,7 @@ from typing import Any
 from counterfactual import fs
 from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
-from counterfactual.run import RunResult, SetupError, run_shards
+from counterfactual.run import RunResult, SetupError, preflight, run_shards, setup_failure
 from counterfactual.runner import as_input
 from counterfactual.stages import (
     Chain,
@@ -101,11 +102,7 @@ class _ModelStep:
     not load is reported by :meth:`ready` (one line), not as a crash of the actor."""
 
     def __init__(self, config: SynthConfig, steps: Sequence[str]) -> None:
-        self.error: str | None = None
-        try:
-            self.chain = Chain(build_steps(config, steps))
-        except Exception as err:  # noqa: BLE001 - reported to the driver as one line
-            self.error = f"{type(err).__name__}: {err}"
+        self.chain, self.error = _build(config, steps)
 
     def ready(self) -> str | None:
         return self.error
@@ -131,6 +128,17 @@ class Verify(_ModelStep):
     """The counterfactual check (CLIP on the removed and kept boxes), one model per actor."""
 
 
+def _build(config: SynthConfig, names: Sequence[str]) -> tuple[Chain, str | None]:
+    """The steps ``names`` as a chain, or the one-line error of the first that fails."""
+    steps = []
+    for name in names:
+        try:
+            steps += build_steps(config, [name])
+        except Exception as err:  # noqa: BLE001 - reported to the driver as one line
+            return Chain(steps), str(setup_failure(name, err))
+    return Chain(steps), None
+
+
 MODEL_ACTORS: dict[str, type[_ModelStep]] = {
     "edit": Inpaint,
     "rewrite": Caption,
@@ -143,8 +151,13 @@ class _RemoteStep:
     """A pooled model step as seen from a worker: a batch cut into the model's batch size,
     spread over the pool's actors, results back in order."""
 
-    def __init__(self, actors: Sequence[Any], batch_size: int, start: int) -> None:
-        self.actors, self.batch_size, self.next = list(actors), batch_size, start
+    def __init__(self, actors: Sequence[str], batch_size: int, start: int) -> None:
+        import ray
+
+        # by name: handles among a restartable actor's constructor arguments would make Ray
+        # keep them in the object store (and warn on every run)
+        self.actors = [ray.get_actor(name) for name in actors]
+        self.batch_size, self.next = batch_size, start
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         import ray
@@ -169,7 +182,7 @@ class ShardWorker:
         config: SynthConfig,
         out_dir: str,
         stages: Sequence[Stage],
-        pools: Sequence[Sequence[Any] | None],
+        pools: Sequence[Sequence[str] | None],
         batch_sizes: Sequence[int],
         position: int,
     ) -> None:
@@ -178,21 +191,21 @@ class ShardWorker:
         self.error: str | None = None
         self.node = ray.get_runtime_context().get_node_id()
         self.parts: list[Callable[[list[Job]], list[Job]]] = []
-        try:
-            if not any(pools):  # one CPU per worker: OpenCV must not spread over the others
-                import cv2
+        if not any(pools):  # one CPU per worker: OpenCV must not spread over the others
+            import cv2
 
-                cv2.setNumThreads(1)
-            for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
-                if pool:
-                    self.parts.append(_RemoteStep(pool, size, position))
-                elif stage.uses_model:  # on CPU, here: in the same chunks as in process
-                    chain = Chain(build_steps(config, stage.steps))
-                    self.parts.append(functools.partial(in_chunks, chain, size=size))
-                else:
-                    self.parts.append(Chain(build_steps(config, stage.steps)))
-        except Exception as err:  # noqa: BLE001 - reported to the driver as one line
-            self.error = f"{type(err).__name__}: {err}"
+            cv2.setNumThreads(1)
+        for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
+            if pool:
+                self.parts.append(_RemoteStep(pool, size, position))
+                continue
+            chain, self.error = _build(config, stage.steps)
+            if self.error:
+                break
+            if stage.uses_model:  # on CPU, here: in the same chunks as in process
+                self.parts.append(functools.partial(in_chunks, chain, size=size))
+            else:
+                self.parts.append(chain)
         self.maker = ShardMaker(config, out_dir, self.process, self.node)
 
     def ready(self) -> str | None:
@@ -327,36 +340,51 @@ def _start(
     :class:`SetupError` with the first one that failed."""
     import ray
 
+    run = uuid.uuid4().hex[:8]
     pools: list[list[Any] | None] = []
+    names: list[list[str] | None] = []
     sizes: list[int] = []
     for stage, n, gpus in zip(stages, layout.model_actors, layout.gpus, strict=True):
-        name = stage.steps[0]
-        sizes.append(options.model_batch_size or step_batch_size(config, name))
+        step = stage.steps[0]
+        sizes.append(options.model_batch_size or step_batch_size(config, step))
         if not n:
             pools.append(None)
+            names.append(None)
             continue
-        cls = ray.remote(MODEL_ACTORS[name]).options(
-            num_cpus=1, num_gpus=gpus, max_restarts=3, max_task_retries=3
+        cls = ray.remote(MODEL_ACTORS[step])
+        named = [f"cf-{run}-{step}-{i}" for i in range(n)]
+        names.append(named)
+        pools.append(
+            [
+                cls.options(
+                    name=name, num_cpus=1, num_gpus=gpus, max_restarts=3, max_task_retries=3
+                ).remote(config, stage.steps)
+                for name in named
+            ]
         )
-        pools.append([cls.remote(config, stage.steps) for _ in range(n)])
+    model_actors = [a for pool in pools for a in pool or ()]
+    _wait_ready(model_actors)  # the workers look them up by name
     worker = ray.remote(ShardWorker).options(
         num_cpus=1, max_restarts=3, max_task_retries=3, scheduling_strategy="SPREAD"
     )
     workers = [
-        worker.remote(config, out_dir, stages, pools, sizes, i) for i in range(layout.workers)
+        worker.remote(config, out_dir, stages, names, sizes, i) for i in range(layout.workers)
     ]
-    roles: dict[Any, str] = {}
-    for stage, pool in zip(stages, pools, strict=True):
-        for actor in pool or ():
-            roles[actor.ready.remote()] = MODEL_ACTORS[stage.steps[0]].__name__
-    roles.update({w.ready.remote(): "ShardWorker" for w in workers})
-    pending = list(roles)
+    _wait_ready(workers)
+    return model_actors, workers
+
+
+def _wait_ready(actors: Sequence[Any]) -> None:
+    """Wait until every actor has started; :class:`SetupError` with the first one-line error
+    an actor reports (a model that does not load)."""
+    import ray
+
+    pending = [a.ready.remote() for a in actors]
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         error = ray.get(ready[0])
-        if error:  # one line: a loader's message may span several
-            raise SetupError(f"{roles[ready[0]]} could not start: {' '.join(error.split())}")
-    return [a for pool in pools for a in pool or ()], workers
+        if error:
+            raise SetupError(error)
 
 
 def _map_unordered(
@@ -404,6 +432,7 @@ def run_ray(
     import ray
 
     options = options or RayOptions()
+    preflight(config)
     stages = plan_stages(config)
     info: dict[str, Any] = {"skipped": "every shard was committed"}
     out = str(fs.as_path(out_dir)) if fs.is_url(out_dir) else str(Path(out_dir).resolve())
