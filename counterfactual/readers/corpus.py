@@ -329,14 +329,18 @@ def _absolute(path: str) -> str:
     return p if isinstance(p, str) else str(p.absolute())
 
 
-def _collect(name: str, rows: Iterator[ImageRecord | Status]) -> Dataset:
+def collect(name: str, rows: Iterator[ImageRecord | Status], limit: int | None = None) -> Dataset:
+    """``rows`` as a :class:`Dataset` (records, and statuses as failures), stopping after
+    ``limit`` records when given."""
     records: list[ImageRecord] = []
     failures: list[Status] = []
     for row in rows:
         if isinstance(row, Status):
             failures.append(row)
-        else:
-            records.append(row)
+            continue
+        records.append(row)
+        if len(records) == limit:
+            break
     return Dataset(name, tuple(records), class_names=(), failures=tuple(failures))
 
 
@@ -367,7 +371,7 @@ def iter_wds(pattern: str | Path) -> Iterator[ImageRecord | Status]:
 
 def read_wds(pattern: str | Path) -> Dataset:
     """:func:`iter_wds` collected: ``Dataset("wds", records, failures=statuses)``."""
-    return _collect("wds", iter_wds(pattern))
+    return collect("wds", iter_wds(pattern))
 
 
 def _read_shard(shard: str, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
@@ -576,7 +580,7 @@ def read_table(
 ) -> Dataset:
     """:func:`iter_table` collected: ``Dataset(kind, records, failures=statuses)``."""
     rows = iter_table(pattern, kind, images, caption_column, image_column, id_column)
-    return _collect(kind, rows)
+    return collect(kind, rows)
 
 
 def _pyarrow() -> tuple[ModuleType, ModuleType]:
@@ -1117,6 +1121,7 @@ __all__ = [
     "PIECE_KINDS",
     "InputPiece",
     "TableLayout",
+    "collect",
     "expand_pattern",
     "iter_table",
     "iter_wds",

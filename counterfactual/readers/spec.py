@@ -15,7 +15,7 @@ from typing import Any
 
 from counterfactual import fs
 from counterfactual.readers import CORPORA, DATASETS
-from counterfactual.records import Dataset, ImageRecord, Status
+from counterfactual.records import Dataset, Status
 from counterfactual.tasks import RunInput
 
 KINDS = DATASETS + CORPORA
@@ -147,7 +147,7 @@ def open_input(spec: DataSpec, images_per_shard: int) -> tuple[RunInput, Dataset
 
 def _first_rows(spec: DataSpec) -> RunInput:
     """The first ``spec.limit`` records of a corpus (and the failures met on the way)."""
-    from counterfactual.readers.corpus import iter_table, iter_wds
+    from counterfactual.readers.corpus import collect, iter_table, iter_wds
 
     if spec.kind == "wds":
         rows = iter_wds(str(spec.root))
@@ -160,13 +160,5 @@ def _first_rows(spec: DataSpec) -> RunInput:
             image_column=spec.image_column,
             id_column=spec.id_column,
         )
-    records: list[ImageRecord] = []
-    failures: list[Status] = []
-    for row in rows:
-        if isinstance(row, Status):
-            failures.append(row)
-        else:
-            records.append(row)
-            if len(records) == spec.limit:
-                break
-    return RunInput(records, failures=tuple(failures), spec=spec.to_dict())
+    first = collect(spec.kind, rows, spec.limit)
+    return RunInput(first.records, failures=first.failures, spec=spec.to_dict())
