@@ -33,7 +33,7 @@ from counterfactual.progress import Progress
 from counterfactual.records import Status
 from counterfactual.runlock import RunLock
 from counterfactual.samples import verify_summary_from_samples
-from counterfactual.shards import read_stats, shard_name
+from counterfactual.shards import iter_stats, shard_index, shard_name
 from counterfactual.synth import SynthConfig
 from counterfactual.tasks import RunInput, ShardDone, ShardTask, shard_tasks
 
@@ -167,7 +167,7 @@ def prepare_run(out_dir: fs.PathLike, config: SynthConfig) -> RunPlan:
     for name in fs.listdir(out_dir):
         if name.endswith(fs.TMP_SUFFIX):
             fs.remove(fs.join(out_dir, name))
-    committed = {i: ShardDone.of(i, s) for i, s in read_stats(out_dir).items()}
+    committed = {i: ShardDone.of(i, s) for i, s in iter_stats(out_dir)}
     return RunPlan(out_dir, config, committed)
 
 
@@ -256,7 +256,7 @@ def finish_run(
     extra: dict[str, Any] | None = None,
 ) -> RunResult:
     """Write ``status.jsonl`` and ``manifest.json``; raise if a planned shard is missing."""
-    committed = read_stats(run.out_dir)
+    committed = {i for i, _ in _stats_names(run.out_dir)}
     missing = [i for i in range(shards) if i not in committed]
     if missing:
         raise RuntimeError(
@@ -272,8 +272,7 @@ def finish_run(
     def rows() -> Iterator[Status]:
         nonlocal images, items
         yield from inputs.failures
-        for i in range(shards):
-            stats = committed.pop(i)  # free each shard's rows once written
+        for _, stats in iter_stats(run.out_dir, indices=range(shards)):  # one at a time
             images, items = images + stats.images, items + stats.items
             yield from stats.status
 
@@ -353,6 +352,18 @@ def write_manifest(
     }
     text = json.dumps(manifest, indent=1, default=str, ensure_ascii=False)
     fs.write_text(path, text)
+
+
+def _stats_names(out_dir: fs.PathLike) -> list[tuple[int, str]]:
+    """``(index, name)`` of every stats file in ``out_dir`` whose tar is there too."""
+    names = fs.listdir(out_dir)
+    present = set(names)
+    out = []
+    for name in names:
+        i = shard_index(name)
+        if i is not None and shard_name("shard", i) in present:
+            out.append((i, name))
+    return sorted(out)
 
 
 def read_status(out_dir: fs.PathLike) -> Iterator[Status]:

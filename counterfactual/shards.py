@@ -17,6 +17,7 @@ import io
 import json
 import re
 import tarfile
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
@@ -112,20 +113,27 @@ def shard_index(name: str, prefix: str = "shard") -> int | None:
     return int(m.group(1)) if m else None
 
 
-def read_stats(out_dir: fs.PathLike, prefix: str = "shard") -> dict[int, ShardStats]:
-    """The committed shards in ``out_dir`` (a folder or URL) by index: those whose stats file
-    exists and whose tar is there too."""
+def iter_stats(
+    out_dir: fs.PathLike, prefix: str = "shard", indices: Iterable[int] | None = None
+) -> Iterator[tuple[int, ShardStats]]:
+    """The committed shards in ``out_dir`` (a folder or URL), one stats file read at a time, in
+    index order (``indices``: only those): those whose stats file exists and whose tar is there
+    too."""
     names = fs.listdir(out_dir)
     present = set(names)
-    done = {}
-    for name in names:
-        index = shard_index(name, prefix)
-        if index is None:
+    found = sorted((i, name) for name in names if (i := shard_index(name, prefix)) is not None)
+    wanted = None if indices is None else set(indices)
+    for index, name in found:
+        if wanted is not None and index not in wanted:
             continue
         stats = ShardStats.from_dict(json.loads(fs.read_text(fs.join(out_dir, name))))
         if stats.shard in present:
-            done[index] = stats
-    return done
+            yield index, stats
+
+
+def read_stats(out_dir: fs.PathLike, prefix: str = "shard") -> dict[int, ShardStats]:
+    """:func:`iter_stats` as a dict by index."""
+    return dict(iter_stats(out_dir, prefix))
 
 
 class _TarStream:
