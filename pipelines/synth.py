@@ -25,6 +25,7 @@ import functools
 import logging
 import os
 import tempfile
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -442,16 +443,20 @@ def run_ray(
         if first is None:
             return
         info.clear()
+        start = time.perf_counter()
         info.update(init_ray(out_dir, options))
         layout = layout_actors(stages, config, options, info["cpus"], info["gpus"])
         info["layout"] = asdict(layout)
+        info["seconds"] = {"init": round(time.perf_counter() - start, 3)}
         if on_start is not None:
             on_start(info)
         actors: list[Any] = []
         try:
             models, workers = _start(config, out, stages, layout, options)
             actors = [*models, *workers]
+            info["seconds"]["actors_ready"] = round(time.perf_counter() - start, 3)
             yield from _map_unordered(workers, _chain_first(first, tasks), options.in_flight)
+            info["seconds"]["shards_done"] = round(time.perf_counter() - start, 3)
         finally:
             for actor in actors:
                 ray.kill(actor)
