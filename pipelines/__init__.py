@@ -1,4 +1,6 @@
-"""Ray orchestration for ``counterfactual``: wires the library's steps into Ray Data stages.
+"""Ray orchestration for ``counterfactual``: the library's shard makers and model steps as Ray
+actors (:mod:`pipelines.synth`), the gallery's class mentions on Ray Data
+(:mod:`pipelines.mentions`).
 
-``ray`` is imported here and nowhere in ``counterfactual/``. See :mod:`pipelines.synth`.
+``ray`` is imported here and nowhere in ``counterfactual/``.
 """

@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--runner",
         choices=("local", "ray"),
         default="local",
-        help="local: every step in this process; ray: Ray Data stages on a local Ray or the "
-        "cluster in RAY_ADDRESS",
+        help="local: every shard in this process; ray: shard workers (and GPU model actors) on "
+        "a local Ray or the cluster in RAY_ADDRESS",
     )
     add_data_args(p, corpora=True)
     p.add_argument(
