@@ -1,7 +1,9 @@
-"""Reading a run's shards back in tests: every member's bytes, by member name."""
+"""Reading a run's shards back in tests: every member's bytes, by member name; what a run's
+output is, less where and how long it ran."""
 
 from __future__ import annotations
 
+import json
 import tarfile
 from pathlib import Path
 
@@ -13,3 +15,15 @@ def shard_members(out: Path) -> dict[str, bytes]:
         with tarfile.open(shard) as tar:
             members.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
     return members
+
+
+def run_outputs(out: Path) -> dict[str, object]:
+    """What must not depend on the runner, the workers or the storage: shard bytes, the stats
+    files less ``seconds`` and ``node`` (how long, and where), the status record."""
+    files: dict[str, object] = {p.name: p.read_bytes() for p in Path(out).glob("shard-*.tar")}
+    for p in Path(out).glob("shard-*_stats.json"):
+        stats = json.loads(p.read_text())
+        stats.pop("seconds"), stats.pop("node")
+        files[p.name] = stats
+    files["status.jsonl"] = (Path(out) / "status.jsonl").read_text()
+    return files

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from bad_coco import synth_args
+from shard_files import run_outputs
 
 from counterfactual.cli import main
 from counterfactual.generate import generate_coco
@@ -36,16 +37,6 @@ def two_nodes():
         cluster.shutdown()
 
 
-def outputs(out):
-    files = {p.name: p.read_bytes() for p in out.glob("shard-*.tar")}
-    for p in out.glob("shard-*_stats.json"):
-        stats = json.loads(p.read_text())
-        stats.pop("seconds"), stats.pop("node")
-        files[p.name] = stats
-    files["status.jsonl"] = (out / "status.jsonl").read_text()
-    return files
-
-
 def test_shards_are_spread_over_both_nodes_with_the_bytes_of_the_local_run(two_nodes, tmp_path):
     files = generate_coco(tmp_path / "coco", 16, seed=2, size=(320, 240))
     local, spread = tmp_path / "local", tmp_path / "cluster"
@@ -60,7 +51,7 @@ def test_shards_are_spread_over_both_nodes_with_the_bytes_of_the_local_run(two_n
     assert all(n > 0 for n in per_node.values()) and sum(per_node.values()) == manifest["items"]
     nodes = {json.loads(p.read_text())["node"] for p in spread.glob("*_stats.json")}
     assert nodes == set(per_node)
-    ours, theirs = outputs(spread), outputs(local)
+    ours, theirs = run_outputs(spread), run_outputs(local)
     assert sorted(ours) == sorted(theirs) and len(ours) == 2 * 8 + 1
     for name in ours:
         assert ours[name] == theirs[name], name

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from bad_coco import make_bad_coco, synth_args
+from shard_files import run_outputs
 
 from counterfactual.cli import main
 from counterfactual.generate import CocoFiles, generate_coco
@@ -28,20 +29,8 @@ KILLING_RUN = Path(__file__).with_name("killing_run.py")
 BLUR = ("--image-method", "blur", "--policy", "all", "--max-pixels", "1000000")
 
 
-def outputs(out: Path) -> dict[str, object]:
-    """What must not depend on where the run read and wrote: shard bytes, stats (less where and
-    how long), the status record."""
-    files: dict[str, object] = {p.name: p.read_bytes() for p in out.glob("shard-*.tar")}
-    for p in out.glob("shard-*_stats.json"):
-        stats = json.loads(p.read_text())
-        stats.pop("seconds"), stats.pop("node")
-        files[p.name] = stats
-    files["status.jsonl"] = (out / "status.jsonl").read_text()
-    return files
-
-
 def assert_same_outputs(ours: Path, theirs: Path) -> None:
-    a, b = outputs(ours), outputs(theirs)
+    a, b = run_outputs(ours), run_outputs(theirs)
     assert sorted(a) == sorted(b) and len(a) > 4
     for name in a:
         assert a[name] == b[name], name

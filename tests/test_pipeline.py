@@ -14,6 +14,7 @@ import pytest
 import webdataset as wds
 from bad_coco import make_bad_coco, synth_args
 from PIL import Image
+from shard_files import run_outputs
 
 from counterfactual.cli import main
 
@@ -47,17 +48,6 @@ def args(files, out, *extra):
     return synth_args(files, out, "--max-pixels", "1000000", *extra)
 
 
-def outputs(out):
-    """What must not depend on the runner: shard bytes, shard contents, the status record."""
-    files = {p.name: p.read_bytes() for p in out.glob("shard-*.tar")}
-    for p in out.glob("shard-*_stats.json"):
-        stats = json.loads(p.read_text())
-        stats.pop("seconds"), stats.pop("node")  # where and how long: not the output
-        files[p.name] = stats
-    files["status.jsonl"] = (out / "status.jsonl").read_text()
-    return files
-
-
 @pytest.fixture(scope="module")
 def local_run(coco, tmp_path_factory):
     out = tmp_path_factory.mktemp("local")
@@ -75,7 +65,7 @@ def ray_run(coco, cluster, tmp_path_factory):
 
 
 def test_ray_writes_the_same_bytes_as_the_in_process_runner(ray_run, local_run):
-    ours, theirs = outputs(ray_run), outputs(local_run)
+    ours, theirs = run_outputs(ray_run), run_outputs(local_run)
     assert sorted(ours) == sorted(theirs) and len(ours) > 4
     for name in ours:
         assert ours[name] == theirs[name], name
@@ -181,7 +171,7 @@ def test_resume_after_sigkill_of_the_driver(cluster, big, big_clean, tmp_path):
     assert not (out / "status.jsonl").exists()
     assert main(args(big, out, *KILL_ARGS, "--runner", "ray", "--contact-sheet", "0")) == 0
     assert {k: v for k, v in _committed(out).items() if k in done} == done  # not redone
-    assert outputs(out) == outputs(big_clean)  # nothing dropped, nothing twice
+    assert run_outputs(out) == run_outputs(big_clean)  # nothing dropped, nothing twice
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["shards_resumed"] == len(done) and not list(out.glob("*.tmp"))
 
@@ -191,7 +181,7 @@ def test_a_killed_worker_loses_nothing(cluster, big, big_clean, tmp_path):
     # Ray restarts the actor and retries its batches, so the run finishes by itself.
     assert _run_and_kill(cluster, big, out, "worker", 8) == 0
     assert "killed worker" in (tmp_path / "out.log").read_text()
-    assert outputs(out) == outputs(big_clean)
+    assert run_outputs(out) == run_outputs(big_clean)
 
 
 def _samples(out):
@@ -230,7 +220,7 @@ def test_model_stage_runs_as_an_actor_pool(coco, cluster, tmp_path):
     assert manifest["samples"] > 0
     # Same items, keys, captions and statuses. Pixels agree up to float noise: torch sums in
     # another order with one thread per actor than with all cores in one process.
-    ours, theirs = outputs(tmp_path / "ray"), outputs(tmp_path / "local")
+    ours, theirs = run_outputs(tmp_path / "ray"), run_outputs(tmp_path / "local")
     assert ours["status.jsonl"] == theirs["status.jsonl"]
     assert {k: v for k, v in ours.items() if k.endswith(".json")} == {
         k: v for k, v in theirs.items() if k.endswith(".json")
