@@ -58,8 +58,8 @@ def sheet_rows(out_dir: str | Path, records: Mapping[str, ImageRecord], n: int) 
             break
         meta, jpg = sample.meta, sample.jpg
         record = records.get(meta.image_id)
-        if record is None and meta.source is not None:  # a corpus picture: its tar or table
-            record = ImageRecord(meta.image_id, meta.file, 0, 0, (), (), source=meta.source)
+        if record is None:  # a corpus picture: from its tar or table
+            record = meta.source_record()
         if record is None or jpg is None:
             continue
         try:

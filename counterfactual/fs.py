@@ -21,7 +21,6 @@ import contextlib
 import glob as _glob
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,8 +67,8 @@ def filesystem(path: PathLike) -> tuple[Any, str]:
         ) from err
 
 
-def _unstrip(original: str, inside: str, fs: Any) -> str:
-    """A path from ``fs`` back as a full URL with the scheme of ``original``."""
+def _unstrip(inside: str, fs: Any) -> str:
+    """A path from ``fs`` back as a full URL with its scheme."""
     return fs.unstrip_protocol(inside) if hasattr(fs, "unstrip_protocol") else inside
 
 
@@ -143,7 +142,7 @@ def glob(pattern: PathLike) -> list[str | Path]:
         return [Path(x) for x in sorted(_glob.glob(str(p))) if os.path.isfile(x)]
     fs, inside = filesystem(p)
     found = sorted(x for x in fs.glob(inside) if not fs.isdir(x))
-    return [_unstrip(p, x, fs) for x in found]
+    return [_unstrip(x, fs) for x in found]
 
 
 def listdir(folder: PathLike) -> list[str]:
@@ -248,9 +247,3 @@ def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
             remove(p)
         raise
     fh.close()
-
-
-def copy_local(src: Path, dst: PathLike) -> None:
-    """Copy a local file to ``dst`` (a path or URL), atomically."""
-    with open(src, "rb") as fin, atomic_write(dst) as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)

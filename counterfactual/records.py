@@ -192,3 +192,13 @@ class Status:
     detail: str = ""
     key: str | None = None
     target: str | None = None
+
+    @property
+    def outcome(self) -> str:
+        """``status:reason`` (``written`` alone), as the run's counts name it."""
+        return outcome(self.status, self.reason)
+
+
+def outcome(status: str, reason: str | None) -> str:
+    """The name a status row is counted under: ``status:reason``, or ``status`` alone."""
+    return f"{status}:{reason}" if reason else status

@@ -32,10 +32,11 @@ from typing import Any
 
 from counterfactual import fs
 from counterfactual.progress import Progress
-from counterfactual.records import Status
+from counterfactual.records import Status, outcome
 from counterfactual.runlock import RunLock
 from counterfactual.samples import verify_summary_from_samples
-from counterfactual.shards import iter_stats, shard_index, shard_name, stats_name
+from counterfactual.shards import committed_names, iter_stats, shard_name, stats_name
+from counterfactual.stages import MODEL_OPTIONS, STAGE_NAMES, SetupError
 from counterfactual.synth import SynthConfig
 from counterfactual.tasks import RunInput, ShardDone, ShardTask, shard_tasks
 
@@ -58,32 +59,6 @@ PACKAGES = (
     "transformers",
     "ray",
 )
-
-
-class SetupError(ValueError):
-    """The run cannot start (a model that does not load, a stage the cluster cannot place); the
-    message names the stage, the cause and the fix, on one line."""
-
-
-STAGE_NAMES = {"edit": "Inpaint", "rewrite": "Caption", "detect": "Detect", "verify": "Verify"}
-"""The name of each model step's stage (a Ray actor class of that name runs it on GPUs)."""
-MODEL_OPTIONS = {
-    "edit": "--inpaint-model",
-    "rewrite": "--captioner-model",
-    "detect": "--detector-model",
-    "verify": "--verify-model",
-}
-
-
-def one_line(text: object) -> str:
-    return " ".join(str(text).split())
-
-
-def setup_failure(step: str, err: BaseException) -> SetupError:
-    """The error for a step that could not start: its stage, the cause, the option to fix."""
-    stage = STAGE_NAMES.get(step, step)
-    fix = f"; check {MODEL_OPTIONS[step]} and --device" if step in MODEL_OPTIONS else ""
-    return SetupError(f"{stage} could not start: {type(err).__name__}: {one_line(err)}{fix}")
 
 
 def preflight(config: SynthConfig) -> None:
@@ -166,9 +141,7 @@ def prepare_run(out_dir: fs.PathLike, config: SynthConfig) -> RunPlan:
             )
     else:
         fs.write_text(run_file, json.dumps(identity, indent=1))
-    for name in fs.listdir(out_dir):
-        if name.endswith(fs.TMP_SUFFIX):
-            fs.remove(fs.join(out_dir, name))
+    _remove_temporary(out_dir, fs.listdir(out_dir))
     committed = {i: ShardDone.of(i, s) for i, s in iter_stats(out_dir)}
     return RunPlan(out_dir, config, committed)
 
@@ -258,16 +231,15 @@ def finish_run(
     extra: dict[str, Any] | None = None,
 ) -> RunResult:
     """Write ``status.jsonl`` and ``manifest.json``; raise if a planned shard is missing."""
-    committed = {i for i, _ in _stats_names(run.out_dir)}
+    names = fs.listdir(run.out_dir)
+    committed = {i for i, _ in committed_names(names)}
     missing = [i for i in range(shards) if i not in committed]
     if missing:
         raise RuntimeError(
             f"{len(missing)} shards were not finished ({shard_name('shard', missing[0])}, ...); "
             "rerun the same command to finish them"
         )
-    for name in fs.listdir(run.out_dir):  # left by a worker that died mid-shard and was retried
-        if name.endswith(fs.TMP_SUFFIX):
-            fs.remove(fs.join(run.out_dir, name))
+    _remove_temporary(run.out_dir, names)  # of a worker that died mid-shard and was retried
     counts: Counter[str] = Counter()
     images, items = len(inputs.failures), 0
 
@@ -283,7 +255,7 @@ def finish_run(
 
     with fs.atomic_write(fs.join(run.out_dir, STATUS_FILE)) as fh:
         for row in rows():
-            counts[f"{row['status']}:{row['reason']}" if row["reason"] else row["status"]] += 1
+            counts[outcome(row["status"], row["reason"])] += 1
             fh.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
     stage_seconds: Counter[str] = Counter()
     per_node: Counter[str] = Counter()
@@ -359,16 +331,11 @@ def write_manifest(
     fs.write_text(path, text)
 
 
-def _stats_names(out_dir: fs.PathLike) -> list[tuple[int, str]]:
-    """``(index, name)`` of every stats file in ``out_dir`` whose tar is there too."""
-    names = fs.listdir(out_dir)
-    present = set(names)
-    out = []
+def _remove_temporary(out_dir: fs.PathLike, names: Iterable[str]) -> None:
+    """Remove unfinished writes (``*.tmp``): the caller holds the lock, so they are nobody's."""
     for name in names:
-        i = shard_index(name)
-        if i is not None and shard_name("shard", i) in present:
-            out.append((i, name))
-    return sorted(out)
+        if name.endswith(fs.TMP_SUFFIX):
+            fs.remove(fs.join(out_dir, name))
 
 
 def read_status(out_dir: fs.PathLike) -> Iterator[Status]:

@@ -331,7 +331,7 @@ class Originals:
             return self.records.get(image_id)
         file = meta.file
         if meta.source is not None:  # inside a tar or Parquet file of a corpus
-            return ImageRecord(image_id, file, 0, 0, (), (), source=meta.source)
+            return meta.source_record()
         width, height = meta.width, meta.height
         if not file or width < 1 or height < 1:
             return None

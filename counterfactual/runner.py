@@ -15,18 +15,11 @@ from counterfactual.detect import Detector
 from counterfactual.image import ImageEditor
 from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
-from counterfactual.run import RunResult, preflight, run_shards, setup_failure
-from counterfactual.stages import Staged, build_steps, step_order
+from counterfactual.run import RunResult, preflight, run_shards
+from counterfactual.stages import Staged, start_steps
 from counterfactual.synth import SynthConfig
 from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask
 from counterfactual.text import TextRewriter
-
-
-def as_input(inputs: RunInput | Iterable[ImageRecord], failures: Sequence[Status] = ()) -> RunInput:
-    """``inputs`` as a :class:`RunInput` (plain records with the reader's ``failures``)."""
-    if isinstance(inputs, RunInput):
-        return inputs
-    return RunInput(records=inputs, failures=tuple(failures))
 
 
 def run_local(
@@ -53,15 +46,10 @@ def run_local(
         maker: ShardMaker | None = None
         for task in tasks:
             if maker is None:  # models load only when there is work left
-                steps = []
-                for name in step_order(config):
-                    try:
-                        steps += build_steps(config, [name], editor, rewriter, None, detector)
-                    except (OSError, RuntimeError, ImportError, ValueError) as err:
-                        raise setup_failure(name, err) from err
-                maker = ShardMaker(config, out_dir, Staged(config, steps), node, on_batch)
+                steps = start_steps(config, None, editor, rewriter, detector)
+                maker = ShardMaker(config, out_dir, Staged.local(config, steps), node, on_batch)
             yield maker(task)
 
     preflight(config)
-    inputs = as_input(inputs, failures)
+    inputs = RunInput.of(inputs, failures)
     return run_shards(inputs, out_dir, config, execute, "local", on_shard, progress)

@@ -31,7 +31,13 @@ from typing import Any, TypeVar
 
 from counterfactual import fs
 from counterfactual.readers.corpus import member_key_field
-from counterfactual.records import ImageSource, Status, source_from_dict, source_to_dict
+from counterfactual.records import (
+    ImageRecord,
+    ImageSource,
+    Status,
+    source_from_dict,
+    source_to_dict,
+)
 from counterfactual.verify import VerifySummary
 
 Box = tuple[float, float, float, float]
@@ -406,6 +412,13 @@ class SampleMeta:
     detection: DetectionMeta | None = None
     best_of_n: BestOfNMeta | None = None
     verify: VerifyMeta | None = None
+
+    def source_record(self) -> ImageRecord | None:
+        """A record that loads the original picture from inside its tar or Parquet file (a
+        corpus sample; size unknown, so its boxes are the decoded picture's), else ``None``."""
+        if self.source is None:
+            return None
+        return ImageRecord(self.image_id, self.file, 0, 0, (), (), source=self.source)
 
     def to_dict(self) -> dict[str, Any]:
         """The json, key for key as :func:`counterfactual.stages.sample_meta` writes it."""

@@ -75,8 +75,7 @@ class ShardStats:
         """Rows by ``status`` and ``status:reason`` (as the run summary counts them)."""
         out: dict[str, int] = {}
         for s in self.status:
-            name = f"{s.status}:{s.reason}" if s.reason else s.status
-            out[name] = out.get(name, 0) + 1
+            out[s.outcome] = out.get(s.outcome, 0) + 1
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,18 +116,20 @@ def iter_stats(
     out_dir: fs.PathLike, prefix: str = "shard", indices: Iterable[int] | None = None
 ) -> Iterator[tuple[int, ShardStats]]:
     """The committed shards in ``out_dir`` (a folder or URL), one stats file read at a time, in
-    index order (``indices``: only those): those whose stats file exists and whose tar is there
-    too."""
-    names = fs.listdir(out_dir)
-    present = set(names)
-    found = sorted((i, name) for name in names if (i := shard_index(name, prefix)) is not None)
+    index order (``indices``: only those)."""
     wanted = None if indices is None else set(indices)
-    for index, name in found:
-        if wanted is not None and index not in wanted:
-            continue
-        stats = ShardStats.from_dict(json.loads(fs.read_text(fs.join(out_dir, name))))
-        if stats.shard in present:
-            yield index, stats
+    for index, name in committed_names(fs.listdir(out_dir), prefix):
+        if wanted is None or index in wanted:
+            yield index, ShardStats.from_dict(json.loads(fs.read_text(fs.join(out_dir, name))))
+
+
+def committed_names(names: Iterable[str], prefix: str = "shard") -> list[tuple[int, str]]:
+    """``(index, stats file name)`` of the committed shards among a folder's file ``names``
+    (those whose stats file and tar are both there), in index order."""
+    names = list(names)
+    present = set(names)
+    found = [(i, name) for name in names if (i := shard_index(name, prefix)) is not None]
+    return sorted((i, name) for i, name in found if shard_name(prefix, i) in present)
 
 
 def read_stats(out_dir: fs.PathLike, prefix: str = "shard") -> dict[int, ShardStats]:

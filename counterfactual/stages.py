@@ -524,6 +524,50 @@ class Encode:
         return jobs
 
 
+class SetupError(ValueError):
+    """The run cannot start (a model that does not load, a stage the cluster cannot place); the
+    message names the stage, the cause and the fix, on one line."""
+
+
+STAGE_NAMES = {"edit": "Inpaint", "rewrite": "Caption", "detect": "Detect", "verify": "Verify"}
+"""The name of each model step's stage (a Ray actor class of that name runs it on GPUs)."""
+MODEL_OPTIONS = {
+    "edit": "--inpaint-model",
+    "rewrite": "--captioner-model",
+    "detect": "--detector-model",
+    "verify": "--verify-model",
+}
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def setup_failure(step: str, err: BaseException) -> SetupError:
+    """The error for a step that could not start: its stage, the cause, the option to fix."""
+    stage = STAGE_NAMES.get(step, step)
+    fix = f"; check {MODEL_OPTIONS[step]} and --device" if step in MODEL_OPTIONS else ""
+    return SetupError(f"{stage} could not start: {type(err).__name__}: {one_line(err)}{fix}")
+
+
+def start_steps(
+    config: SynthConfig,
+    names: Sequence[str] | None = None,
+    editor: ImageEditor | None = None,
+    rewriter: TextRewriter | None = None,
+    detector: Callable[..., list[list[Detection]]] | None = None,
+) -> list[Step]:
+    """:func:`build_steps`, one step at a time, with a step that cannot start (a model that
+    does not load) reported as a one-line :class:`SetupError` naming its stage and the fix."""
+    steps: list[Step] = []
+    for name in names or step_order(config):
+        try:
+            steps += build_steps(config, [name], editor, rewriter, None, detector)
+        except (OSError, RuntimeError, ImportError, ValueError) as err:
+            raise setup_failure(name, err) from err
+    return steps
+
+
 def step_order(config: SynthConfig) -> tuple[str, ...]:
     """The step names in run order: a rewriter that needs no picture runs first, so the CPU
     steps after it can go from file to JPEG in one place without shipping pixels around."""
@@ -648,20 +692,34 @@ def in_chunks(call: Callable[[list[Job]], list[Job]], jobs: list[Job], size: int
     return out
 
 
-class Staged:
-    """A batch through the stages: CPU steps together, each model step on chunks of its own
-    batch size (:func:`in_chunks`). The in-process runner's ``process``; the Ray workers do
-    the same with the model steps on their actors."""
+Process = Callable[[list[Job]], list[Job]]
+"""Steps applied to one batch of jobs."""
 
-    def __init__(self, config: SynthConfig, steps: Sequence[Step]) -> None:
+
+class Staged:
+    """A batch through the stages, one part per :class:`Stage`: ``(process, size)``, where a
+    model stage's part gets chunks of ``size`` jobs (:func:`in_chunks`), so a model sees the
+    same batches in every runner; ``size`` ``None``: the whole batch (CPU steps, or a part that
+    chunks by itself, such as the Ray workers' remote model steps)."""
+
+    def __init__(self, parts: Sequence[tuple[Process, int | None]]) -> None:
+        self.parts = list(parts)
+
+    @classmethod
+    def local(cls, config: SynthConfig, steps: Sequence[Step]) -> Staged:
+        """Every stage in this process (the in-process runner's ``process``)."""
         by_name = {step.name: step for step in steps}
-        self.parts: list[tuple[Chain, int | None]] = []
-        for stage in plan_stages(config):
-            chain = Chain([by_name[name] for name in stage.steps])
-            size = step_batch_size(config, stage.steps[0]) if stage.uses_model else None
-            self.parts.append((chain, size))
+        return cls(
+            [
+                (
+                    Chain([by_name[name] for name in stage.steps]),
+                    step_batch_size(config, stage.steps[0]) if stage.uses_model else None,
+                )
+                for stage in plan_stages(config)
+            ]
+        )
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
-        for chain, size in self.parts:
-            jobs = chain(jobs) if size is None else in_chunks(chain, jobs, size)
+        for process, size in self.parts:
+            jobs = process(jobs) if size is None else in_chunks(process, jobs, size)
         return jobs

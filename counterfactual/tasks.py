@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,7 +26,7 @@ from counterfactual import fs
 from counterfactual.cooccurrence import CooccurrenceStats
 from counterfactual.records import ImageRecord, Status
 from counterfactual.shards import ShardStats, ShardWriter
-from counterfactual.stages import Job
+from counterfactual.stages import Job, Process
 from counterfactual.synth import SynthConfig, plan
 
 if TYPE_CHECKING:
@@ -58,6 +58,15 @@ class RunInput:
     failures: Sequence[Status] = ()
     images: int | None = None
     spec: dict[str, Any] | None = None
+
+    @classmethod
+    def of(
+        cls, inputs: RunInput | Iterable[ImageRecord], failures: Sequence[Status] = ()
+    ) -> RunInput:
+        """``inputs`` as a :class:`RunInput` (plain records with the reader's ``failures``)."""
+        if isinstance(inputs, RunInput):
+            return inputs
+        return cls(records=inputs, failures=tuple(failures))
 
     def shard_count(self, config: SynthConfig) -> int | None:
         """Shards this input makes, when known without reading it."""
@@ -175,9 +184,6 @@ class ShardDone:
         )
 
 
-Process = Callable[[list[Job]], list[Job]]
-
-
 @dataclass
 class ShardMaker:
     """Make one shard from its task: read, plan, process in batches, write.
@@ -192,7 +198,6 @@ class ShardMaker:
     process: Process
     node: str = ""
     on_batch: Callable[[int], None] | None = None
-    images_read: int = field(default=0, init=False)
 
     def __call__(self, task: ShardTask) -> ShardDone:
         rows = task.rows if task.piece is None else tuple(_read_piece(task.piece))

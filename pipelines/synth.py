@@ -21,7 +21,7 @@ local Ray, or joins the cluster named by ``RAY_ADDRESS`` (or ``--ray-address``);
 
 from __future__ import annotations
 
-import functools
+import itertools
 import logging
 import os
 import tempfile
@@ -36,15 +36,17 @@ from typing import Any
 from counterfactual import fs
 from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
-from counterfactual.run import RunResult, SetupError, preflight, run_shards, setup_failure
-from counterfactual.runner import as_input
+from counterfactual.run import RunResult, preflight, run_shards
 from counterfactual.stages import (
     Chain,
     Job,
+    Process,
+    SetupError,
     Stage,
-    build_steps,
+    Staged,
     in_chunks,
     plan_stages,
+    start_steps,
     step_batch_size,
     step_device,
 )
@@ -130,14 +132,12 @@ class Verify(_ModelStep):
 
 
 def _build(config: SynthConfig, names: Sequence[str]) -> tuple[Chain, str | None]:
-    """The steps ``names`` as a chain, or the one-line error of the first that fails."""
-    steps = []
-    for name in names:
-        try:
-            steps += build_steps(config, [name])
-        except Exception as err:  # noqa: BLE001 - reported to the driver as one line
-            return Chain(steps), str(setup_failure(name, err))
-    return Chain(steps), None
+    """The steps ``names`` as a chain, or the one-line error of the first that cannot start
+    (reported by ``ready``, so the driver ends the run with it instead of a crashed actor)."""
+    try:
+        return Chain(start_steps(config, names)), None
+    except SetupError as err:
+        return Chain([]), str(err)
 
 
 MODEL_ACTORS: dict[str, type[_ModelStep]] = {
@@ -191,31 +191,23 @@ class ShardWorker:
 
         self.error: str | None = None
         self.node = ray.get_runtime_context().get_node_id()
-        self.parts: list[Callable[[list[Job]], list[Job]]] = []
         if not any(pools):  # one CPU per worker: OpenCV must not spread over the others
             import cv2
 
             cv2.setNumThreads(1)
+        parts: list[tuple[Process, int | None]] = []
         for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
-            if pool:
-                self.parts.append(_RemoteStep(pool, size, position))
+            if pool:  # cut into the model's batches and spread over the pool by _RemoteStep
+                parts.append((_RemoteStep(pool, size, position), None))
                 continue
             chain, self.error = _build(config, stage.steps)
             if self.error:
                 break
-            if stage.uses_model:  # on CPU, here: in the same chunks as in process
-                self.parts.append(functools.partial(in_chunks, chain, size=size))
-            else:
-                self.parts.append(chain)
-        self.maker = ShardMaker(config, out_dir, self.process, self.node)
+            parts.append((chain, size if stage.uses_model else None))
+        self.maker = ShardMaker(config, out_dir, Staged(parts), self.node)
 
     def ready(self) -> str | None:
         return self.error
-
-    def process(self, jobs: list[Job]) -> list[Job]:
-        for part in self.parts:
-            jobs = part(jobs)
-        return jobs
 
     def run(self, task: ShardTask) -> ShardDone:
         return self.maker(task)
@@ -455,7 +447,7 @@ def run_ray(
             models, workers = _start(config, out, stages, layout, options)
             actors = [*models, *workers]
             info["seconds"]["actors_ready"] = round(time.perf_counter() - start, 3)
-            yield from _map_unordered(workers, _chain_first(first, tasks), options.in_flight)
+            yield from _map_unordered(workers, itertools.chain([first], tasks), options.in_flight)
             info["seconds"]["shards_done"] = round(time.perf_counter() - start, 3)
         finally:
             for actor in actors:
@@ -471,10 +463,5 @@ def run_ray(
         }
 
     return run_shards(
-        as_input(inputs, failures), out_dir, config, execute, "ray", on_shard, progress, extra
+        RunInput.of(inputs, failures), out_dir, config, execute, "ray", on_shard, progress, extra
     )
-
-
-def _chain_first(first: ShardTask, rest: Iterator[ShardTask]) -> Iterator[ShardTask]:
-    yield first
-    yield from rest

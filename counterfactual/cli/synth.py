@@ -321,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--out is required (on the command line or in --config)")
     config = build_config(args)
     spec = data_spec(args, demo_root(args))
-    inputs, _ = open_input(spec, config.images_per_shard)
+    inputs = open_input(spec, config.images_per_shard)
     records = inputs.records if isinstance(inputs.records, Sequence) else ()
     if config.verify.enabled and records:
         check_vocabulary(records, config.text.vocabulary)

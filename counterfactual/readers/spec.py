@@ -118,16 +118,16 @@ def read_dataset(spec: DataSpec) -> Dataset:
     )
 
 
-def open_input(spec: DataSpec, images_per_shard: int) -> tuple[RunInput, Dataset | None]:
-    """What a run reads: an annotated dataset's records (and the dataset), or a corpus's
-    pieces of ``images_per_shard`` rows (no dataset: the workers read it)."""
+def open_input(spec: DataSpec, images_per_shard: int) -> RunInput:
+    """What a run reads: an annotated dataset's records, or a corpus's pieces of
+    ``images_per_shard`` rows (the workers read them)."""
     spec = spec.resolved()
     if not spec.corpus:
         dataset = read_dataset(spec)
         records = dataset.records[: spec.limit] if spec.limit else dataset.records
-        return RunInput(records, failures=dataset.failures, spec=spec.to_dict()), dataset
+        return RunInput(records, failures=dataset.failures, spec=spec.to_dict())
     if spec.limit:  # a few rows: the driver reads them and hands them out as records
-        return _first_rows(spec), None
+        return _first_rows(spec)
     from counterfactual.readers.corpus import plan_pieces
 
     rows = plan_pieces(
@@ -142,7 +142,7 @@ def open_input(spec: DataSpec, images_per_shard: int) -> tuple[RunInput, Dataset
     pieces, failures = [], []
     for row in rows:
         (failures if isinstance(row, Status) else pieces).append(row)
-    return RunInput(pieces=pieces, failures=tuple(failures), spec=spec.to_dict()), None
+    return RunInput(pieces=pieces, failures=tuple(failures), spec=spec.to_dict())
 
 
 def _first_rows(spec: DataSpec) -> RunInput:
