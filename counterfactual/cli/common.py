@@ -9,7 +9,44 @@ from counterfactual.readers import CORPORA, DATASETS
 from counterfactual.selection import POLICIES, SelectionConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from counterfactual.readers.spec import DataSpec
+
+
+def _ranged(
+    kind: type, test: Callable[[float], bool], what: str
+) -> Callable[[str], int | float]:
+    """An argparse ``type`` that parses ``kind`` and refuses values outside a range; the error
+    names the value and the range (argparse adds the option's name)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {_KIND_NAMES[kind]}") from None
+        if value != value or not test(value):  # NaN fails every range
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return value
+
+    parse.__name__ = what.replace(" ", "_")  # argparse shows it in "invalid <name> value"
+    return parse
+
+
+_KIND_NAMES = {int: "a whole number", float: "a number"}
+
+positive_int = _ranged(int, lambda v: v > 0, "a whole number > 0")
+"""argparse type: an int > 0 (counts, sizes, batch sizes)."""
+nonnegative_int = _ranged(int, lambda v: v >= 0, "a whole number >= 0")
+"""argparse type: an int >= 0 (limits where 0 means none, seeds)."""
+positive_float = _ranged(float, lambda v: 0 < v < float("inf"), "a number > 0")
+"""argparse type: a finite float > 0 (scales, learning rates, seconds)."""
+nonnegative_float = _ranged(float, lambda v: 0 <= v < float("inf"), "a number >= 0")
+"""argparse type: a finite float >= 0 (margins, thresholds on unbounded scores)."""
+unit_interval = _ranged(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+"""argparse type: a float in [0, 1] (probabilities, overlap thresholds, fractions)."""
+open_unit_interval = _ranged(float, lambda v: 0 < v < 1, "a number in (0, 1)")
+"""argparse type: a float strictly between 0 and 1."""
 
 
 def add_selection_args(parser: argparse.ArgumentParser) -> None:
