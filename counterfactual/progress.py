@@ -4,11 +4,14 @@ Both runners report through :class:`Progress`. On a terminal it draws a tqdm bar
 tqdm is not installed, one line rewritten in place); elsewhere (a log file, a Ray driver's
 captured stderr) it writes one line at most every ``interval`` seconds and a final line::
 
-    synth: 1,234/3,000 items (41%), 3/10 shards, 1,100 written, 120 skipped, 14 failed, 85.3 items/s, ETA 0:00:21
+    synth: 1,234/3,000 images (41%), 3/10 shards, rows: 1,100 written, 120 skipped, 14 failed, 85.3 images/s, ETA 0:00:21
 
-The rate is the items done since the start divided by the time elapsed; the ETA is the items
-left divided by that rate. With an unknown item total (a WebDataset corpus whose size is only
-learnt as it is read) there is no percentage and no ETA.
+What is counted is the run's *inputs*: images of an annotated dataset, rows of a corpus (the
+``unit`` word). ``written``/``skipped``/``failed`` count rows of the status record, which has a
+row for every input image and every plan, so they do not sum to the inputs. The rate is the
+inputs done since the start divided by the time elapsed; the ETA is the inputs left divided by
+that rate. With an unknown total (a WebDataset corpus whose size is only learnt as it is read)
+there is no percentage and no ETA.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from typing import Any, TextIO
 
 @dataclass
 class Counts:
-    """What a run has done so far. ``total_items`` is ``None`` while unknown."""
+    """What a run has done so far: ``inputs`` (images or corpus rows) of ``total_inputs``
+    (``None`` while unknown), shards, and status rows by status."""
 
-    items: int = 0
-    total_items: int | None = None
+    inputs: int = 0
+    total_inputs: int | None = None
     shards: int = 0
     total_shards: int = 0
     written: int = 0
@@ -43,40 +47,42 @@ def _clock_text(seconds: float) -> str:
 
 
 def format_line(
-    counts: Counts, elapsed: float, *, label: str = "synth", final: bool = False
+    counts: Counts,
+    elapsed: float,
+    *,
+    label: str = "synth",
+    final: bool = False,
+    unit: str = "images",
 ) -> str:
-    """One progress line; ``elapsed`` in seconds since the run started.
+    """One progress line; ``elapsed`` in seconds since the run started; ``unit`` names the
+    inputs (``images``, ``rows``).
 
-    The percentage is rounded down (100% only when every item is done). ``final`` replaces the
-    ETA by the time the run took.
+    The percentage is rounded down (100% only when every input is done). ``final`` replaces
+    the ETA by the time the run took.
     """
     c = counts
-    if c.total_items is None:
-        parts = [f"{c.items:,} items"]
+    if c.total_inputs is None:
+        parts = [f"{c.inputs:,} {unit}"]
     else:
-        pct = 100 if c.total_items <= 0 else min(100, 100 * c.items // c.total_items)
-        parts = [f"{c.items:,}/{c.total_items:,} items ({pct}%)"]
-    parts += [
-        f"{c.shards:,}/{c.total_shards:,} shards",
-        f"{c.written:,} written",
-        f"{c.skipped:,} skipped",
-        f"{c.failed:,} failed",
-    ]
-    rate = c.items / elapsed if elapsed > 0 else None
+        pct = 100 if c.total_inputs <= 0 else min(100, 100 * c.inputs // c.total_inputs)
+        parts = [f"{c.inputs:,}/{c.total_inputs:,} {unit} ({pct}%)"]
+    parts += [f"{c.shards:,}/{c.total_shards:,} shards", _rows(c)]
+    rate = c.inputs / elapsed if elapsed > 0 else None
     if rate is not None:
-        parts.append(f"{rate:,.1f} items/s")
+        parts.append(f"{rate:,.1f} {unit}/s")
     if final:
         parts.append(f"{_clock_text(elapsed)} elapsed")
-    elif rate and c.total_items is not None:
-        parts.append(f"ETA {_clock_text(max(0, c.total_items - c.items) / rate)}")
+    elif rate and c.total_inputs is not None:
+        parts.append(f"ETA {_clock_text(max(0, c.total_inputs - c.inputs) / rate)}")
     return f"{label}: " + ", ".join(parts)
 
 
+def _rows(c: Counts) -> str:
+    return f"rows: {c.written:,} written, {c.skipped:,} skipped, {c.failed:,} failed"
+
+
 def _postfix(c: Counts) -> str:
-    return (
-        f"{c.shards}/{c.total_shards} shards, {c.written:,} written, "
-        f"{c.skipped:,} skipped, {c.failed:,} failed"
-    )
+    return f"{c.shards}/{c.total_shards} shards, {_rows(c)}"
 
 
 def _load_tqdm() -> Any | None:
@@ -92,13 +98,14 @@ class Progress:
     ``bar``: ``None`` draws a bar only when ``stream.isatty()``; ``True``/``False`` force it.
     The bar is tqdm's; without tqdm it is one line rewritten in place at most every
     ``min(interval, 0.5)`` seconds. ``clock`` (seconds, monotonic) times the plain lines, the
-    rate and the ETA; tests inject a fake one. ``label`` starts each line. ``update`` may be
-    called from several threads.
+    rate and the ETA; tests inject a fake one. ``label`` starts each line; ``unit`` names the
+    inputs (``images`` of a dataset, ``rows`` of a corpus). ``update`` may be called from
+    several threads.
     """
 
     def __init__(
         self,
-        total_items: int | None,
+        total_inputs: int | None,
         total_shards: int,
         *,
         stream: TextIO | None = None,
@@ -106,9 +113,10 @@ class Progress:
         bar: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
         label: str = "synth",
+        unit: str = "images",
     ) -> None:
-        if total_items is not None and total_items < 0:
-            raise ValueError(f"total_items must be >= 0 or None, got {total_items}")
+        if total_inputs is not None and total_inputs < 0:
+            raise ValueError(f"total_inputs must be >= 0 or None, got {total_inputs}")
         if total_shards < 0:
             raise ValueError(f"total_shards must be >= 0, got {total_shards}")
         if interval < 0:
@@ -116,7 +124,8 @@ class Progress:
         self.stream: TextIO = stream if stream is not None else sys.stderr
         self.interval = interval
         self.label = label
-        self.counts = Counts(total_items=total_items, total_shards=total_shards)
+        self.unit = unit
+        self.counts = Counts(total_inputs=total_inputs, total_shards=total_shards)
         self._clock = clock
         self._start = clock()
         self._last_line = self._start
@@ -131,8 +140,8 @@ class Progress:
             tqdm = _load_tqdm()
             if tqdm is not None:
                 self._tqdm = tqdm(
-                    total=total_items,
-                    unit="item",
+                    total=total_inputs,
+                    unit=unit.removesuffix("s"),
                     desc=label,
                     file=self.stream,
                     dynamic_ncols=True,
@@ -146,39 +155,39 @@ class Progress:
 
     def update(
         self,
-        items: int = 0,
+        inputs: int = 0,
         written: int = 0,
         skipped: int = 0,
         failed: int = 0,
         shards: int = 0,
-        total_items_delta: int = 0,
+        total_inputs_delta: int = 0,
     ) -> None:
-        """Add to the counts. ``total_items_delta`` grows (or shrinks) the item total; on an
-        unknown total it starts one from 0, so the total then counts the items found so far."""
+        """Add to the counts. ``total_inputs_delta`` grows (or shrinks) the input total; on an
+        unknown total it starts one from 0, so the total then counts the inputs found so far."""
         with self._lock:
             c = self.counts
-            c.items += items
+            c.inputs += inputs
             c.written += written
             c.skipped += skipped
             c.failed += failed
             c.shards += shards
-            if total_items_delta:
-                c.total_items = (c.total_items or 0) + total_items_delta
+            if total_inputs_delta:
+                c.total_inputs = (c.total_inputs or 0) + total_inputs_delta
             if self._closed:
                 return
             if self._tqdm is not None:
-                if total_items_delta:
-                    self._tqdm.total = c.total_items
+                if total_inputs_delta:
+                    self._tqdm.total = c.total_inputs
                 if written or skipped or failed or shards:
                     self._tqdm.set_postfix_str(_postfix(c), refresh=False)
-                self._tqdm.update(items)  # refreshes at tqdm's own pace
-                if total_items_delta and not items:
+                self._tqdm.update(inputs)  # refreshes at tqdm's own pace
+                if total_inputs_delta and not inputs:
                     self._tqdm.refresh()
                 return
             now = self._clock()
             if now - self._last_line >= (min(self.interval, 0.5) if self.bar else self.interval):
                 self._last_line = now
-                self._write(format_line(c, now - self._start, label=self.label))
+                self._write(format_line(c, now - self._start, label=self.label, unit=self.unit))
 
     def _write(self, line: str, *, final: bool = False) -> None:
         if self.bar:  # the fallback bar: one line rewritten in place
@@ -198,7 +207,10 @@ class Progress:
                 self._tqdm.close()
                 return
             self._write(
-                format_line(self.counts, self.elapsed, label=self.label, final=True), final=True
+                format_line(
+                    self.counts, self.elapsed, label=self.label, final=True, unit=self.unit
+                ),
+                final=True,
             )
 
     def __enter__(self) -> Progress:

@@ -175,12 +175,12 @@ def run_shards(
         seen: list[int] = []
         finished: dict[int, ShardDone] = {}
         if progress is not None and inputs.failures:
-            progress.update(items=len(inputs.failures), failed=len(inputs.failures))
+            progress.update(inputs=len(inputs.failures), failed=len(inputs.failures))
 
         def count(done: ShardDone) -> None:
             lock.heartbeat_if_due()
             if progress is not None:
-                progress.update(shards=1, items=done.images, **done.outcomes())
+                progress.update(shards=1, inputs=done.images, **done.outcomes())
 
         for done in execute(run.todo(shard_tasks(inputs, config), seen, count)):
             finished[done.index] = done
@@ -200,17 +200,36 @@ class RunResult:
     seconds: float
     stage_seconds: dict[str, float]
     images: int
+    """Inputs of the whole run: images of a dataset, rows of a corpus (:attr:`unit`), reader
+    failures included; each has at least one row in ``status.jsonl``."""
     items_run: int
     """Items processed by this run (not counting shards committed by an earlier one)."""
     status_counts: dict[str, int]
+    """Rows of ``status.jsonl`` by ``status:reason``."""
     items: int
     """Work items of the whole run (a plan with a caption; images that yield none are not)."""
     items_per_node: dict[str, int] = field(default_factory=dict)
     verify: dict[str, Any] | None = None
     """:meth:`VerifySummary.to_dict` over every shard, when verification was on."""
+    unit: str = "images"
+    """What one input is: ``images`` or (a corpus) ``rows``."""
 
     def counts(self) -> dict[str, int]:
         return dict(sorted(self.status_counts.items()))
+
+    @property
+    def status_rows(self) -> int:
+        """Rows of ``status.jsonl``: one per input that yields no item, per plan the policy
+        did not draw and per item, so more than the inputs."""
+        return sum(self.status_counts.values())
+
+    def rows_by_status(self) -> dict[str, int]:
+        """Rows of ``status.jsonl`` by ``written`` / ``skipped`` / ``failed``."""
+        out = dict.fromkeys(("written", "skipped", "failed"), 0)
+        for name, n in self.status_counts.items():
+            status = name.split(":", 1)[0]
+            out[status] = out.get(status, 0) + n
+        return out
 
     @property
     def written(self) -> int:
@@ -275,6 +294,7 @@ def finish_run(
         dict(counts),
         items,
         dict(per_node),
+        unit=inputs.unit,
     )
     if run.config.verify.enabled:
         shards_ = [fs.join(run.out_dir, name) for name in names]
@@ -309,9 +329,11 @@ def write_manifest(
         "command": sys.argv,
         "started": started,
         "seconds": round(result.seconds, 3),
-        "images": result.images,
+        "inputs": result.images,
+        "input_unit": result.unit,
         "items": result.items,
         "samples": result.written,
+        "status_rows": result.status_rows,
         "shards": len(result.shards),
         "shards_resumed": result.resumed,
         "images_per_shard": run.config.images_per_shard,
@@ -358,11 +380,14 @@ def stage_table(result: RunResult) -> dict[str, dict[str, float]]:
 def summary_table(result: RunResult) -> str:
     """The table printed at the end of a run: counts by status and reason, throughput."""
     rate = result.items_run / result.seconds if result.seconds > 0 else 0.0
+    rows = result.rows_by_status()
     lines = [
-        f"{result.images} images -> {result.written} samples in {len(result.shards)} shards "
-        f"({result.resumed} from an earlier run); {result.items_run} items this run in "
-        f"{result.seconds:.1f} s ({rate:.1f} items/s)",
-        f"  {'status:reason':<40} {'count':>8}",
+        f"{result.images:,} {result.unit} -> {result.items:,} items -> {result.written:,} "
+        f"samples in {len(result.shards):,} shards ({result.resumed:,} from an earlier run); "
+        f"{result.items_run:,} items this run in {result.seconds:.1f} s ({rate:.1f} items/s)",
+        f"  status rows: {result.status_rows:,} = "
+        + " + ".join(f"{n:,} {status}" for status, n in rows.items()),
+        f"  {'status:reason':<40} {'rows':>8}",
     ]
     lines += [f"  {name:<40} {n:>8}" for name, n in result.counts().items()]
     if result.verify is not None:

@@ -749,14 +749,16 @@ def _page(run: RunIndex, rows: Sequence[_Row], sheets: Sequence[str], roots: Seq
     counts = Counter(s.status for s in run.statuses)
     samples_v = [s for s in run.samples if s.verified is not None]
     passed_v = sum(bool(s.verified) for s in samples_v)
-    cards = [
-        ("images", m.get("images", len({s.image_id for s in run.statuses}))),
+    unit = m.get("input_unit", "images")
+    inputs = m.get("inputs", m.get("images", len({s.image_id for s in run.statuses})))
+    rows_text = ", ".join(f"{counts.get(k, 0):,} {k}" for k in ("written", "skipped", "failed"))
+    cards = [  # what each counts: inputs, image x caption items, samples, status rows
+        (f"input {unit}", inputs),
         ("items", m.get("items", "?")),
-        ("written", counts.get("written", 0)),
-        ("failed", counts.get("failed", 0)),
-        ("skipped", counts.get("skipped", 0)),
+        ("samples", m.get("samples", counts.get("written", 0))),
         ("shards", m.get("shards", len({s.shard for s in run.samples}))),
-        ("shown here", len(rows)),
+        (f"status rows ({rows_text})", len(run.statuses)),
+        ("samples shown here", len(rows)),
     ]
     if samples_v:
         cards.append(("verify pass", f"{passed_v}/{len(samples_v)}"))
@@ -832,7 +834,9 @@ def _summary(run: RunIndex, rows: Sequence[_Row], samples_v: Sequence[SampleRef]
         )
     out = [
         '<h2 id="summary">Summary</h2>',
-        "<p class=muted>Every input image and every item has one row in status.jsonl.</p>",
+        "<p class=muted>status.jsonl has a row for every input that yields no item, every "
+        "plan the policy did not draw and every item (image x caption), so it has more rows "
+        "than inputs; the shares below are of its rows.</p>",
         _table(("status", "reason", "rows", "share", ""), body, "counts", (2, 3)),
     ]
     cfg = run.manifest.get("config") or {}

@@ -76,7 +76,14 @@ class RunInput:
             return -(-len(self.records) // config.images_per_shard)
         return None
 
+    @property
+    def unit(self) -> str:
+        """What one input is: ``"images"`` of an annotated dataset, ``"rows"`` of a corpus (a
+        row is one picture with its caption)."""
+        return "images" if self.pieces is None else "rows"
+
     def image_count(self) -> int | None:
+        """The number of inputs (:attr:`unit`), reader failures included, when known."""
         if self.images is not None:
             return self.images
         if self.pieces is None and isinstance(self.records, Sequence):
@@ -161,12 +168,11 @@ class ShardDone:
     input: str = ""
 
     def outcomes(self) -> dict[str, int]:
-        """Status rows by outcome: ``written``, ``skipped``, ``failed`` (plans the policy did
-        not draw are no items, and not counted)."""
+        """Status rows by outcome: ``written``, ``skipped``, ``failed`` (every row, as the end
+        of the run counts them)."""
         out = {"written": 0, "skipped": 0, "failed": 0}
         for name, n in self.counts.items():
-            if name != "skipped:not-drawn":
-                out[name.split(":", 1)[0]] += n
+            out[name.split(":", 1)[0]] += n
         return out
 
     @classmethod

@@ -25,43 +25,43 @@ class Tty(io.StringIO):
 
 def test_line_with_known_total() -> None:
     counts = Counts(
-        items=1234,
-        total_items=3000,
+        inputs=1234,
+        total_inputs=3000,
         shards=3,
         total_shards=10,
         written=1100,
         skipped=120,
         failed=14,
     )
-    # rate 1234 / 10 s = 123.4 items/s; ETA (3000 - 1234) / 123.4 = 14.3 s
+    # rate 1234 / 10 s = 123.4 images/s; ETA (3000 - 1234) / 123.4 = 14.3 s
     assert format_line(counts, 10.0) == (
-        "synth: 1,234/3,000 items (41%), 3/10 shards, 1,100 written, 120 skipped, 14 failed, "
-        "123.4 items/s, ETA 0:00:14"
+        "synth: 1,234/3,000 images (41%), 3/10 shards, rows: 1,100 written, 120 skipped, 14 failed, "
+        "123.4 images/s, ETA 0:00:14"
     )
 
 
 def test_line_with_unknown_total_has_no_percent_or_eta() -> None:
-    counts = Counts(items=1234, total_items=None, shards=3, total_shards=10, written=1100)
+    counts = Counts(inputs=1234, total_inputs=None, shards=3, total_shards=10, written=1100)
     line = format_line(counts, 10.0)
     assert line == (
-        "synth: 1,234 items, 3/10 shards, 1,100 written, 0 skipped, 0 failed, 123.4 items/s"
+        "synth: 1,234 images, 3/10 shards, rows: 1,100 written, 0 skipped, 0 failed, 123.4 images/s"
     )
 
 
 @pytest.mark.parametrize(
     ("items", "total", "elapsed", "tail"),
     [
-        (100, 100_100, 10.0, "10.0 items/s, ETA 2:46:40"),  # 100,000 left at 10/s
-        (1, 3, 2.0, "0.5 items/s, ETA 0:00:04"),
-        (2, 3, 2.0, "1.0 items/s, ETA 0:00:01"),
-        (3, 3, 2.0, "1.5 items/s, ETA 0:00:00"),
-        (5, 3, 2.0, "2.5 items/s, ETA 0:00:00"),  # more than the total: nothing left
-        (0, 3, 2.0, "0.0 items/s"),  # no rate yet: no ETA
+        (100, 100_100, 10.0, "10.0 images/s, ETA 2:46:40"),  # 100,000 left at 10/s
+        (1, 3, 2.0, "0.5 images/s, ETA 0:00:04"),
+        (2, 3, 2.0, "1.0 images/s, ETA 0:00:01"),
+        (3, 3, 2.0, "1.5 images/s, ETA 0:00:00"),
+        (5, 3, 2.0, "2.5 images/s, ETA 0:00:00"),  # more than the total: nothing left
+        (0, 3, 2.0, "0.0 images/s"),  # no rate yet: no ETA
         (0, 3, 0.0, "0 failed"),  # no time yet: no rate
     ],
 )
 def test_rate_and_eta(items: int, total: int, elapsed: float, tail: str) -> None:
-    line = format_line(Counts(items=items, total_items=total, total_shards=1), elapsed)
+    line = format_line(Counts(inputs=items, total_inputs=total, total_shards=1), elapsed)
     assert line.endswith(tail), line
 
 
@@ -70,12 +70,12 @@ def test_rate_and_eta(items: int, total: int, elapsed: float, tail: str) -> None
     [(0, 3000, "(0%)"), (2999, 3000, "(99%)"), (3000, 3000, "(100%)"), (0, 0, "(100%)")],
 )
 def test_percent_rounds_down(items: int, total: int, percent: str) -> None:
-    assert percent in format_line(Counts(items=items, total_items=total), 1.0)
+    assert percent in format_line(Counts(inputs=items, total_inputs=total), 1.0)
 
 
 def test_final_line_says_elapsed_not_eta() -> None:
-    line = format_line(Counts(items=70, total_items=100), 3725.0, final=True, label="run")
-    assert line.startswith("run: 70/100 items (70%)")
+    line = format_line(Counts(inputs=70, total_inputs=100), 3725.0, final=True, label="run")
+    assert line.startswith("run: 70/100 images (70%)")
     assert line.endswith(", 1:02:05 elapsed")
     assert "ETA" not in line
 
@@ -86,29 +86,29 @@ def test_plain_lines_at_the_interval() -> None:
     with Progress(10, 2, stream=out, interval=5.0, clock=clock) as p:
         assert p.bar is False
         clock.now = 101.0
-        p.update(items=1, written=1)
+        p.update(inputs=1, written=1)
         clock.now = 104.9
-        p.update(items=1, skipped=1)
+        p.update(inputs=1, skipped=1)
         assert out.getvalue() == ""  # less than 5 s since the start
         clock.now = 105.0
-        p.update(items=2, written=2, shards=1)
+        p.update(inputs=2, written=2, shards=1)
         lines = out.getvalue().splitlines()
         assert lines == [
-            "synth: 4/10 items (40%), 1/2 shards, 3 written, 1 skipped, 0 failed, "
-            "0.8 items/s, ETA 0:00:08"
+            "synth: 4/10 images (40%), 1/2 shards, rows: 3 written, 1 skipped, 0 failed, "
+            "0.8 images/s, ETA 0:00:08"
         ]
         clock.now = 109.9
-        p.update(items=1, failed=1)
+        p.update(inputs=1, failed=1)
         assert len(out.getvalue().splitlines()) == 1  # 4.9 s since the last line
         clock.now = 110.0
-        p.update(items=5, written=5, shards=1)
+        p.update(inputs=5, written=5, shards=1)
         assert len(out.getvalue().splitlines()) == 2
         clock.now = 112.0
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
     assert lines[-1] == (
-        "synth: 10/10 items (100%), 2/2 shards, 8 written, 1 skipped, 1 failed, "
-        "0.8 items/s, 0:00:12 elapsed"
+        "synth: 10/10 images (100%), 2/2 shards, rows: 8 written, 1 skipped, 1 failed, "
+        "0.8 images/s, 0:00:12 elapsed"
     )
     assert p.counts == Counts(10, 10, 2, 2, 8, 1, 1)
 
@@ -118,14 +118,14 @@ def test_close_writes_the_final_line_once() -> None:
     out = io.StringIO()
     p = Progress(None, 1, stream=out, clock=clock)
     clock.now += 4
-    p.update(items=2)
+    p.update(inputs=2)
     p.close()
     p.close()
-    p.update(items=1)  # counted, not shown
+    p.update(inputs=1)  # counted, not shown
     assert out.getvalue().splitlines() == [
-        "synth: 2 items, 0/1 shards, 0 written, 0 skipped, 0 failed, 0.5 items/s, 0:00:04 elapsed"
+        "synth: 2 images, 0/1 shards, rows: 0 written, 0 skipped, 0 failed, 0.5 images/s, 0:00:04 elapsed"
     ]
-    assert p.counts.items == 3
+    assert p.counts.inputs == 3
 
 
 def test_unknown_total_grows_by_delta() -> None:
@@ -133,15 +133,15 @@ def test_unknown_total_grows_by_delta() -> None:
     out = io.StringIO()
     with Progress(None, 1, stream=out, interval=1.0, clock=clock) as p:
         clock.now += 1
-        p.update(items=1)
-        assert "items (" not in out.getvalue()  # unknown: no percentage
+        p.update(inputs=1)
+        assert "images (" not in out.getvalue()  # unknown: no percentage
         assert "ETA" not in out.getvalue()
-        p.update(total_items_delta=4)
-        p.update(total_items_delta=4)
-        assert p.counts.total_items == 8
+        p.update(total_inputs_delta=4)
+        p.update(total_inputs_delta=4)
+        assert p.counts.total_inputs == 8
         clock.now += 1
-        p.update(items=1)
-    assert "2/8 items (25%)" in out.getvalue().splitlines()[1]
+        p.update(inputs=1)
+    assert "2/8 images (25%)" in out.getvalue().splitlines()[1]
 
 
 def test_bar_on_a_terminal() -> None:
@@ -149,12 +149,12 @@ def test_bar_on_a_terminal() -> None:
     out = Tty()
     with Progress(4, 2, stream=out, clock=FakeClock()) as p:
         assert p.bar is True
-        p.update(items=2, written=1, skipped=1, shards=1)
-        p.update(items=2, written=1, failed=1, shards=1)
+        p.update(inputs=2, written=1, skipped=1, shards=1)
+        p.update(inputs=2, written=1, failed=1, shards=1)
     text = out.getvalue()
     assert "synth" in text
     assert "4/4" in text
-    assert "2/2 shards, 2 written, 1 skipped, 1 failed" in text
+    assert "2/2 shards, rows: 2 written, 1 skipped, 1 failed" in text
     assert "items/s, ETA" not in text  # no plain lines
 
 
@@ -162,9 +162,9 @@ def test_bar_grows_its_total() -> None:
     pytest.importorskip("tqdm")
     out = Tty()
     with Progress(None, 1, stream=out, clock=FakeClock()) as p:
-        p.update(items=1, total_items_delta=3)
+        p.update(inputs=1, total_inputs_delta=3)
         assert p._tqdm is not None and p._tqdm.total == 3
-        p.update(items=2)
+        p.update(inputs=2)
     assert "3/3" in out.getvalue()
 
 
@@ -174,14 +174,14 @@ def test_bar_without_tqdm_rewrites_one_line(monkeypatch: pytest.MonkeyPatch) -> 
     out = Tty()
     with Progress(4, 1, stream=out, clock=clock) as p:
         clock.now += 1
-        p.update(items=2, written=2)
+        p.update(inputs=2, written=2)
         clock.now += 1
-        p.update(items=2, written=2, shards=1)
+        p.update(inputs=2, written=2, shards=1)
     text = out.getvalue()
     assert text.count("\r") == 3  # two updates and the final line
     assert text.endswith(
-        "4/4 items (100%), 1/1 shards, 4 written, 0 skipped, 0 failed, "
-        "2.0 items/s, 0:00:02 elapsed\x1b[K\n"
+        "4/4 images (100%), 1/1 shards, rows: 4 written, 0 skipped, 0 failed, "
+        "2.0 images/s, 0:00:02 elapsed\x1b[K\n"
     )
     assert text.count("\n") == 1
 
@@ -191,8 +191,8 @@ def test_bar_can_be_forced_either_way() -> None:
     assert Progress(1, 1, stream=io.StringIO(), bar=True).bar is True
 
 
-@pytest.mark.parametrize("kwargs", [{"total_items": -1}, {"total_shards": -1}, {"interval": -0.5}])
+@pytest.mark.parametrize("kwargs", [{"total_inputs": -1}, {"total_shards": -1}, {"interval": -0.5}])
 def test_bad_configuration(kwargs: dict) -> None:
-    args = {"total_items": 1, "total_shards": 1, **kwargs}
+    args = {"total_inputs": 1, "total_shards": 1, **kwargs}
     with pytest.raises(ValueError, match=next(iter(kwargs))):
-        Progress(args.pop("total_items"), args.pop("total_shards"), stream=io.StringIO(), **args)
+        Progress(args.pop("total_inputs"), args.pop("total_shards"), stream=io.StringIO(), **args)

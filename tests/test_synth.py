@@ -113,7 +113,7 @@ def test_shards_read_back_with_webdataset(run):
     assert (run / "contact_sheet.png").exists()
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["samples"] == len(samples) and manifest["runner"] == "local"
-    assert manifest["images"] == 14 and manifest["counts"]["failed:unsafe-path"] == 1
+    assert manifest["inputs"] == 14 and manifest["counts"]["failed:unsafe-path"] == 1
     assert manifest["versions"]["counterfactual"] and manifest["config"]["seed"] == 0
     assert set(manifest["stages"]) == {"decode", "edit", "rewrite", "encode"}
 

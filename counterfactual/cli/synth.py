@@ -13,7 +13,12 @@ from counterfactual.cli.common import (
     add_data_args,
     add_selection_args,
     data_spec,
+    gpu_share,
+    nonnegative_int,
+    positive_float,
+    positive_int,
     selection_config,
+    unit_interval,
 )
 from counterfactual.detect import QUERY_MODES, DetectConfig
 from counterfactual.image import IMAGE_METHODS, INPAINT_BACKENDS, ImageConfig
@@ -74,11 +79,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="classes asked for: those the caption mentions, the whole vocabulary when it "
         "mentions any (finds the unmentioned objects the alpha rules must keep), or always all",
     )
-    b.add_argument("--detect-threshold", type=float, default=_DETECT.score_threshold)
-    b.add_argument("--detect-nms-iou", type=float, default=_DETECT.nms_iou, help="per class")
-    b.add_argument("--detect-max", type=int, default=_DETECT.max_detections, help="per image")
+    b.add_argument("--detect-threshold", type=unit_interval, default=_DETECT.score_threshold)
+    b.add_argument("--detect-nms-iou", type=unit_interval, default=_DETECT.nms_iou, help="per class")
+    b.add_argument("--detect-max", type=positive_int, default=_DETECT.max_detections, help="per image")
     b.add_argument("--detect-template", default=_DETECT.template, help="query text, one {}")
-    b.add_argument("--detect-batch-size", type=int, default=_DETECT.batch_size)
+    b.add_argument("--detect-batch-size", type=positive_int, default=_DETECT.batch_size)
     i = p.add_argument_group("image")
     i.add_argument("--image-method", choices=IMAGE_METHODS, default="inpaint")
     i.add_argument("--inpaint-backend", choices=INPAINT_BACKENDS, default="opencv")
@@ -89,23 +94,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     i.add_argument(
         "--lama-max-side",
-        type=int,
+        type=nonnegative_int,
         default=_IMAGE.lama_max_side,
         help="lama: cap the crop's long side in px (0: native resolution)",
     )
     i.add_argument("--device", default="cpu", help="torch device for learned models")
     i.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    i.add_argument("--steps", type=int, default=_IMAGE.steps, help="diffusion steps")
+    i.add_argument("--steps", type=positive_int, default=_IMAGE.steps, help="diffusion steps")
     i.add_argument(
         "--resolution",
-        type=int,
+        type=nonnegative_int,
         default=_IMAGE.resolution,
         help="diffusion working size (px); 0: native (the crop's size, at least 512)",
     )
-    i.add_argument("--inpaint-batch-size", type=int, default=_IMAGE.batch_size)
+    i.add_argument("--inpaint-batch-size", type=positive_int, default=_IMAGE.batch_size)
     i.add_argument(
         "--candidates",
-        type=int,
+        type=positive_int,
         default=_IMAGE.candidates,
         help="diffusers: best-of-n, draw N seeded candidates per image and keep the one the "
         "verifier's model (--verify-model) sees the removed classes least in",
@@ -113,8 +118,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i.add_argument("--prompt", default=_IMAGE.prompt, help="{background}, {kept}, {removed}")
     i.add_argument("--negative-prompt", default=_IMAGE.negative_prompt)
     i.add_argument("--mask-source", choices=MASK_SOURCES, default="box")
-    i.add_argument("--dilate", type=int, default=0, help="grow masks by N pixels")
-    i.add_argument("--blur-sigma", type=float, default=_IMAGE.blur_sigma)
+    i.add_argument("--dilate", type=nonnegative_int, default=0, help="grow masks by N pixels")
+    i.add_argument("--blur-sigma", type=positive_float, default=_IMAGE.blur_sigma)
     t = p.add_argument_group("text")
     t.add_argument("--text-method", choices=TEXT_METHODS, default="np-removal")
     t.add_argument("--captioner-model", default=_TEXT.model, help="HF id or path")
@@ -151,10 +156,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     v.add_argument("--verify-model", default=_VERIFY.model, help="hf-clip:ID, a folder, ...")
     v.add_argument(
-        "--verify-k", type=int, default=_VERIFY.k, help="removed: not in the top k after"
+        "--verify-k", type=positive_int, default=_VERIFY.k, help="removed: not in the top k after"
     )
     v.add_argument(
-        "--verify-retention-k", type=int, default=_VERIFY.retention_k, help="kept: in the top k"
+        "--verify-retention-k", type=positive_int, default=_VERIFY.retention_k, help="kept: in the top k"
     )
     v.add_argument(
         "--no-verify-text",
@@ -162,45 +167,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="do not check the new caption's class names",
     )
-    v.add_argument("--verify-batch-size", type=int, default=_VERIFY.batch_size)
+    v.add_argument("--verify-batch-size", type=positive_int, default=_VERIFY.batch_size)
     o = p.add_argument_group("output")
     o.add_argument(
         "--images-per-shard",
         "--samples-per-shard",  # its name before 0.2
-        type=int,
+        type=positive_int,
         default=_SYNTH.images_per_shard,
         help="input images per shard (a corpus: rows; a WebDataset tar is one shard): a shard "
         "holds the samples its images yield, fewer when some yield none (default: %(default)s)",
     )
     o.add_argument(
-        "--max-pixels", type=int, default=_SYNTH.max_pixels, help="refuse larger pictures"
+        "--max-pixels", type=positive_int, default=_SYNTH.max_pixels, help="refuse larger pictures"
     )
     o.add_argument(
-        "--contact-sheet", type=int, default=8, help="rows in contact_sheet.png (0: none)"
+        "--contact-sheet", type=nonnegative_int, default=8, help="rows in contact_sheet.png (0: none)"
     )
     o.add_argument(
-        "--batch-size", type=int, default=_SYNTH.batch_size, help="items per CPU-step batch"
+        "--batch-size", type=positive_int, default=_SYNTH.batch_size, help="items per CPU-step batch"
     )
     r = p.add_argument_group("ray (with --runner ray)")
     r.add_argument("--ray-address", default=None, help="cluster to join (default: RAY_ADDRESS)")
-    r.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
+    r.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs of a local Ray")
     r.add_argument(
         "--cpu-actors",
-        type=int,
+        type=positive_int,
         default=None,
         help="shard workers (default: the cluster's CPUs left after the model actors)",
     )
     r.add_argument(
         "--model-actors",
-        type=int,
+        type=positive_int,
         default=None,
         help="actors per model stage (default: the GPUs shared among the GPU stages; on CPU "
         "none, the shard workers run the models themselves)",
     )
-    r.add_argument("--gpus-per-actor", type=float, default=1.0)
-    r.add_argument("--model-batch-size", type=int, default=None, help="items per model call")
     r.add_argument(
-        "--in-flight", type=int, default=2, help="shard tasks queued per worker (default 2)"
+        "--gpus-per-actor", type=gpu_share, default=1.0, help="in (0, 8] (default 1)"
+    )
+    r.add_argument("--model-batch-size", type=positive_int, default=None, help="items per model call")
+    r.add_argument(
+        "--in-flight", type=positive_int, default=2, help="shard tasks queued per worker (default 2)"
     )
     r.add_argument(
         "-v",
@@ -325,13 +332,14 @@ def run(args: argparse.Namespace) -> int:
     records = inputs.records if isinstance(inputs.records, Sequence) else ()
     if config.verify.enabled and records:
         check_vocabulary(records, config.text.vocabulary)
-    what = (
-        f"{len(inputs.pieces)} pieces of {spec.root}"
-        if inputs.pieces is not None
-        else f"{len(records)} images"
-    )
+    total, failed = inputs.image_count(), len(inputs.failures)
+    what = f"{total:,} {inputs.unit}" if total is not None else f"{inputs.unit} to be counted"
+    if inputs.pieces is not None:
+        what += f" in {len(inputs.pieces):,} pieces of {spec.root}"
+    if failed:
+        what += f" ({failed:,} failed already in the reader: see status.jsonl)"
     print(f"{spec.kind}: {what} -> {args.out} ({args.runner})", file=sys.stderr)
-    progress = Progress(inputs.image_count(), inputs.shard_count(config) or 0)
+    progress = Progress(total, inputs.shard_count(config) or 0, unit=inputs.unit)
     if args.runner == "ray":
         from pipelines.synth import RayOptions, run_ray
 

@@ -1,0 +1,119 @@
+"""Every ``reason`` a row of ``status.jsonl`` can carry, with its status and what it means.
+
+This is the list the README shows (``python -m counterfactual.reasons`` prints its table; a
+test checks that the README holds it and that every reason the code writes is listed here).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    status: str
+    """``skipped`` (nothing went wrong, there is nothing to do) or ``failed``."""
+    meaning: str
+    where: str
+    """The part of the run that writes it: ``reader``, ``plan``, ``decode``, ``steps``."""
+
+
+REASONS: dict[str, Reason] = {
+    # the plan: the alpha rules and the policy (SPEC 1.1)
+    "fewer-than-two-classes": Reason(
+        "skipped", "the image has fewer than two object classes: nothing to keep beside", "plan"
+    ),
+    "no-removable-class": Reason(
+        "skipped", "no class passes the alpha rules (detail: each class's rejection)", "plan"
+    ),
+    "not-drawn": Reason(
+        "skipped", "a valid plan the uniform or spurious policy did not choose", "plan"
+    ),
+    "caption-unchanged": Reason(
+        "skipped", "the caption names no removed class (--skip-unchanged-captions)", "steps"
+    ),
+    # the reader: the annotations and the files they name
+    "bad-annotation": Reason(
+        "failed",
+        "a malformed annotation, category, caption entry or image size (detail: the entry, "
+        "its field and value)",
+        "reader",
+    ),
+    "duplicate-id": Reason(
+        "failed", "an image id seen before in the same input; the first one is processed", "plan"
+    ),
+    "duplicate-key": Reason(
+        "failed",
+        "a corpus key seen before in the same stream; the first one is processed",
+        "reader",
+    ),
+    "unsafe-path": Reason(
+        "failed",
+        "a file name that leaves the image folder (absolute, .., a symlink out)",
+        "reader",
+    ),
+    "no-caption": Reason("failed", "the image has no caption", "plan"),
+    "missing-annotation": Reason("failed", "Flickr30k: no annotation XML for the image", "reader"),
+    "missing-sentences": Reason("failed", "Flickr30k: no sentence file for the image", "reader"),
+    "missing-image": Reason("failed", "a corpus row or sample names no picture", "reader"),
+    "bad-metadata": Reason(
+        "failed", "a corpus sample's txt or json is not UTF-8, not JSON or too large", "reader"
+    ),
+    "bad-shard": Reason("failed", "a corpus file that cannot be read as a whole", "reader"),
+    # the picture
+    "missing-file": Reason("failed", "the picture (or corpus file) does not exist", "decode"),
+    "unreadable": Reason(
+        "failed", "the picture exists but cannot be read (permissions, I/O)", "decode"
+    ),
+    "read-error": Reason(
+        "failed", "a picture inside a tar or Parquet file is not where its index says", "decode"
+    ),
+    "decode-error": Reason(
+        "failed",
+        "not a picture PIL decodes: corrupt, truncated, empty or an unknown format",
+        "decode",
+    ),
+    "image-too-large": Reason(
+        "failed",
+        "more pixels than --max-pixels (decompression bombs), refused before decoding",
+        "decode",
+    ),
+    "size-mismatch": Reason(
+        "failed", "the picture's size is neither the annotated one nor its rotation", "decode"
+    ),
+    # the steps
+    "model-error": Reason(
+        "failed", "a model step raised on this item (detail: the error)", "steps"
+    ),
+    "empty-caption": Reason(
+        "failed",
+        "the rewritten caption has no words left (np-removal, captioner, perturb)",
+        "steps",
+    ),
+    "nothing-kept": Reason("failed", "prompt: no kept class to name", "steps"),
+    "no-image": Reason("failed", "captioner: the item has no picture", "steps"),
+    "bad-image": Reason("failed", "captioner: the picture is not an RGB array", "steps"),
+    "encode-error": Reason("failed", "the edited picture cannot be encoded as JPEG", "steps"),
+    "verify-removal": Reason(
+        "failed", "--filter: a removed class is still in the verifier's top k", "steps"
+    ),
+    "verify-retention": Reason(
+        "failed", "--filter: a kept class fell out of the verifier's top k", "steps"
+    ),
+    "verify-text": Reason("failed", "--filter: the caption still names a removed class", "steps"),
+    "verify-unknown-class": Reason(
+        "failed", "--verify: a class the verifier's vocabulary lacks", "steps"
+    ),
+}
+
+
+def markdown_table() -> str:
+    """The README's table of reasons, in :data:`REASONS` order."""
+    lines = ["| reason | status | meaning |", "|---|---|---|"]
+    lines += [f"| `{name}` | {r.status} | {r.meaning} |" for name, r in REASONS.items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table() + "\n")
