@@ -403,7 +403,22 @@ def _map_unordered(
         ready, _ = ray.wait(list(running), num_returns=1)
         worker = running.pop(ready[0])
         slots.append(worker)
-        yield ray.get(ready[0])
+        yield _get(ready[0])
+
+
+def _get(ref: Any) -> Any:
+    """``ray.get``, raising what a shard worker raised as itself (a disk-full ``OSError``, a
+    ``SetupError``) rather than as Ray's multi-line ``RayTaskError``; the remote traceback
+    stays on the chain for ``--debug``."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as err:
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+            raise cause from err
+        raise
 
 
 def run_ray(
