@@ -4,6 +4,8 @@
 adjectives (spaCy POS ``NOUN``, ``PROPN``, ``ADJ``), and ``in_batch_negatives`` builds the
 contrastive negatives of section 5: for a positive ``(i, e, b)`` and another sample
 ``(i', e', b')`` of the same batch, ``(i', e, b')`` and ``(i, e', b)``.
+``in_batch_negative_sets`` gives each positive several partners (all ``n - 1``, or a sampled
+number, as Sum-H and Max-H need; the losses themselves are in :mod:`counterfactual.hinge`).
 
 ``read_jsonl`` and ``perturb_records`` are what ``counterfactual perturb`` runs.
 """
@@ -95,15 +97,45 @@ def in_batch_negatives(
             j += j >= i
             if objects[j] != objects[i]:
                 break
-        other = batch[j]
-        out.append(
-            ContrastiveNegatives(
-                anchor=i,
-                partner=j,
-                image_swapped=GroundedSample(other.image, positive.expression, other.box),
-                expression_swapped=GroundedSample(positive.image, other.expression, positive.box),
+        out.append(_negatives(i, j, batch))
+    return tuple(out)
+
+
+def _negatives(anchor: int, partner: int, batch: Sequence[GroundedSample]) -> ContrastiveNegatives:
+    positive, other = batch[anchor], batch[partner]
+    return ContrastiveNegatives(
+        anchor=anchor,
+        partner=partner,
+        image_swapped=GroundedSample(other.image, positive.expression, other.box),
+        expression_swapped=GroundedSample(positive.image, other.expression, positive.box),
+    )
+
+
+def in_batch_negative_sets(
+    batch: Sequence[GroundedSample], seed: int, count: int | None = None
+) -> tuple[tuple[ContrastiveNegatives, ...], ...]:
+    """For each sample of ``batch``, in order, its negatives with ``count`` partners drawn
+    without replacement, uniformly, by a generator seeded with ``seed``, from the samples that
+    are not the same object (as in :func:`in_batch_negatives`), in batch order; all of them
+    when ``count`` is ``None`` or there are no more (Sum-H over all ``n - 1``; seed 003's
+    appendix samples 64 of a batch of 512)."""
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ValueError(f"count must be a whole number >= 1 or None, got {count!r}")
+    if len(batch) < 2:
+        raise ValueError(f"in-batch negatives need a batch of 2 or more samples, got {len(batch)}")
+    objects = [(sample.image, tuple(sample.box)) for sample in batch]
+    rng = random.Random(seed)
+    out = []
+    for i, positive in enumerate(batch):
+        others = [j for j in range(len(batch)) if objects[j] != objects[i]]
+        if not others:
+            raise ValueError(
+                f"sample {i} of the batch has no partner: every other sample is the same "
+                f"object (image {positive.image!r}, box {list(positive.box)})"
             )
-        )
+        if count is not None and count < len(others):
+            others = sorted(rng.sample(others, count))
+        out.append(tuple(_negatives(i, j, batch) for j in others))
     return tuple(out)
 
 
@@ -180,6 +212,7 @@ def perturb_records(
     seed: int = 0,
     nlp: Language | None = None,
     batch_size: int = 0,
+    negatives: int | None = 1,
 ) -> list[dict[str, Any]]:
     """The records' objects with the perturbed field(s) of ``mode`` added, in order:
 
@@ -188,12 +221,19 @@ def perturb_records(
     - ``negatives``: ``negative_partner`` (0-based index of the partner record),
       ``negative_image_swapped`` and ``negative_expression_swapped`` (each an object with
       ``image``, ``expression``, ``box``). Partners come from the same batch of ``batch_size``
-      consecutive records (0 = all records form one batch).
+      consecutive records (0 = all records form one batch). With ``negatives`` other than 1
+      (``None``: every partner of the batch; else that many, drawn), the lists
+      ``negative_partners``, ``negatives_image_swapped`` and ``negatives_expression_swapped``
+      instead, in partner order.
     """
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
     if batch_size < 0 or batch_size == 1:
         raise ValueError(f"batch_size must be 0 (one batch) or >= 2, got {batch_size}")
+    if negatives is not None and (
+        isinstance(negatives, bool) or not isinstance(negatives, int) or negatives < 1
+    ):
+        raise ValueError(f"negatives must be a whole number >= 1 or None, got {negatives!r}")
     out = [dict(record.value) for record in records]
     if mode == "shuffle":
         for index, record in enumerate(records):
@@ -213,15 +253,32 @@ def perturb_records(
         for number, indices in enumerate(_batches(len(samples), batch_size)):
             batch = [samples[i] for i in indices]
             try:
-                negatives_of_batch = in_batch_negatives(batch, record_seed(seed, number))
+                if negatives == 1:
+                    sets = tuple((n,) for n in in_batch_negatives(batch, record_seed(seed, number)))
+                else:
+                    sets = in_batch_negative_sets(batch, record_seed(seed, number), negatives)
             except ValueError as err:
                 first, last = records[indices[0]], records[indices[-1]]
                 raise ValueError(
                     f"{first.path} lines {first.line}-{last.line} (one batch): {err}"
                 ) from None
-            for negatives in negatives_of_batch:
-                fields = out[indices[negatives.anchor]]
-                fields["negative_partner"] = indices[negatives.partner]
-                fields["negative_image_swapped"] = _sample_dict(negatives.image_swapped)
-                fields["negative_expression_swapped"] = _sample_dict(negatives.expression_swapped)
+            for anchor, found in enumerate(sets):
+                _add_negatives(out[indices[anchor]], found, indices, plural=negatives != 1)
     return out
+
+
+def _add_negatives(
+    fields: dict[str, Any],
+    found: Sequence[ContrastiveNegatives],
+    indices: range,
+    plural: bool,
+) -> None:
+    if not plural:
+        (one,) = found
+        fields["negative_partner"] = indices[one.partner]
+        fields["negative_image_swapped"] = _sample_dict(one.image_swapped)
+        fields["negative_expression_swapped"] = _sample_dict(one.expression_swapped)
+        return
+    fields["negative_partners"] = [indices[n.partner] for n in found]
+    fields["negatives_image_swapped"] = [_sample_dict(n.image_swapped) for n in found]
+    fields["negatives_expression_swapped"] = [_sample_dict(n.expression_swapped) for n in found]

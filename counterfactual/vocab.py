@@ -1,12 +1,17 @@
 """Class word lists and matching of class mentions in text.
 
 A vocabulary file has one class per line: ``class name, word, word, ...`` (the first entry is
-the class name; entries may be several words, e.g. ``hot dog``). The COCO lists ship with the
-package (``data/coco_synonyms.txt``, Rohrbach et al. 2018, BSD-2-Clause, see ``data/NOTICE.md``).
+the class name; entries may be several words, e.g. ``hot dog`` or ``glass of wine``; lines
+starting with ``#`` are comments). The COCO lists ship with the package
+(``data/coco_synonyms.txt``, Rohrbach et al. 2018, BSD-2-Clause, see ``data/NOTICE.md``), and so
+do the words the examples of seed 002 need on top of them (``data/paper_synonyms.txt``:
+"equestrian" is a person, "glasses of wine" a wine glass, "bat" a baseball bat), which
+:func:`coco_vocabulary` adds by default.
 
 Matching works on tokens: a span of tokens matches an entry when the tokens' lower-cased text,
-or their lemmas, or the text with the last token lemmatised, equal the entry's words. The
-longest entry wins, so "hot dogs" is a hot dog and not a dog.
+or their lemmas, or the text with the last token lemmatised, equal the entry's words (so
+"glasses of wine" matches ``glass of wine``). The longest entry wins, so "hot dogs" is a hot dog
+and not a dog.
 """
 
 from __future__ import annotations
@@ -78,10 +83,11 @@ class ClassVocabulary:
                         f"word {' '.join(key)!r} is listed for both {entries[key]!r} and {cls!r}"
                     )
                 entries[key] = cls
+                # a mention of the entry holds all its words: one of them (the longest, the
+                # last of equals) suffices for the cheap test, and spares "of" in "glass of wine"
+                forms |= surface_forms(max(reversed(key), key=len))
                 for token in key:
-                    token_forms = surface_forms(token)
-                    forms |= token_forms
-                    for form in token_forms:
+                    for form in surface_forms(token):
                         base.setdefault(form, token)
             surface[cls] = forms
         self.classes: tuple[str, ...] = tuple(words)
@@ -91,19 +97,19 @@ class ClassVocabulary:
         self._max_len = max((len(k) for k in entries), default=1)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ClassVocabulary:
-        words: dict[str, list[str]] = {}
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                items = [w.strip() for w in line.split(",") if w.strip()]
-                if not items or line.lstrip().startswith("#"):
-                    continue
-                name = items[0]
-                if name in words:
-                    raise ValueError(f"{path}:{lineno}: class {name!r} is listed twice")
-                words[name] = list(dict.fromkeys(items[1:]))
-        if not words:
-            raise ValueError(f"{path}: no classes in vocabulary file")
+    def from_file(cls, path: str | Path, extra: Sequence[str | Path] = ()) -> ClassVocabulary:
+        """The vocabulary in ``path``, with the words of each ``extra`` file (same format) added
+        to the classes they name. ``ValueError`` names the file and line of a class listed
+        twice in one file, or of an ``extra`` class that ``path`` lacks."""
+        words = {name: items for name, (_, items) in _read_words(path).items()}
+        for more in extra:
+            for name, (lineno, items) in _read_words(more).items():
+                if name not in words:
+                    raise ValueError(
+                        f"{more}:{lineno}: class {name!r} is not in {path}; extra word lists "
+                        "may only add words to its classes"
+                    )
+                words[name] = list(dict.fromkeys([*words[name], *items]))
         return cls(words)
 
     def words(self, cls: str) -> tuple[str, ...]:
@@ -157,15 +163,37 @@ class ClassVocabulary:
         return found
 
 
+def _read_words(path: str | Path) -> dict[str, tuple[int, list[str]]]:
+    """Class name -> (line number, its other entries, deduplicated) of a vocabulary file."""
+    words: dict[str, tuple[int, list[str]]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            items = [w.strip() for w in line.split(",") if w.strip()]
+            if not items or line.lstrip().startswith("#"):
+                continue
+            name = items[0]
+            if name in words:
+                raise ValueError(f"{path}:{lineno}: class {name!r} is listed twice")
+            words[name] = (lineno, list(dict.fromkeys(items[1:])))
+    if not words:
+        raise ValueError(f"{path}: no classes in vocabulary file")
+    return words
+
+
 @cache
-def coco_vocabulary() -> ClassVocabulary:
-    """The 80 COCO classes with the word lists of Rohrbach et al. (2018)."""
-    path = resources.files("counterfactual") / "data" / "coco_synonyms.txt"
-    with resources.as_file(path) as p:
-        return ClassVocabulary.from_file(p)
+def coco_vocabulary(paper_words: bool = True) -> ClassVocabulary:
+    """The 80 COCO classes with the word lists of Rohrbach et al. (2018) and, unless
+    ``paper_words`` is false, the words seed 002's examples add (``data/paper_synonyms.txt``)."""
+    data = resources.files("counterfactual") / "data"
+    with (
+        resources.as_file(data / "coco_synonyms.txt") as coco,
+        resources.as_file(data / "paper_synonyms.txt") as paper,
+    ):
+        return ClassVocabulary.from_file(coco, [paper] if paper_words else [])
 
 
 @cache
 def load_vocabulary(path: str | None = None) -> ClassVocabulary:
-    """The vocabulary in ``path``, or COCO's when ``None``."""
+    """The vocabulary in ``path``, or :func:`coco_vocabulary` (paper words included) when
+    ``None``."""
     return coco_vocabulary() if path is None else ClassVocabulary.from_file(path)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from counterfactual.cli.common import positive_int
 from counterfactual.perturb import MODES, REQUIRED_FIELDS, perturb_records, read_jsonl
 
 EPILOG = """\
@@ -23,6 +24,9 @@ output: the same objects, in order, with fields added:
              same batch (never another expression of the same image and box),
              "negative_image_swapped": {image_j, expression_i, box_j} and
              "negative_expression_swapped": {image_i, expression_j, box_i}
+  negatives with --negatives K or all: several partners per line, for Sum-H / Max-H
+             (counterfactual.hinge): the lists "negative_partners" (ascending),
+             "negatives_image_swapped" and "negatives_expression_swapped", in that order
 
 Malformed JSON or a missing field stops the run with the file and line; nothing is written.
 """
@@ -55,17 +59,39 @@ def register(subparsers: Any) -> None:
         help="negatives: partners come from batches of N consecutive lines "
         "(default 0: the whole file is one batch)",
     )
+    parser.add_argument(
+        "--negatives",
+        type=_negatives_count,
+        default=1,
+        metavar="K|all",
+        help="negatives: partners per line, drawn from its batch without repeats, or 'all' of "
+        "them (Sum-H over n-1; seed 003's appendix samples 64); default 1",
+    )
     parser.set_defaults(func=run)
 
 
+def _negatives_count(text: str) -> int | None:
+    """argparse type of ``--negatives``: ``all`` (None) or a whole number > 0."""
+    return None if text == "all" else int(positive_int(text))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.negatives != 1 and args.mode != "negatives":
+        raise ValueError(f"--negatives {args.negatives or 'all'} needs --mode negatives")
     records = read_jsonl(args.input, REQUIRED_FIELDS[args.mode])
     nlp = None
     if args.mode == "nouns-adj":
         from counterfactual.text.nlp import load_spacy
 
         nlp = load_spacy(args.spacy_model)
-    rows = perturb_records(records, args.mode, seed=args.seed, nlp=nlp, batch_size=args.batch_size)
+    rows = perturb_records(
+        records,
+        args.mode,
+        seed=args.seed,
+        nlp=nlp,
+        batch_size=args.batch_size,
+        negatives=args.negatives,
+    )
     with Path(args.output).open("w", encoding="utf-8") as handle:
         for row in rows:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")

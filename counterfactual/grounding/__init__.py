@@ -3,6 +3,8 @@
 * :mod:`~counterfactual.grounding.metrics` (Toloka VQA, Ustalov et al., 2023): IoU, AIoU,
   accuracy at IoU thresholds and Krippendorff's alpha with distance ``1 - IoU``. Boxes are
   ``xyxy`` pixels: ``(left, top, right, bottom)``.
+* :mod:`~counterfactual.grounding.intervals`: the paper's Table 1, 95% confidence intervals of
+  image, box and question sizes per subset.
 * :mod:`~counterfactual.grounding.persons` (Luo et al., 2022, debiasing *Who's Waldo*):
   caption-context filters and the heuristic baselines of person grounding. Boxes are ``xywh``
   pixels: ``(x, y, width, height)`` with ``(x, y)`` the top-left corner.
@@ -11,6 +13,15 @@ Importing this package loads neither spaCy nor a model: :class:`CaptionFilter` t
 pipeline loaded by the caller (e.g. :func:`counterfactual.text.nlp.load_spacy`).
 """
 
+from counterfactual.grounding.intervals import (
+    TABLE1_COLUMNS,
+    Interval,
+    SubsetIntervals,
+    format_table1,
+    mean_interval,
+    subset_intervals,
+    table1_values,
+)
 from counterfactual.grounding.metrics import (
     AlignedBoxes,
     GroundingScores,
@@ -55,6 +66,13 @@ from counterfactual.grounding.persons import (
 __all__ = [
     "FIRST_NAMES",
     "NAME_TOKEN",
+    "TABLE1_COLUMNS",
+    "Interval",
+    "SubsetIntervals",
+    "format_table1",
+    "mean_interval",
+    "subset_intervals",
+    "table1_values",
     "AlignedBoxes",
     "CaptionFilter",
     "DropReason",

@@ -1,7 +1,8 @@
 """``np-removal``: drop the noun phrases that mention a removed class (Kim et al., Sec. 3.3).
 
 COCO-style captions: spaCy ``noun_chunks``; a chunk is dropped when any of its tokens matches a
-word of a removed class (see :mod:`counterfactual.vocab`). Flickr30k captions carry annotated
+word of a removed class (see :mod:`counterfactual.vocab`; an entry that runs over several chunks,
+"Two glasses of wine", drops them and the words between them as one phrase). Flickr30k captions carry annotated
 phrases with types: a phrase is dropped when one of its types is removed, without parsing.
 With ``TextConfig.repair`` the rewritten captions are parsed once more and the words left
 dangling at the cuts are dropped (:mod:`counterfactual.text.repair`).
@@ -32,15 +33,29 @@ class _Chunk:
 
 
 def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
-    """The noun chunks of a parsed ``doc`` that mention a class: character spans and classes."""
-    found = []
-    for chunk in doc.noun_chunks:
-        mentions = vocabulary.match([t.text for t in chunk])
-        if mentions:
-            found.append(
-                _Chunk(chunk.start_char, chunk.end_char, frozenset(m.cls for m in mentions))
-            )
-    return tuple(found)
+    """The noun chunks of a parsed ``doc`` that mention a class: character spans and classes.
+
+    Words are matched over the whole ``doc``, so an entry that spaCy splits over several chunks
+    is one mention ("Two glasses of wine" is the chunks "Two glasses" and "wine" and matches
+    ``glass of wine``): the span then runs from the first chunk it touches to the last, words
+    between them included. A mention that touches no noun chunk does not count."""
+    chunks = [(chunk.start, chunk.end) for chunk in doc.noun_chunks]
+    if not chunks:
+        return ()
+    groups: list[tuple[int, int, frozenset[str]]] = []  # token start, end, classes
+    for mention in vocabulary.match([t.text for t in doc]):
+        touched = [(s, e) for s, e in chunks if s < mention.end and mention.start < e]
+        if not touched:
+            continue
+        start, end = min(touched[0][0], mention.start), max(touched[-1][1], mention.end)
+        if groups and start < groups[-1][1]:  # the chunk of the mention before
+            last_start, last_end, classes = groups[-1]
+            groups[-1] = (last_start, max(last_end, end), classes | {mention.cls})
+        else:
+            groups.append((start, end, frozenset({mention.cls})))
+    return tuple(
+        _Chunk(doc[s:e].start_char, doc[s:e].end_char, classes) for s, e, classes in groups
+    )
 
 
 class NounPhraseRemover:
