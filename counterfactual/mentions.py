@@ -26,7 +26,9 @@ from counterfactual.text.nlp import default_model_name, load_spacy
 from counterfactual.text.np_removal import chunk_mentions
 from counterfactual.vocab import ClassVocabulary, load_vocabulary
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+"""Bumped when matching changes (2: entries matched across noun chunks, 'glasses of wine'),
+so a cache made by older code is recomputed."""
 
 
 class MentionIndexer:
