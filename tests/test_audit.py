@@ -169,20 +169,107 @@ def test_read_vocabulary_and_texts(tmp_path: Path) -> None:
     assert items[0].where == f"{qa} line 1"
 
 
+def test_read_texts_vcr_object_references(tmp_path: Path) -> None:
+    qa = tmp_path / "vcr.jsonl"
+    rows = [
+        {"question": ["What", "is", [0], "doing", "?"], "objects": ["person", "dog"]},
+        {"question": ["Is", [1], "with", [0, 2], "?"], "objects": ["person", "dog", "person"]},
+        {"question": ["Why", "is", [15], "here", "?"], "objects": ["person"] * 16},
+        {"question": ["What", "is", [0], "doing", "?"]},  # no objects: references left out
+    ]
+    qa.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    texts = [i.text for i in read_texts(qa, ["question"], objects_field="objects")]
+    assert texts == [
+        "What is Casey doing ?",
+        "Is dog with Casey Jessie ?",
+        "Why is Quinn here ?",  # past the 15 names: the last one, as the authors
+        "What is doing ?",
+    ]
+    assert [i.text for i in read_texts(qa, ["question"])][0] == "What is doing ?"
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"q": ["Is", [2], "?"], "objects": ["person"]}, "object reference 2 is outside the 1"),
+        ({"q": ["Is", ["x"], "?"], "objects": ["person"]}, r"object reference \['x'\] is not"),
+        (
+            {"q": ["Is", [0], "?"], "objects": "person"},
+            "field 'objects' must be a list of class names",
+        ),
+    ],
+)
+def test_read_texts_bad_object_references(
+    tmp_path: Path, row: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "vcr.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=f"{path} line 1: {message}"):
+        read_texts(path, ["q"], objects_field="objects")
+
+
 # --------------------------------------------------------------------------- templates
 
 
 @pytest.mark.parametrize(
-    ("question", "template"),
+    ("question", "fine", "all_tags", "coarse"),
     [
-        ("What is Casey doing?", "what is PROPN VERB ?"),
-        ("Why is Riley so happy?", "why is PROPN so ADJ ?"),
-        ("How does Casey feel?", "how does PROPN VERB ?"),
-        ("What is Casey's relationship with Riley?", "what is PROPN 's NOUN with PROPN ?"),
+        # the issue's example: adverbs become RB, auxiliaries and question words stay
+        (
+            "Why is Casey acting so strangely?",
+            "why is NNP VBG RB RB ?",
+            "why VBZ NNP VBG RB RB ?",
+            "why is PROPN VERB so strangely ?",
+        ),
+        # the paper's footnote 8: "What is [person1] doing?" -> "What VBZ NNP VBG?"
+        ("What is Casey doing?", "what is NNP VBG ?", "what VBZ NNP VBG ?", "what is PROPN VERB ?"),
+        (
+            "Why is Riley so happy?",
+            "why is NNP RB JJ ?",
+            "why VBZ NNP RB JJ ?",
+            "why is PROPN so ADJ ?",
+        ),
+        ("How does Casey feel?", "how does NNP VB ?", "how VBZ NNP VB ?", "how does PROPN VERB ?"),
+        (
+            "What will Casey do next?",
+            "what will NNP VB RB ?",
+            "what MD NNP VB RB ?",
+            "what will PROPN VERB next ?",
+        ),
+        ("What can Casey see?", "what can NNP VB ?", "what MD NNP VB ?", "what can PROPN VERB ?"),
+        (
+            "Where was Riley previously?",
+            "where was NNP RB ?",
+            "where VBD NNP RB ?",
+            "where was PROPN previously ?",
+        ),
+        (
+            "Which man is the groom?",
+            "which NN is the NN ?",
+            "which NN VBZ DT NN ?",
+            "which NOUN is the NOUN ?",
+        ),
+        ("Whose car is that?", "whose NN is that ?", "whose NN VBZ DT ?", "whose NOUN is that ?"),
+        (
+            "What is Casey's relationship with Riley?",
+            "what is NNP 's NN with NNP ?",
+            "what VBZ NNP POS NN IN NNP ?",
+            "what is PROPN 's NOUN with PROPN ?",
+        ),
     ],
 )
-def test_question_template_real_spacy(nlp: Any, question: str, template: str) -> None:
-    assert QuestionTemplater(nlp)([question]) == [template]
+def test_question_template_real_spacy(
+    nlp: Any, question: str, fine: str, all_tags: str, coarse: str
+) -> None:
+    """Expected values are what en_core_web_sm tags, checked by hand against the rules."""
+    assert QuestionTemplater(nlp)([question]) == [fine]  # fine is the default
+    assert QuestionTemplater(nlp, tags="all")([question]) == [all_tags]
+    assert QuestionTemplater(nlp, tags="coarse")([question]) == [coarse]
+
+
+def test_question_template_rejects_unknown_mode(nlp: Any) -> None:
+    with pytest.raises(ValueError, match="tags must be one of fine, coarse, all; got 'penn'"):
+        QuestionTemplater(nlp, tags="penn")
 
 
 FIRST_WORD = TableEmbedder({"what": [1, 0, 0], "why": [0, 1, 0], "how": [0, 0, 1]}, True)
@@ -259,8 +346,11 @@ def _relevance(question: str, answers: Sequence[str]) -> np.ndarray:
     return np.array([0.1 if a == "E" else 0.9 for a in answers])
 
 
+GREEDY = DistractorConfig(method="greedy")
+
+
 def test_distractors_greedy_exact() -> None:
-    selector = DistractorSelector(POOL, TableEmbedder(VECTORS), relevance=_relevance)
+    selector = DistractorSelector(POOL, TableEmbedder(VECTORS), GREEDY, relevance=_relevance)
     choice = selector("Q", "R")
     # step 1: A .8, B .6, C 10 (below the 0.2 floor), D .28 -> D; E is not relevant
     # step 2: A .8+.8=1.6, B .6+10 (B.D=.168 < .2), C 10+.96 -> A
@@ -273,15 +363,15 @@ def test_distractors_greedy_exact() -> None:
 
 
 def test_distractors_incomplete_when_too_few_relevant() -> None:
-    config = DistractorConfig(k=5)
+    config = DistractorConfig(k=5, method="greedy")
     choice = DistractorSelector(POOL, TableEmbedder(VECTORS), config, _relevance)("Q", "R")
     assert [d.text for d in choice.distractors] == ["D", "A", "B", "C"]
-    assert (choice.eligible, choice.complete) == (4, False)
+    assert (choice.eligible, choice.complete, choice.reason) == (4, False, "too-few-relevant")
 
 
 def test_distractors_default_relevance_is_question_similarity() -> None:
     # relevance to Q = (0, 0, 1): A 0, B .8, C 0, D 0, E .96 -> only B and E are eligible
-    config = DistractorConfig(k=2, min_relevance=0.5)
+    config = DistractorConfig(k=2, method="greedy", min_relevance=0.5)
     choice = DistractorSelector(POOL, TableEmbedder(VECTORS), config)("Q", "R")
     # step 1: B .6, E .28 -> E; step 2: B .6 + .936 -> B
     assert [d.text for d in choice.distractors] == ["E", "B"]
@@ -291,7 +381,9 @@ def test_distractors_default_relevance_is_question_similarity() -> None:
 def test_distractors_skip_the_right_answer_and_duplicates() -> None:
     vectors = {**VECTORS, "r": VECTORS["R"], "a": VECTORS["A"]}
     selector = DistractorSelector(
-        ["A", " a", "r", "B", ""], TableEmbedder(vectors), DistractorConfig(k=3, min_relevance=-1)
+        ["A", " a", "r", "B", ""],
+        TableEmbedder(vectors),
+        DistractorConfig(k=3, method="greedy", min_relevance=-1),
     )
     assert selector.pool == ("A", "r", "B")
     choice = selector("Q", "R")
@@ -301,7 +393,14 @@ def test_distractors_skip_the_right_answer_and_duplicates() -> None:
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"k": 0}, "k must be >= 1"), ({"too_dissimilar_penalty": 1.0}, "must exceed 1")],
+    [
+        ({"k": 0}, "k must be >= 1"),
+        ({"too_dissimilar_penalty": 1.0}, "must exceed 1"),
+        ({"too_dissimilar_penalty": float("inf")}, "must exceed 1"),
+        ({"method": "vcr"}, "method must be one of authors, greedy; got 'vcr'"),
+        ({"min_relevance": float("nan")}, "min_relevance must be a finite number, got nan"),
+        ({"min_similarity": 1.5}, r"min_similarity must be a cosine in \[-1, 1\], got 1.5"),
+    ],
 )
 def test_distractor_config_rejects(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -311,6 +410,80 @@ def test_distractor_config_rejects(options: dict[str, Any], message: str) -> Non
 def test_distractors_empty_pool() -> None:
     with pytest.raises(ValueError, match="pool is empty"):
         DistractorSelector(["", "  "], TableEmbedder(VECTORS))
+
+
+# The authors' generate_answer_choices on a pool of seven (F, G added to the vectors above):
+# R.F .6, R.G 0; F.A .96, F.B .36, F.C .8, F.D .936, F.G .48, D.A .8, D.G .576, G.B .48
+TOY = {**VECTORS, "F": [0.6, 0.8, 0.0], "G": [0.0, 0.6, 0.8]}
+TOY_POOL = ["A", "B", "C", "D", "E", "F", "G"]
+
+
+def test_distractors_authors_buckets_exact() -> None:
+    choice = DistractorSelector(TOY_POOL, TableEmbedder(TOY), relevance=_relevance)("Q", "R")
+    # buckets of 7 // 3 = 2 in pool order: {A, B} {C, D} {E, F}; G (the remainder) never
+    # pick 0: A .8, B .6 -> B
+    # pick 1: C 10 + f(C.B=0)=10 -> 20, D .28 + f(D.B=.168)=10 -> 10.28 -> D
+    # pick 2: E is not relevant; F .6 + f(F.B)=.36 + f(F.D)=.936 -> 1.896 -> F
+    assert [(d.text, d.bucket) for d in choice.distractors] == [("B", 0), ("D", 1), ("F", 2)]
+    assert [d.score for d in choice.distractors] == pytest.approx([0.6, 10.28, 1.896])
+    assert [d.pool_index for d in choice.distractors] == [1, 3, 5]
+    assert (choice.eligible, choice.complete, choice.reason) == (5, True, None)
+
+
+def test_distractors_greedy_differs_from_authors_on_the_same_pool() -> None:
+    choice = DistractorSelector(TOY_POOL, TableEmbedder(TOY), GREEDY, _relevance)("Q", "R")
+    # step 1: A .8, B .6, C 10, D .28, F .6, G 10 -> D
+    # step 2: A .8+.8=1.6, B .6+10, C 10+.96, F .6+.936=1.536, G 10+.576 -> F
+    # step 3: A 1.6+.96=2.56, B 10.6+.36, C 10.96+.8, G 10.576+.48 -> A
+    assert [(d.text, d.bucket) for d in choice.distractors] == [
+        ("D", None),
+        ("F", None),
+        ("A", None),
+    ]
+    assert [d.score for d in choice.distractors] == pytest.approx([0.28, 1.536, 2.56])
+    assert (choice.eligible, choice.complete) == (6, True)
+
+
+def test_distractors_authors_empty_bucket_leaves_its_pick_out() -> None:
+    def relevance(question: str, answers: Sequence[str]) -> np.ndarray:
+        return np.array([0.1 if a in "CDE" else 0.9 for a in answers])
+
+    choice = DistractorSelector(TOY_POOL, TableEmbedder(TOY), relevance=relevance)("Q", "R")
+    # pick 0: B .6; bucket 1 has no relevant answer; pick 2: F .6 + f(F.B)=.36 -> .96
+    assert [(d.text, d.bucket) for d in choice.distractors] == [("B", 0), ("F", 2)]
+    assert choice.distractors[1].score == pytest.approx(0.96)
+    # eligible: A, B (bucket 0) and F (bucket 2)
+    assert (choice.eligible, choice.complete, choice.reason) == (3, False, "too-few-relevant")
+
+
+@pytest.mark.parametrize(
+    ("method", "picked"),
+    [("authors", "B"), ("greedy", "D")],  # relevance == threshold: authors need more (> 0.5)
+)
+def test_distractors_relevance_threshold_boundary(method: str, picked: str) -> None:
+    def relevance(question: str, answers: Sequence[str]) -> np.ndarray:
+        return np.array([0.5 if a == "D" else 0.9 for a in answers])
+
+    config = DistractorConfig(k=1, method=method, min_relevance=0.5)
+    choice = DistractorSelector(["D", "B", "C"], TableEmbedder(TOY), config, relevance)("Q", "R")
+    assert [d.text for d in choice.distractors] == [picked]  # D .28 < B .6 < C 10
+
+
+def test_distractors_authors_skip_the_right_answer_in_a_bucket() -> None:
+    config = DistractorConfig(k=1, min_relevance=-1)
+    choice = DistractorSelector(["r", "C", "G"], TableEmbedder({**TOY, "r": TOY["R"]}), config)(
+        "Q", "R"
+    )
+    # "r" (score 1.0) is the right answer; C and G both score 10: the lower index wins
+    assert [d.text for d in choice.distractors] == ["C"]
+    assert choice.eligible == 2
+
+
+def test_distractors_authors_pool_smaller_than_k() -> None:
+    selector = DistractorSelector(["A", "B"], TableEmbedder(TOY), DistractorConfig(k=3))
+    assert selector.buckets() == [range(0, 0)] * 3
+    choice = selector("Q", "R")
+    assert (choice.distractors, choice.eligible, choice.complete) == ((), 0, False)
 
 
 # --------------------------------------------------------------------------- real model
@@ -338,10 +511,11 @@ def test_packaged_minilm_clusters_templates(minilm: Any, nlp: Any) -> None:
     assert vectors.shape == (5, 384) and vectors.dtype == np.float32
     assert np.linalg.norm(vectors, axis=1) == pytest.approx(np.ones(5), abs=1e-5)
     templates = QuestionTemplater(nlp)(questions)
-    assert templates[2] == templates[3] == "what will PROPN VERB next ?"
+    assert templates[2] == templates[3] == "what will NNP VB RB ?"
+    assert templates[0] == templates[4] == "why is NNP RB JJ ?"
     result = cluster_templates(templates, minilm, n_clusters=2)
     labels = result.labels
-    assert labels[0] == labels[1] == labels[4]  # the "why is PROPN (so) ADJ ?" questions
+    assert labels[0] == labels[1] == labels[4]  # the "why is NNP (RB) JJ ?" questions
     assert labels[2] == labels[3] != labels[0]
     assert [c.size for c in result.clusters] == [3, 2]
 
@@ -393,29 +567,62 @@ def test_cli_oov(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_templates(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("counterfactual.cli.audit.load_embedder", lambda device: FIRST_WORD)
+    models: list[str] = []
+
+    def load(model: str, device: str) -> TableEmbedder:
+        models.append(model)
+        return FIRST_WORD
+
+    monkeypatch.setattr("counterfactual.cli.audit.load_embedder", load)
     questions = tmp_path / "q.txt"
     questions.write_text("What is Casey doing?\nWhy is Riley so happy?\nWhat is Jessie doing?\n")
     out = tmp_path / "assign.jsonl"
     argv = ["audit", "templates", "--input", str(questions), "--clusters", "5"]
     assert main([*argv, "--output", str(out)]) == 0
+    assert models == ["sentence-transformers/all-MiniLM-L6-v2"]
     result = json.loads(capsys.readouterr().out)
     assert (result["questions"], result["distinct_templates"]) == (3, 2)
     assert [c["size"] for c in result["clusters"]] == [2, 1]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0] == {
         "question": "What is Casey doing?",
-        "template": "what is PROPN VERB ?",
+        "template": "what is NNP VBG ?",
         "cluster": 0,
     }
-    assert rows[1]["cluster"] == 1 and rows[2]["cluster"] == 0
+    assert rows[1] == {
+        "question": "Why is Riley so happy?",
+        "template": "why is NNP RB JJ ?",
+        "cluster": 1,
+    }
+    assert rows[2]["cluster"] == 0
+    assert main([*argv, "--output", str(out), "--tags", "coarse", "--model", "x/y"]) == 0
+    assert [json.loads(line)["template"] for line in out.read_text().splitlines()] == [
+        "what is PROPN VERB ?",
+        "why is PROPN so ADJ ?",
+        "what is PROPN VERB ?",
+    ]
+    assert models[-1] == "x/y"
+
+
+def test_cli_templates_reads_vcr_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("counterfactual.cli.audit.load_embedder", lambda model, device: FIRST_WORD)
+    vcr = tmp_path / "val.jsonl"
+    record = {"question": ["What", "is", [0], "doing", "?"], "objects": ["person", "car"]}
+    vcr.write_text(json.dumps(record) + "\n")
+    out = tmp_path / "assign.jsonl"
+    assert main(["audit", "templates", "--input", str(vcr), "--output", str(out)]) == 0
+    capsys.readouterr()
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (row["question"], row["template"]) == ("What is Casey doing ?", "what is NNP VBG ?")
 
 
 def test_cli_distractors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        "counterfactual.cli.audit.load_embedder", lambda device: TableEmbedder(VECTORS)
+        "counterfactual.cli.audit.load_embedder", lambda model, device: TableEmbedder(VECTORS)
     )
     qa = tmp_path / "qa.jsonl"
     qa.write_text(json.dumps({"id": 1, "question": "Q", "answer": "R"}) + "\n")
@@ -423,10 +630,17 @@ def test_cli_distractors(
     pool.write_text("\n".join(POOL) + "\n")
     out = tmp_path / "out.jsonl"
     argv = ["audit", "distractors", "--input", str(qa), "--pool", str(pool), "--output", str(out)]
-    assert main([*argv, "--k", "2", "--min-relevance", "0.5"]) == 0
+    assert main([*argv, "--k", "2", "--min-relevance", "0.5", "--method", "greedy"]) == 0
     assert json.loads(capsys.readouterr().out) == {"questions": 1, "complete": 1, "incomplete": 0}
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["id"] == 1 and [d["text"] for d in row["distractors"]] == ["E", "B"]
+    # authors (default): buckets {A, B} {C, D}, E left over; relevance to Q: B .8, E .96,
+    # the rest 0 -> B from bucket 0, nothing from bucket 1
+    assert main([*argv, "--k", "2", "--min-relevance", "0.5"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"questions": 1, "complete": 0, "incomplete": 1}
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(d["text"], d["bucket"]) for d in row["distractors"]] == [("B", 0)]
+    assert (row["complete"], row["reason"]) == (False, "too-few-relevant")
 
 
 def test_cli_audit_help_documents_formats(capsys: pytest.CaptureFixture[str]) -> None:

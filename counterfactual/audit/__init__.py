@@ -2,26 +2,37 @@
 
 * :mod:`~counterfactual.audit.groups`: per-group accuracy and the gap to a reference group.
 * :mod:`~counterfactual.audit.oov`: out-of-vocabulary rate against a training vocabulary.
-* :mod:`~counterfactual.audit.templates`: question templates (content words -> POS tags)
-  clustered with K-Means on sentence embeddings.
+* :mod:`~counterfactual.audit.templates`: question templates (content words -> Penn or
+  universal POS tags) clustered with K-Means on sentence embeddings.
 * :mod:`~counterfactual.audit.distractors`: wrong-answer candidates from a pool, relevant to
-  the question and dissimilar to the right answer and to each other.
-* :mod:`~counterfactual.audit.embed`: the embedder protocol and the packaged MiniLM model.
+  the question and dissimilar to the right answer and to each other (the authors' bucketed
+  algorithm, or a greedy one).
+* :mod:`~counterfactual.audit.embed`: the embedder protocol, sentence-transformers models by
+  name, and the packaged MiniLM model (the offline default).
 * :mod:`~counterfactual.audit.io`: JSON Lines / CSV / text readers with file-and-line errors.
 
 Heavy libraries (scikit-learn, sentence-transformers) are imported only when used.
 """
 
 from counterfactual.audit.distractors import (
+    METHODS,
     Distractor,
     DistractorChoice,
     DistractorConfig,
     DistractorSelector,
 )
-from counterfactual.audit.embed import Embedder, MiniLMEmbedder
+from counterfactual.audit.embed import (
+    DEFAULT_MODEL,
+    PAPER_MODEL,
+    Embedder,
+    MiniLMEmbedder,
+    SentenceEmbedder,
+    load_sentence_embedder,
+)
 from counterfactual.audit.groups import GroupAccuracy, GroupReport, Outcome, group_accuracy
 from counterfactual.audit.oov import OOVReport, build_vocabulary, oov_by_group, oov_rate
 from counterfactual.audit.templates import (
+    TAG_MODES,
     QuestionTemplater,
     TemplateClustering,
     cluster_templates,
@@ -29,6 +40,10 @@ from counterfactual.audit.templates import (
 )
 
 __all__ = [
+    "DEFAULT_MODEL",
+    "METHODS",
+    "PAPER_MODEL",
+    "TAG_MODES",
     "Distractor",
     "DistractorChoice",
     "DistractorConfig",
@@ -40,10 +55,12 @@ __all__ = [
     "OOVReport",
     "Outcome",
     "QuestionTemplater",
+    "SentenceEmbedder",
     "TemplateClustering",
     "build_vocabulary",
     "cluster_templates",
     "group_accuracy",
+    "load_sentence_embedder",
     "oov_by_group",
     "oov_rate",
     "question_template",

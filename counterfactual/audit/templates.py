@@ -1,9 +1,21 @@
-"""Question templates (GD-VCR, Yin et al., 2021, section 3.2.1 and appendix A.2): content
-words are replaced by their POS tags, keeping question words and auxiliaries
-("What is Casey doing?" -> "what is PROPN VERB ?"), and the templates are clustered with
-K-Means on their sentence embeddings (at most 20 clusters, 200 iterations in the paper).
+"""Question templates (GD-VCR, Yin et al., 2021, section 3.2.1, its footnote 8, and appendix
+A.2): content words become POS tags while question words and auxiliaries stay, and the
+templates are clustered with K-Means on their sentence embeddings (at most 20 clusters, 200
+iterations).
 
-POS tags are spaCy's universal tags; other tokens are lower-cased, and tokens are joined by
+Three tag modes (:data:`TAG_MODES`), all with spaCy's tagger (the paper used NLTK's, which
+gives the same Penn Treebank tag set):
+
+* ``fine`` (the paper's text): nouns, proper nouns, verbs, adjectives and adverbs (spaCy POS
+  ``NOUN PROPN VERB ADJ ADV``) become their fine-grained Penn tag (``NN NNP VBG JJ RB`` ...);
+  question words (tags ``WDT WP WP$ WRB``) and auxiliaries (POS ``AUX``: is, does, can, will)
+  stay as words. "Why is Casey acting so strangely?" -> "why is NNP VBG RB RB ?".
+* ``all`` (the footnote's example): question words stay, every other word becomes its Penn
+  tag, auxiliaries included: "What is Casey doing?" -> "what VBZ NNP VBG ?".
+* ``coarse`` (this project's earlier rule): ``NOUN PROPN ADJ VERB NUM`` become their universal
+  POS, adverbs stay: "What is Casey doing?" -> "what is PROPN VERB ?".
+
+In every mode punctuation and the other kept tokens are lower-cased, and tokens are joined by
 single spaces.
 """
 
@@ -19,36 +31,52 @@ import numpy as np
 from counterfactual._lazy import require
 from counterfactual.audit.embed import Embedder, embed_normalized
 
+TAG_MODES = ("fine", "coarse", "all")
+FINE_POS = frozenset({"NOUN", "PROPN", "VERB", "ADJ", "ADV"})
+"""Replaced by their Penn tag in ``fine`` mode."""
 CONTENT_POS = frozenset({"NOUN", "PROPN", "ADJ", "VERB", "NUM"})
+"""Replaced by their universal POS in ``coarse`` mode."""
+QUESTION_TAGS = frozenset({"WDT", "WP", "WP$", "WRB"})
+"""Penn tags of question words (which, what, whose, why, how, where, ...), kept as words."""
 
 
-def question_template(doc: Iterable[Any], content_pos: frozenset[str] = CONTENT_POS) -> str:
+def _check_mode(tags: str) -> None:
+    if tags not in TAG_MODES:
+        raise ValueError(f"tags must be one of {', '.join(TAG_MODES)}; got {tags!r}")
+
+
+def _token_template(token: Any, tags: str) -> str:
+    if tags == "coarse":
+        return token.pos_ if token.pos_ in CONTENT_POS else token.text.lower()
+    if token.tag_ in QUESTION_TAGS or token.pos_ == "PUNCT":
+        return token.text.lower()
+    if tags == "all" or (token.pos_ in FINE_POS and token.pos_ != "AUX"):
+        return token.tag_
+    return token.text.lower()
+
+
+def question_template(doc: Iterable[Any], tags: str = "fine") -> str:
     """The template of one parsed question (a spaCy ``Doc`` or any sequence of tokens with
-    ``pos_`` and ``text``)."""
-    return " ".join(
-        token.pos_ if token.pos_ in content_pos else token.text.lower()
-        for token in doc
-        if not token.is_space
-    )
+    ``text``, ``tag_`` and ``pos_``) in tag mode ``tags``."""
+    _check_mode(tags)
+    return " ".join(_token_template(token, tags) for token in doc if not token.is_space)
 
 
 class QuestionTemplater:
-    """Questions -> templates with one spaCy pipeline (needs a tagger), loaded by the caller."""
+    """Questions -> templates with one spaCy pipeline (needs a tagger and the attribute
+    ruler, which sets ``AUX``), loaded by the caller."""
 
-    def __init__(
-        self, nlp: Any, content_pos: frozenset[str] = CONTENT_POS, batch_size: int = 256
-    ) -> None:
-        if not content_pos:
-            raise ValueError("content_pos must name at least one POS tag")
+    def __init__(self, nlp: Any, tags: str = "fine", batch_size: int = 256) -> None:
+        _check_mode(tags)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.nlp = nlp
-        self.content_pos = frozenset(content_pos)
+        self.tags = tags
         self.batch_size = batch_size
 
     def __call__(self, questions: Sequence[str]) -> list[str]:
         docs = self.nlp.pipe(list(questions), batch_size=self.batch_size)
-        return [question_template(doc, self.content_pos) for doc in docs]
+        return [question_template(doc, self.tags) for doc in docs]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +128,15 @@ def cluster_templates(
     seed: int = 0,
     max_iter: int = 200,
 ) -> TemplateClustering:
-    """K-Means (scikit-learn) over the embeddings of the distinct templates, each weighted by
-    how many questions have it, with ``min(n_clusters, #distinct embeddings)`` clusters."""
+    """K-Means (scikit-learn) over the unit-length embeddings of the distinct templates, each
+    weighted by how many questions have it (the same as clustering every question), with
+    ``min(n_clusters, #distinct embeddings)`` clusters.
+
+    As the paper: at most ``n_clusters`` (20) clusters and ``max_iter`` (200) Lloyd
+    iterations, stopping earlier only when no assignment changes (``tol=0``). The paper
+    gives no rule for choosing k below 20 (the authors' script used 10); the initialisation
+    here is k-means++, best of 10 seeded runs, where the script used one random draw.
+    """
     if n_clusters < 1:
         raise ValueError(f"n_clusters must be >= 1, got {n_clusters}")
     if max_iter < 1:
@@ -113,7 +148,7 @@ def cluster_templates(
     vectors = embed_normalized(embed, distinct)
     k = min(n_clusters, len(np.unique(vectors, axis=0)))  # no more clusters than points
     cluster = require("sklearn.cluster", "tools")
-    kmeans = cluster.KMeans(n_clusters=k, n_init=10, max_iter=max_iter, random_state=seed)
+    kmeans = cluster.KMeans(n_clusters=k, n_init=10, max_iter=max_iter, tol=0.0, random_state=seed)
     raw = kmeans.fit_predict(vectors, sample_weight=np.array([counts[t] for t in distinct]))
     label_of = dict(zip(distinct, (int(x) for x in raw), strict=True))
     sizes = Counter(label_of[t] for t in templates)

