@@ -1,16 +1,85 @@
-"""Import optional heavy dependencies with an install hint when they are missing."""
+"""Import optional heavy dependencies with an install hint when they are missing or broken."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import re
 from types import ModuleType
+
+_CHECK_TORCHVISION = ("transformers", "diffusers")
+"""Libraries whose vision models import torchvision when it is installed."""
+_BROKEN = (RuntimeError, ImportError, OSError, AttributeError)
+
+
+class BrokenDependency(ValueError):
+    """An installed package that fails at import; the message says how to fix it, on one line."""
 
 
 def require(module: str, extra: str) -> ModuleType:
-    """Import ``module`` or raise ``ImportError`` saying which extra installs it."""
+    """Import ``module`` or raise ``ImportError`` saying which extra installs it.
+
+    Before transformers or diffusers, :func:`check_torchvision`: a broken torchvision makes
+    their vision models fail at load time with an error that does not name it.
+    """
+    if module in _CHECK_TORCHVISION:
+        check_torchvision()
     try:
         return importlib.import_module(module)
     except ImportError as err:
         raise ImportError(
             f"{module!r} is needed here but not installed: pip install 'counterfactual[{extra}]'"
         ) from err
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def matching_torchvision(torch_version: str | None) -> str | None:
+    """The torchvision release series built for a torch version (``"2.13.0+cpu"`` ->
+    ``"0.28.*"``: torch 2.N pairs with torchvision 0.(N+15)), or ``None`` when unknown."""
+    found = re.match(r"2\.(\d+)\.", torch_version or "")
+    return f"0.{int(found.group(1)) + 15}.*" if found else None
+
+
+def check_torchvision() -> None:
+    """Raise :class:`BrokenDependency` when torchvision is installed but fails at import (e.g.
+    PyPI's CUDA build beside a CPU torch: ``operator torchvision::nms does not exist``).
+
+    An absent torchvision is fine: transformers then uses its PIL image processors.
+    """
+    try:
+        importlib.import_module("torchvision")
+    except ModuleNotFoundError as err:
+        if err.name == "torchvision":
+            return
+        raise _broken(err) from err
+    except _BROKEN as err:
+        raise _broken(err) from err
+
+
+def install_hint(torch_version: str | None) -> str:
+    """The pip command that installs the torchvision built for this torch: from PyTorch's index
+    for its CPU or CUDA build (``+cpu``, ``+cu128``), from PyPI for PyPI's own torch."""
+    series = matching_torchvision(torch_version)
+    pin = f"'torchvision=={series}'" if series else "torchvision"
+    local = (torch_version or "").partition("+")[2]
+    if re.fullmatch(r"cpu|cu\d+|rocm[\d.]+", local):
+        return f"pip install {pin} --index-url https://download.pytorch.org/whl/{local}"
+    return f"pip install {pin}"
+
+
+def _broken(err: BaseException) -> BrokenDependency:
+    vision = _version("torchvision") or "(version unknown)"
+    torch = _version("torch")
+    cause = " ".join(str(err).split()) or type(err).__name__
+    return BrokenDependency(
+        f"torchvision {vision} is installed but does not work with torch "
+        f"{torch or '(not installed)'} ({cause}): install the build that matches torch "
+        f"({install_hint(torch)}) or pip uninstall torchvision (transformers then uses its "
+        "slower PIL image processors)"
+    )

@@ -1,17 +1,18 @@
 """Open-vocabulary detection: boxes for corpora without them (CC3M, LAION), so that the alpha
 rules can run on their images.
 
-An OWLv2 model (``Owlv2ForObjectDetection``, a hub id or a ``save_pretrained`` folder) is asked,
-per image, for the vocabulary classes its caption mentions (``queries="caption"``), for the
-whole vocabulary when the caption mentions any class (``"caption+vocabulary"``), or for the
-whole vocabulary always (``"vocabulary"``); each class becomes the text ``template.format(name)``.
+A transformers zero-shot detector (a hub id or a ``save_pretrained`` folder: OWLv2, Grounding
+DINO or MM-Grounding-DINO, told apart by the saved config's ``model_type``) is asked, per image,
+for the vocabulary classes its caption mentions (``queries="caption"``), for the whole
+vocabulary when the caption mentions any class (``"caption+vocabulary"``), or for the whole
+vocabulary always (``"vocabulary"``); each class becomes the text ``template.format(name)``.
+How each family is prompted and how its boxes map to pixels is in
+:mod:`counterfactual.detectors`.
 
-Boxes: OWLv2's processor pads an image with zeros at the bottom and right to a square of side
-``max(height, width)`` and resizes that square; the model predicts ``cxcywh`` boxes normalised
-to the padded square. :func:`to_pixels` turns them into ``xyxy`` pixels of the original image
-(multiply by ``max(height, width)``), :func:`postprocess` thresholds, clips, drops empty boxes,
-runs per-class NMS and keeps the best ``max_detections``; a :class:`Detection` is ``xywh``
-pixels, as :class:`~counterfactual.records.ObjectAnnotation` stores boxes.
+Boxes: a backend gives ``xyxy`` pixels of the original image; :func:`postprocess` thresholds,
+clips, drops empty boxes, runs per-class NMS and keeps the best ``max_detections``; a
+:class:`Detection` is ``xywh`` pixels, as :class:`~counterfactual.records.ObjectAnnotation`
+stores boxes.
 
 torch and transformers are imported when a :class:`Detector` is built, never at import time.
 """
@@ -25,8 +26,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from counterfactual._lazy import require
+from counterfactual.detectors import MODEL_TYPES, ModelCall, backend_for
+from counterfactual.detectors.owlv2 import to_pixels
 from counterfactual.records import ObjectAnnotation
 from counterfactual.vocab import ClassVocabulary
+
+__all__ = [
+    "MODEL_TYPES",
+    "QUERY_MODES",
+    "DetectConfig",
+    "Detection",
+    "Detector",
+    "nms",
+    "postprocess",
+    "query_classes",
+    "to_objects",
+    "to_pixels",
+]
 
 QUERY_MODES = ("caption", "caption+vocabulary", "vocabulary")
 """Which classes an image is asked for; see :func:`query_classes`."""
@@ -102,19 +118,6 @@ def query_classes(caption: str, vocabulary: ClassVocabulary, mode: str) -> tuple
     if mode == "caption+vocabulary":
         return vocabulary.classes if mentioned else ()
     return tuple(c for c in vocabulary.classes if c in mentioned)
-
-
-def to_pixels(boxes_cxcywh: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
-    """OWLv2 boxes (``(N, 4)`` ``cxcywh`` normalised to the padded square) as ``(N, 4)`` float64
-    ``xyxy`` pixels of the original ``(height, width)`` image (not clipped).
-
-    The processor pads at the bottom and right to a square of side ``max(height, width)``, so
-    one scale, that side, serves both axes.
-    """
-    boxes = np.asarray(boxes_cxcywh, dtype=np.float64).reshape(-1, 4)
-    side = float(max(image_size))
-    cx, cy, w, h = boxes.T
-    return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1) * side
 
 
 def _iou_one(box: np.ndarray, others: np.ndarray) -> np.ndarray:
@@ -231,8 +234,11 @@ def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or "\\" in name
 
 
+_WHAT = "a hub id or local folder with an OWLv2 or Grounding DINO model and processor; offline?"
+
+
 class Detector:
-    """OWLv2 open-vocabulary detection, one text-query set per image.
+    """Open-vocabulary detection (OWLv2 or Grounding DINO), one query set per image.
 
     ``__call__(images, captions)``: RGB ``uint8`` ``(H, W, 3)`` arrays and their captions ->
     per image, its :class:`Detection` list (best first). An image whose caption yields no query
@@ -253,19 +259,23 @@ class Detector:
         if not os.path.isdir(name) and (_looks_local(config.model) or os.path.exists(name)):
             raise FileNotFoundError(f"detector model folder {config.model!r} does not exist")
         try:
+            model_type = transformers.AutoConfig.from_pretrained(name).model_type
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"could not load detector {config.model!r} ({_WHAT}): {err}") from err
+        if model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"detector {config.model!r} is a {model_type!r} model, not one of "
+                f"{', '.join(MODEL_TYPES)}"
+            )
+        self.model_type: str = model_type
+        self._backend = backend_for(model_type)
+        try:
             model = transformers.AutoModelForZeroShotObjectDetection.from_pretrained(
                 name, dtype=self.dtype
             )
             processor = transformers.AutoProcessor.from_pretrained(name)
         except (OSError, ValueError, KeyError) as err:
-            raise ValueError(
-                f"could not load detector {config.model!r} (a hub id or local folder with an "
-                f"OWLv2 model and processor; offline?): {err}"
-            ) from err
-        if getattr(model.config, "model_type", None) != "owlv2":
-            raise ValueError(
-                f"detector {config.model!r} is a {model.config.model_type!r} model, not 'owlv2'"
-            )
+            raise ValueError(f"could not load detector {config.model!r} ({_WHAT}): {err}") from err
         self._model = model.to(self.device).eval()
         self._processor = processor
 
@@ -274,6 +284,7 @@ class Detector:
         c = self.config
         return {
             "model": c.model,
+            "model_type": self.model_type,
             "queries": c.queries,
             "template": c.template,
             "score_threshold": c.score_threshold,
@@ -299,41 +310,24 @@ class Detector:
         results: list[list[Detection]] = [[] for _ in images]
         todo = [i for i, q in enumerate(queries) if q]
         size = self.config.batch_size
+        call = ModelCall(self.config.template, self.device, self.dtype, size)
         for start in range(0, len(todo), size):
             batch = todo[start : start + size]
-            found = self._detect([images[i] for i in batch], [queries[i] for i in batch])
-            for i, detections in zip(batch, found, strict=True):
-                results[i] = detections
-        return results
-
-    def _detect(
-        self, images: list[np.ndarray], queries: list[tuple[str, ...]]
-    ) -> list[list[Detection]]:
-        torch = self._torch
-        texts = [[self.config.template.format(c) for c in q] for q in queries]
-        # OWLv2 reads at most 16 tokens per query; longer ones are cut rather than refused
-        inputs = self._processor(images=images, text=texts, return_tensors="pt", truncation=True)
-        inputs = {k: v.to(self.device) for k, v in inputs.items()}
-        inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
-        with torch.inference_mode():
-            outputs = self._model(**inputs)
-        logits = outputs.logits.float()  # (batch, patches, max queries)
-        # The processor pads short query lists with " ", which the model does not mask.
-        counts = torch.tensor([len(q) for q in queries], device=logits.device)
-        padding = torch.arange(logits.shape[-1], device=logits.device)[None, :] >= counts[:, None]
-        logits = logits.masked_fill(padding[:, None, :], float("-inf"))
-        best = logits.max(dim=-1)
-        scores = torch.sigmoid(best.values).cpu().numpy()
-        labels = best.indices.cpu().numpy()
-        boxes = outputs.pred_boxes.float().cpu().numpy()
-        return [
-            postprocess(
-                to_pixels(boxes[b], image.shape[:2]),
-                scores[b],
-                labels[b],
-                queries[b],
-                image.shape[:2],
-                self.config,
+            found = self._backend(
+                self._model,
+                self._processor,
+                [images[i] for i in batch],
+                [queries[i] for i in batch],
+                call,
             )
-            for b, image in enumerate(images)
-        ]
+            for i, candidates in zip(batch, found, strict=True):
+                size_hw = images[i].shape[:2]
+                results[i] = postprocess(
+                    candidates.boxes_xyxy,
+                    candidates.scores,
+                    candidates.labels,
+                    queries[i],
+                    (int(size_hw[0]), int(size_hw[1])),
+                    self.config,
+                )
+        return results
