@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import io
 import warnings
+from functools import lru_cache
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
@@ -18,7 +19,13 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from counterfactual import fs
 from counterfactual.readers import safe_relative_path
 
+try:  # LittleCMS bindings; a Pillow built without them decodes without colour management
+    from PIL import ImageCms
+except ImportError:  # pragma: no cover - depends on how Pillow was built
+    ImageCms = None  # type: ignore[assignment]
+
 DEFAULT_MAX_PIXELS = 100_000_000
+_HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 
 
 class SampleError(Exception):
@@ -51,13 +58,17 @@ def resolve_inside(root: Path | str, relative: str) -> Path | str:
     return path
 
 
-def load_rgb(path: Path | str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """The picture at ``path`` (a local path or a URL) as (H, W, 3) uint8 RGB, upright per its
-    EXIF orientation.
+def load_rgb(
+    path: Path | str, max_pixels: int = DEFAULT_MAX_PIXELS, *, upright: bool = True
+) -> np.ndarray:
+    """The picture at ``path`` (a local path or a URL) as (H, W, 3) uint8 sRGB, turned upright
+    per its EXIF orientation (``upright=False``: as stored), tones as in :func:`rgb8`.
 
-    Grayscale, palette, CMYK and alpha images are converted to RGB. Pictures of more than
-    ``max_pixels`` pixels are refused before decoding (decompression bombs). A missing file or
-    object is ``missing-file``; an object that cannot be read is ``unreadable``.
+    The first frame of an animation is used. Pictures of more than ``max_pixels`` pixels, and
+    any that PIL's own decompression-bomb limit refuses (``PIL.Image.MAX_IMAGE_PIXELS`` x 2),
+    are ``image-too-large`` before decoding. A missing file or object is ``missing-file``; an
+    object that cannot be read is ``unreadable``; a picture that cannot be decoded is
+    ``decode-error``.
     """
     if fs.is_url(path):
         try:
@@ -67,28 +78,32 @@ def load_rgb(path: Path | str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarr
             raise SampleError("missing-file", fs.name(path)) from err
         except OSError as err:
             raise SampleError("unreadable", f"{fs.name(path)}: {err}") from err
-        return _open_rgb(io.BytesIO(data), max_pixels, fs.name(path))
+        return _open_rgb(io.BytesIO(data), max_pixels, upright, fs.name(path))
     path = Path(fs.as_path(path))
     if not path.is_file():
         raise SampleError("missing-file", str(path.name))
-    return _open_rgb(path, max_pixels)
+    return _open_rgb(path, max_pixels, upright)
 
 
-def decode_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """:func:`load_rgb` for an encoded picture in memory (a shard's ``jpg``)."""
-    return _open_rgb(io.BytesIO(data), max_pixels)
+def decode_rgb(
+    data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, *, upright: bool = True
+) -> np.ndarray:
+    """:func:`load_rgb` for an encoded picture in memory (a tar member, a Parquet cell)."""
+    return _open_rgb(io.BytesIO(data), max_pixels, upright)
 
 
-def _open_rgb(source: Path | BinaryIO, max_pixels: int, name: str = "") -> np.ndarray:
+def _open_rgb(
+    source: Path | BinaryIO, max_pixels: int, upright: bool, name: str = ""
+) -> np.ndarray:
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # our max_pixels is the limit below PIL's hard one; PIL's warning is only noise
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(source) as im:
                 if im.width * im.height > max_pixels:
                     raise SampleError("image-too-large", f"{im.width}x{im.height}")
                 im.load()
-                upright = ImageOps.exif_transpose(im)
-                rgb = upright.convert("RGB")
+                arr = np.asarray(rgb8(ImageOps.exif_transpose(im) if upright else im))
     except SampleError:
         raise
     except UnidentifiedImageError as err:  # PIL's message holds the BytesIO's address
@@ -96,15 +111,86 @@ def _open_rgb(source: Path | BinaryIO, max_pixels: int, name: str = "") -> np.nd
         where = f": {name}" if name else ""
         raise SampleError("decode-error", f"not a picture format PIL reads{where}") from err
     except Image.DecompressionBombError as err:
-        raise SampleError("decode-error", str(err)) from err
-    except Image.DecompressionBombWarning as err:
         raise SampleError("image-too-large", str(err)) from err
     except (OSError, ValueError, SyntaxError, EOFError) as err:  # truncated or corrupt data
         raise SampleError("decode-error", f"{type(err).__name__}: {err}") from err
-    arr = np.asarray(rgb)
     if arr.size == 0:
         raise SampleError("decode-error", "empty image")
     return arr
+
+
+def rgb8(im: Image.Image) -> Image.Image:
+    """``im`` in 8-bit sRGB (mode ``RGB``) with its real tones.
+
+    - 16-bit integers (``I;16*``, and ``I``, which PIL uses for 16-bit PGM/PPM and 32-bit
+      TIFF) are taken as 0..65535 and keep their high byte (``>> 8``, as PIL reads a 48-bit
+      RGB PNG); an ``I`` picture with values outside 0..65535 is a ``decode-error``.
+    - Floats (``F``) are taken as 0..1 and scaled by 255, rounded; a float picture with values
+      outside [0, 1] (or NaN) is a ``decode-error``, since its range is unknown.
+    - Transparency (an alpha channel, a palette's alpha or a colour key) is composited over
+      white; the colour key of a 16-bit picture is ignored.
+    - An embedded ICC profile other than sRGB is converted to sRGB (LittleCMS, perceptual
+      intent); a profile that cannot be read or does not fit the picture is ignored, as
+      browsers do.
+    - Everything else (grayscale, bilevel, palette, CMYK, YCbCr, HSV, LAB) is PIL's conversion.
+    """
+    icc = im.info.get("icc_profile")
+    if im.mode in _HIGH_BIT_MODES:
+        im = Image.fromarray(_gray8(np.asarray(im), im.mode), "L")
+    elif im.has_transparency_data:
+        im = _over_white(im.convert("RGBA"))
+    elif im.mode not in ("L", "RGB", "CMYK"):  # the modes a colour transform takes
+        im = im.convert("RGB")
+    if icc and ImageCms is not None:
+        im = _icc_to_srgb(im, icc)
+    return im if im.mode == "RGB" else im.convert("RGB")
+
+
+def _gray8(values: np.ndarray, mode: str) -> np.ndarray:
+    """One channel of a high bit depth picture in 0..255 (see :func:`rgb8`)."""
+    if values.size == 0:
+        return values.astype(np.uint8)
+    if mode == "F":
+        if not (np.isfinite(values).all() and values.min() >= 0 and values.max() <= 1):
+            low, high = np.nanmin(values), np.nanmax(values)
+            raise SampleError(
+                "decode-error", f"float picture with values {low:g}..{high:g} outside [0, 1]"
+            )
+        return np.rint(values * 255).astype(np.uint8)
+    values = values.astype(np.int64)  # I;16B is big-endian, I is signed
+    if values.min() < 0 or values.max() > 65535:
+        raise SampleError(
+            "decode-error",
+            f"{mode} picture with values {values.min()}..{values.max()} outside 0..65535",
+        )
+    return (values >> 8).astype(np.uint8)
+
+
+def _over_white(rgba: Image.Image) -> Image.Image:
+    """An RGBA picture composited over white: ``rgb * a + 255 * (1 - a)``, rounded."""
+    arr = np.asarray(rgba).astype(np.uint32)
+    alpha = arr[..., 3:]
+    rgb = (arr[..., :3] * alpha + 255 * (255 - alpha) + 127) // 255
+    return Image.fromarray(rgb.astype(np.uint8), "RGB")
+
+
+def _icc_to_srgb(im: Image.Image, icc: bytes) -> Image.Image:
+    """``im`` (L, RGB or CMYK) from its embedded profile to sRGB; unchanged for an sRGB
+    profile, a damaged one, or one of another colour space than ``im``."""
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        if ImageCms.getProfileDescription(profile).startswith("sRGB"):
+            return im
+        out = ImageCms.profileToProfile(im, profile, _srgb_profile(), outputMode="RGB")
+    except (OSError, ImageCms.PyCMSError):
+        return im
+    assert out is not None
+    return out
+
+
+@lru_cache(maxsize=1)
+def _srgb_profile() -> Any:
+    return ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 
 
 def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:

@@ -10,6 +10,7 @@ annotation. The per-item steps live in :mod:`counterfactual.stages`, the runs in
 from __future__ import annotations
 
 import hashlib
+import numbers
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -61,10 +62,17 @@ class SynthConfig:
     def __post_init__(self) -> None:
         if self.captions not in CAPTION_CHOICES:
             raise ValueError(f"captions {self.captions!r} is not one of {CAPTION_CHOICES}")
-        if not 1 <= self.jpeg_quality <= 100:
-            raise ValueError(f"jpeg_quality must be in [1, 100], got {self.jpeg_quality}")
-        if self.batch_size < 1 or self.images_per_shard < 1 or self.max_pixels < 1:
-            raise ValueError("batch_size, images_per_shard and max_pixels must be >= 1")
+        for name in ("seed", "images_per_shard", "max_pixels", "jpeg_quality", "batch_size"):
+            value = getattr(self, name)
+            low, high = (0 if name == "seed" else 1), (100 if name == "jpeg_quality" else None)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Integral)
+                or value < low
+                or (high is not None and value > high)
+            ):
+                where = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                raise ValueError(f"{name} must be a whole number {where}, got {value!r}")
         if self.detect is not None and self.selection.policy != "uniform":
             raise ValueError(
                 f"policy {self.selection.policy!r} needs the boxes of every image before any is "
@@ -194,29 +202,57 @@ def _unplanned_items(record: ImageRecord, config: SynthConfig) -> list[WorkItem]
 def load_record_image(record: ImageRecord, max_pixels: int) -> np.ndarray:
     """The record's picture, checked against its annotated size.
 
-    A picture whose size differs but whose aspect ratio matches (within 1%) is used and boxes are
-    scaled to it; any other size mismatch is a ``size-mismatch`` failure. A record of unknown
-    size (``0 x 0``, a corpus without boxes) is not checked. A picture inside another file (a
-    tar member, a Parquet cell: ``record.source``) is read from there; a ``root`` that is a URL
-    (``s3://bucket/images``) is read through :mod:`counterfactual.fs`.
+    The annotated size says in which frame the boxes were drawn. A picture whose EXIF
+    orientation swaps its axes is returned upright when the annotated size is the upright one
+    (most tools, COCO), and as stored when it is the stored one (tools that ignore EXIF, such
+    as OpenCV): either way the boxes fall on the pixels they were drawn on. A square picture
+    is returned upright. A picture whose size differs but whose aspect ratio matches (within
+    1%) is used and boxes are scaled to it; any other size is a ``size-mismatch`` failure. A
+    record of unknown size (``0 x 0``, a corpus without boxes) is not checked and is returned
+    upright. A picture inside another file (a tar member, a Parquet cell: ``record.source``)
+    is read from there; a ``root`` that is a URL (``s3://bucket/images``) is read through
+    :mod:`counterfactual.fs`.
     """
     if record.source is not None:
         from counterfactual.readers.corpus import read_source
 
-        image = decode_rgb(read_source(record.source), max_pixels)
+        data = read_source(record.source)
+
+        def decode(upright: bool) -> np.ndarray:
+            return decode_rgb(data, max_pixels, upright=upright)
+
     elif record.root is None:
         raise SampleError("missing-file", f"record {record.image_id} has no root folder")
     else:
-        image = load_rgb(resolve_inside(record.root, record.file), max_pixels)
-    h, w = image.shape[:2]
+        path = resolve_inside(record.root, record.file)
+
+        def decode(upright: bool) -> np.ndarray:
+            return load_rgb(path, max_pixels, upright=upright)
+
+    image = decode(True)
     if record.width == record.height == 0:
         return image
-    if (w, h) != (record.width, record.height):
-        if abs(w / h - record.width / record.height) > 0.01 * record.width / record.height:
-            raise SampleError(
-                "size-mismatch", f"annotated {record.width}x{record.height}, decoded {w}x{h}"
-            )
-    return image
+    declared = (record.width, record.height)
+    h, w = image.shape[:2]
+    if (w, h) == declared:
+        return image
+    stored = None
+    if _same_shape((h, w), declared, exact=False):
+        stored = decode(False)  # if EXIF swapped the axes, the boxes may be on stored pixels
+    for exact in (True, False):
+        if _same_shape((w, h), declared, exact):
+            return image
+        if stored is not None and _same_shape((stored.shape[1], stored.shape[0]), declared, exact):
+            return stored
+    raise SampleError("size-mismatch", f"annotated {record.width}x{record.height}, decoded {w}x{h}")
+
+
+def _same_shape(size: tuple[int, int], declared: tuple[int, int], exact: bool) -> bool:
+    """``size`` (w, h) is ``declared``, or (``exact=False``) has its aspect ratio within 1%."""
+    (w, h), (dw, dh) = size, declared
+    if exact or not (w and h and dw and dh):
+        return (w, h) == (dw, dh)
+    return abs(w / h - dw / dh) <= 0.01 * dw / dh
 
 
 def box_scale(record: ImageRecord, image: np.ndarray) -> tuple[float, float]:
