@@ -18,6 +18,7 @@ completes, and an upload cut short leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob as _glob
 import os
 import re
@@ -199,6 +200,28 @@ def write_text(path: PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+class OutputError(OSError):
+    """Output that cannot be written for a reason no single sample causes (the disk is full):
+    the run stops with this one-line message, and a rerun of the same command resumes. It
+    pickles as itself, so a Ray worker's reaches the driver (as the ``cause`` of Ray's
+    ``RayTaskError``)."""
+
+
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The errnos of a full disk or an exhausted quota."""
+
+
+def disk_full(err: BaseException, path: PathLike) -> OutputError | None:
+    """The :class:`OutputError` to raise instead of ``err`` when ``err`` says that there is no
+    space left while writing ``path``; ``None`` for any other error."""
+    if isinstance(err, OSError) and not isinstance(err, OutputError) and err.errno in NO_SPACE:
+        return OutputError(
+            f"disk full while writing {os.fspath(path)}: free space and rerun the same command "
+            "to resume"
+        )
+    return None
+
+
 TMP_SUFFIX = ".tmp"
 
 
@@ -218,7 +241,7 @@ def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
 
     Locally the data goes to :func:`temp_name` and is renamed over ``path``; on an object store
     fsspec uploads on close (multipart for large files), and the object exists only once the
-    upload completes; an exception discards the upload.
+    upload completes; an exception discards the upload. No space left: :class:`OutputError`.
     """
     p = as_path(path)
     if isinstance(p, Path):
@@ -228,15 +251,18 @@ def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
             with open(tmp, "wb") as fh:
                 yield fh
             os.replace(tmp, p)
-        except BaseException:
+        except BaseException as err:
             tmp.unlink(missing_ok=True)
+            full = disk_full(err, p)
+            if full is not None:
+                raise full from err
             raise
         return
     fs, inside = filesystem(p)
     fh = fs.open(inside, "wb")
     try:
         yield fh
-    except BaseException:
+    except BaseException as err:
         discard = getattr(fh, "discard", None)
         if discard is not None:
             discard()
@@ -245,5 +271,14 @@ def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
             with contextlib.suppress(Exception):
                 fh.close()
             remove(p)
+        full = disk_full(err, p)
+        if full is not None:
+            raise full from err
         raise
-    fh.close()
+    try:
+        fh.close()
+    except OSError as err:
+        full = disk_full(err, p)
+        if full is not None:
+            raise full from err
+        raise

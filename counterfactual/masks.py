@@ -7,6 +7,7 @@ A box ``(x, y, w, h)`` covers every pixel it touches: pixel ``(row i, column j)`
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,8 +31,12 @@ class MaskConfig:
     def __post_init__(self) -> None:
         if self.source not in MASK_SOURCES:
             raise ValueError(f"mask source {self.source!r} is not one of {MASK_SOURCES}")
-        if self.dilate < 0:
-            raise ValueError(f"dilate must be >= 0, got {self.dilate}")
+        if (
+            isinstance(self.dilate, bool)
+            or not isinstance(self.dilate, numbers.Integral)
+            or self.dilate < 0
+        ):
+            raise ValueError(f"dilate must be a whole number of pixels >= 0, got {self.dilate!r}")
 
 
 def box_mask(

@@ -85,6 +85,26 @@ def preflight(config: SynthConfig) -> None:
             )
 
 
+def check_out_dir(out_dir: fs.PathLike) -> None:
+    """Create a local OUT, or ``ValueError`` naming it when it is a file, cannot be created or
+    is not writable. (On an object store the first write tells.)"""
+    if fs.is_url(out_dir):
+        return
+    path = fs.as_path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out_dir}: is a file, not a folder")
+    try:
+        fs.makedirs(path)
+    except OSError as err:
+        raise ValueError(
+            f"--out {out_dir}: cannot create the folder ({err.strerror or err}"
+            + (f": {err.filename}" if err.filename not in (None, str(path)) else "")
+            + ")"
+        ) from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out_dir}: permission denied (cannot write in the folder)")
+
+
 @dataclass
 class RunPlan:
     """What a run has to do: its folder, config, and the shards already committed there."""
@@ -127,7 +147,15 @@ def prepare_run(out_dir: fs.PathLike, config: SynthConfig) -> RunPlan:
     identity = {"format": RUN_FORMAT, "config": config.fingerprint()}
     run_file = fs.join(out_dir, RUN_FILE)
     if fs.exists(run_file):
-        previous = json.loads(fs.read_text(run_file))
+        try:
+            previous = json.loads(fs.read_text(run_file))
+        except ValueError as err:  # not UTF-8, not JSON
+            raise ValueError(
+                f"{run_file}: not a run file ({err}); use another --out, or delete the folder "
+                "to start over"
+            ) from err
+        if not isinstance(previous, dict):
+            raise ValueError(f"{run_file}: not a run file; use another --out")
         if previous.get("format") != RUN_FORMAT:
             raise ValueError(
                 f"{out_dir} holds a run of an earlier version of counterfactual, whose shards "
@@ -168,6 +196,7 @@ def run_shards(
     shard made by this run, ``progress`` counts every shard, resumed ones included.
     """
     out_dir = fs.as_path(out_dir)
+    check_out_dir(out_dir)
     with RunLock(out_dir, runner=runner) as lock:
         if lock.message:
             print(lock.message, file=sys.stderr)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -53,14 +54,27 @@ class SelectionConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("alpha1", "alpha2", "alpha3"):
+        # alpha1 = 0 or alpha3 = 0 refuse every plan, alpha3 >= 1 switches the size rule off
+        for name, low, high, text in (
+            ("alpha1", 0.0, 1.0, "(0, 1]"),
+            ("alpha2", 0.0, 1.0, "(0, 1]"),
+            ("alpha3", 0.0, math.nextafter(1.0, 0.0), "(0, 1)"),
+        ):
             value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {value}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number in {text}, got {value!r}")
+            if not low < value <= high:  # NaN fails too
+                raise ValueError(f"{name} must be in {text}, got {value}")
         if self.alpha1 > self.alpha2:
             raise ValueError(f"alpha1 ({self.alpha1}) must not exceed alpha2 ({self.alpha2})")
         if self.policy not in POLICIES:
             raise ValueError(f"policy {self.policy!r} is not one of {POLICIES}")
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, numbers.Integral)
+            or self.seed < 0
+        ):
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import json
 import re
 import tarfile
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
@@ -120,7 +120,15 @@ def iter_stats(
     wanted = None if indices is None else set(indices)
     for index, name in committed_names(fs.listdir(out_dir), prefix):
         if wanted is None or index in wanted:
-            yield index, ShardStats.from_dict(json.loads(fs.read_text(fs.join(out_dir, name))))
+            path = fs.join(out_dir, name)
+            try:
+                stats = ShardStats.from_dict(json.loads(fs.read_text(path)))
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(
+                    f"{path}: not a stats file ({type(err).__name__}: {err}); delete it to "
+                    "make its shard again"
+                ) from err
+            yield index, stats
 
 
 def committed_names(names: Iterable[str], prefix: str = "shard") -> list[tuple[int, str]]:
@@ -143,6 +151,7 @@ class _TarStream:
     importing webdataset would import torch.)"""
 
     def __init__(self, path: fs.PathLike, mtime: float) -> None:
+        self.path = path
         self.mtime = mtime
         self._stack = ExitStack()
         self._file: IO[bytes] = self._stack.enter_context(fs.atomic_write(path))
@@ -152,12 +161,25 @@ class _TarStream:
         info = tarfile.TarInfo(name)
         info.size, info.mtime, info.mode = len(data), self.mtime, 0o444
         info.uname = info.gname = "counterfactual"
-        self._tar.addfile(info, io.BytesIO(data))
+        with self._no_space():
+            self._tar.addfile(info, io.BytesIO(data))
 
     def close(self) -> None:
-        """Finish the tar and make it appear under its name."""
-        self._tar.close()
+        """Finish the tar and make it appear under its name (on an error, :meth:`abort`)."""
+        with self._no_space():
+            self._tar.close()
         self._stack.close()
+
+    @contextmanager
+    def _no_space(self) -> Iterator[None]:
+        """A full disk while writing the tar as :class:`~counterfactual.fs.OutputError`."""
+        try:
+            yield
+        except OSError as err:
+            full = fs.disk_full(err, self.path)
+            if full is None:
+                raise
+            raise full from err
 
     def abort(self) -> None:
         """Drop what was written: no file appears."""
@@ -229,7 +251,11 @@ class ShardWriter:
         """Write the tar (an empty but valid one when no item made a sample), then the stats."""
         if self._tar is None:
             self._tar = _TarStream(fs.join(self.out_dir, self.name), self.mtime)
-        self._tar.close()
+        try:
+            self._tar.close()
+        except BaseException:
+            self.abort()  # no temporary file left behind (a full disk: OutputError)
+            raise
         self._tar = None
         stats = ShardStats(
             self.name,

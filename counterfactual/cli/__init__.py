@@ -1,6 +1,11 @@
 """The ``counterfactual`` command. Each subcommand lives in its own module with
 ``register(subparsers)``, which adds a parser whose ``func(args) -> int`` does the work.
-``main(argv)`` takes an argument list so tests call it directly."""
+``main(argv)`` takes an argument list so tests call it directly.
+
+A bad setup (options, config, input or output files, a full disk) ends with one line,
+``counterfactual CMD: error: MESSAGE``, and exit code 2; ``--debug`` (before or after the
+subcommand) shows the traceback instead. An option that does not parse prints its line and a
+pointer to ``--help`` (argparse's ``SystemExit(2)``)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 SUBCOMMANDS = (
     "select",
@@ -28,36 +34,114 @@ SUBCOMMANDS = (
 )
 
 
+class CliParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and a pointer to ``--help`` (exit 2),
+    instead of the whole usage; every subcommand's parser is one too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\nTry '{self.prog} --help'.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="counterfactual",
         description="Counterfactual image-text data against spurious object correlations.",
     )
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"counterfactual.cli.{name.replace('-', '_')}")
         module.register(subparsers)
+    _add_debug(parser, set())
     parser.set_defaults(_subcommands=subparsers.choices)
     return parser
 
 
+def _add_debug(parser: argparse.ArgumentParser, seen: set[int]) -> None:
+    """``--debug`` on every (nested) subcommand's parser too; ``SUPPRESS``: a subcommand
+    without it leaves the flag given before it as it was."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in action.choices.values():
+            if id(sub) not in seen:  # aliases share a parser
+                seen.add(id(sub))
+                sub.add_argument(
+                    "--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP
+                )
+                _add_debug(sub, seen)
+
+
+_DEBUG_HELP = "on a setup error, show the traceback instead of one line"
+
+SETUP_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
+"""What ends a command as a setup error (one line, exit 2): bad options, configs and inputs
+(``ValueError``, with ``UnicodeDecodeError``, ``json.JSONDecodeError``, ``SetupError`` and
+``LockHeld`` among them) and files that cannot be read or written (``OSError``: missing,
+unreadable, a folder, disk full)."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with its lines joined by spaces (a message must fit on one line)."""
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def setup_error(err: BaseException) -> BaseException | None:
+    """The setup error ``err`` is, or wraps (a Ray worker's exception comes back as a
+    ``RayTaskError`` whose ``cause`` is the original); ``None`` for anything else."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException) and cause is not err:
+        found = setup_error(cause)
+        if found is not None:
+            return found
+    if isinstance(err, BrokenPipeError):
+        return None
+    return err if isinstance(err, SETUP_ERRORS) else None
+
+
+def error_message(err: BaseException) -> str:
+    """A setup error as one line that names its file: an ``OSError`` as ``FILE: reason``."""
+    if isinstance(err, OSError) and err.strerror and err.filename is not None:
+        where = os.fsdecode(err.filename)
+        if err.filename2 is not None:
+            where += f" -> {os.fsdecode(err.filename2)}"
+        return one_line(f"{where}: {err.strerror}")
+    return one_line(str(err)) or type(err).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; a setup error ends it with one line on stderr and exit code 2
+    (``--debug``: the traceback instead)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parse(parser, argv)
     try:
         if getattr(args, "config", None) is not None:
             from counterfactual.cli.config import load_config
 
             sub = args._subcommands[args.command]
             sub.set_defaults(**load_config(args.config, sub))
-            args = parser.parse_args(argv)
+            args = _parse(parser, argv)
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"counterfactual {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # e.g. `counterfactual select ... | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as err:
+        found = setup_error(err)
+        if found is None or args.debug:
+            raise
+        print(f"counterfactual {args.command}: error: {error_message(found)}", file=sys.stderr)
+        return 2
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args``, with unknown options reported by the subcommand's parser (its
+    name in the error and in the pointer to ``--help``)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser_ = args._subcommands[args.command]
+        parser_.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 if __name__ == "__main__":

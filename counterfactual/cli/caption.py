@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from counterfactual.cli.common import nonnegative_int
 from counterfactual.text import RewriteRequest, TextConfig, make_rewriter
 
 
@@ -21,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--method", choices=("np-removal", "prompt"), default="np-removal")
     p.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
     p.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.set_defaults(func=run)
 
 

@@ -14,9 +14,7 @@ if TYPE_CHECKING:
     from counterfactual.readers.spec import DataSpec
 
 
-def _ranged(
-    kind: type, test: Callable[[float], bool], what: str
-) -> Callable[[str], int | float]:
+def _ranged(kind: type, test: Callable[[float], bool], what: str) -> Callable[[str], int | float]:
     """An argparse ``type`` that parses ``kind`` and refuses values outside a range; the error
     names the value and the range (argparse adds the option's name)."""
 
@@ -47,13 +45,35 @@ unit_interval = _ranged(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 """argparse type: a float in [0, 1] (probabilities, overlap thresholds, fractions)."""
 open_unit_interval = _ranged(float, lambda v: 0 < v < 1, "a number in (0, 1)")
 """argparse type: a float strictly between 0 and 1."""
+positive_fraction = _ranged(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+"""argparse type: a float in (0, 1] (a threshold where 0 refuses everything)."""
+gpu_share = _ranged(float, lambda v: 0 < v <= 8, "a number in (0, 8]")
+"""argparse type: GPUs per actor, a fraction of one GPU up to a node's eight."""
 
 
 def add_selection_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("selection (SPEC 1.1)")
-    g.add_argument("--alpha1", type=float, default=0.4, help="keep rule threshold (default 0.4)")
-    g.add_argument("--alpha2", type=float, default=0.8, help="co-removal threshold (default 0.8)")
-    g.add_argument("--alpha3", type=float, default=0.7, help="size rule threshold (default 0.7)")
+    g.add_argument(
+        "--alpha1",
+        type=positive_fraction,
+        default=0.4,
+        help="keep rule: a kept class's box may lie less than this fraction inside the removed "
+        "area, in (0, 1], at most alpha2 (default 0.4)",
+    )
+    g.add_argument(
+        "--alpha2",
+        type=positive_fraction,
+        default=0.8,
+        help="co-removal: a class whose box lies more than this fraction inside the target's "
+        "is removed with it, in (0, 1] (default 0.8)",
+    )
+    g.add_argument(
+        "--alpha3",
+        type=open_unit_interval,
+        default=0.7,
+        help="size rule: the removed area must be less than this fraction of the picture, in "
+        "(0, 1) (default 0.7)",
+    )
     g.add_argument(
         "--policy",
         choices=POLICIES,
@@ -61,7 +81,9 @@ def add_selection_args(parser: argparse.ArgumentParser) -> None:
         help="plans kept per image: uniform (one, seeded draw), all, or spurious (the target "
         "with the highest mean PMI with the kept classes over the dataset)",
     )
-    g.add_argument("--seed", type=int, default=0, help="seed of every random choice")
+    g.add_argument(
+        "--seed", type=nonnegative_int, default=0, help="seed of every random choice (>= 0)"
+    )
 
 
 def selection_config(args: argparse.Namespace) -> SelectionConfig:
@@ -111,7 +133,9 @@ def add_data_args(
     d.add_argument("--coco-set", default="train2017", help="COCO file set under ROOT")
     d.add_argument("--split-file", help="Karpathy dataset_coco.json")
     d.add_argument("--split", default=None, help="train, val or test (Karpathy / Flickr30k)")
-    d.add_argument("--limit", type=int, default=None, help="only the first N images")
+    d.add_argument(
+        "--limit", type=positive_int, default=None, help="only the first N images (N >= 1)"
+    )
     return d
 
 

@@ -2,14 +2,20 @@
 
 Keys may be written with ``_`` or ``-`` (``image_method`` or ``image-method``). A config sets
 the defaults of the subcommand's parser, so an option given on the command line still wins.
-Unknown keys and values outside an option's choices are errors that name them.
+Every value is checked as the command line checks it (type, range, choices); a file that
+cannot be read, is not UTF-8 YAML or not a mapping, an unknown key and a bad value are
+``ValueError``s that name the file (and the key).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+_FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)
+_KINDS = {int: "a whole number", float: "a number"}
 
 
 def load_config(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -17,32 +23,86 @@ def load_config(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        raw = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a folder, not a YAML config file") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read the config ({err.strerror or err})") from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path}: not a UTF-8 text file (byte {err.start}); a config is YAML text"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not valid YAML: {err}") from err
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of option names to values")
-    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config", "func")}
+        raise ValueError(
+            f"{path}: expected a mapping of option names to values, got a {type(data).__name__}"
+        )
+    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config", "debug")}
     out: dict[str, Any] = {}
     unknown = []
     for key, value in data.items():
         dest = str(key).replace("-", "_")
         action = actions.get(dest)
-        if action is None:
+        if action is None or not action.option_strings:
             unknown.append(str(key))
             continue
-        if value is not None and action.choices is not None and value not in action.choices:
-            raise ValueError(
-                f"{path}: {key}: {value!r} is not one of {', '.join(map(str, action.choices))}"
-            )
-        if value is not None and action.type is not None and not isinstance(value, bool):
-            value = action.type(str(value)) if isinstance(value, str | int | float) else value
-        out[dest] = value
+        out[dest] = _value(path, key, value, action)
     if unknown:
         raise ValueError(
             f"{path}: unknown option(s) {', '.join(sorted(unknown))}; see `counterfactual "
             f"{parser.prog.split()[-1]} --help`"
         )
     return out
+
+
+def _value(path: Path, key: Any, value: Any, action: argparse.Action) -> Any:
+    """``value`` as the command line would give ``action`` (``null``: the option unset)."""
+    if value is None:
+        return None
+    where = f"{path}: {key}"
+    if isinstance(action, _FLAGS):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {value!r} is not true or false")
+        return value
+    if action.nargs in ("+", "*") or isinstance(action.nargs, int):
+        items = value if isinstance(value, list) else [value]
+        if action.nargs == "+" and not items:
+            raise ValueError(f"{where}: expected at least one value")
+        return [_scalar(where, item, action) for item in items]
+    return _scalar(where, value, action)
+
+
+def _scalar(where: str, value: Any, action: argparse.Action) -> Any:
+    if isinstance(value, bool | list | dict):
+        raise ValueError(f"{where}: {value!r} is not {_expected(action)}")
+    convert: Callable[[str], Any] | None = action.type  # type: ignore[assignment]
+    if convert is not None:
+        try:
+            value = convert(str(value))
+        except argparse.ArgumentTypeError as err:
+            raise ValueError(f"{where}: {err}") from None
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {value!r} is not {_expected(action)}") from None
+    elif not isinstance(value, str):
+        value = str(value)
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+    return value
+
+
+def _expected(action: argparse.Action) -> str:
+    if action.choices is not None:
+        return f"one of {', '.join(map(str, action.choices))}"
+    if action.type in _KINDS:
+        return _KINDS[action.type]  # type: ignore[index]
+    if action.type is None or action.type is Path:
+        return "a text" if action.type is None else "a path"
+    name = getattr(action.type, "__name__", "a value").replace("_", " ")
+    return name if name.startswith("a") else f"a {name}"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from counterfactual.cli.common import add_data_args
+from counterfactual.cli.common import add_data_args, nonnegative_float, positive_int
 from counterfactual.cooccurrence import (
     MEASURES,
     CooccurrenceStats,
@@ -40,9 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", type=Path, required=True, help="heat-map PNG")
     p.add_argument("--json", type=Path, default=None, help="matrices (default: OUT with .json)")
-    p.add_argument("--top", type=int, default=20, help="classes shown: the N most frequent")
+    p.add_argument(
+        "--top", type=positive_int, default=20, help="classes shown: the N most frequent"
+    )
     p.add_argument("--measure", choices=MEASURES, default="pmi", help="pmi or p(a, b)")
-    p.add_argument("--smoothing", type=float, default=1.0, help="PMI pseudo-count (0: none)")
+    p.add_argument(
+        "--smoothing", type=nonnegative_float, default=1.0, help="PMI pseudo-count (0: none)"
+    )
     p.set_defaults(func=run)
 
 
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.smoothing < 0:
         raise ValueError(f"--smoothing must be >= 0, got {args.smoothing}")
     dataset = read_dataset(_spec(args))
-    records = dataset.records[: args.limit] if args.limit else dataset.records
+    records = dataset.records if args.limit is None else dataset.records[: max(args.limit, 0)]
     sets, samples = synthetic_class_sets(args.synthetic)
     before = CooccurrenceStats.from_records(records)
     after = before.combined(CooccurrenceStats.from_class_sets(sets))

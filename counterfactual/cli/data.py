@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from counterfactual import download as dl
+from counterfactual.cli.common import positive_float
 
 _STATE_TEXT = {
     "installed": "installed (digest verified on download, unpacked)",
@@ -46,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--delete-archives", action="store_true", help="delete each archive once unpacked"
     )
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds without data (default 60)")
+    p.add_argument(
+        "--timeout", type=positive_float, default=60.0, help="seconds without data (default 60)"
+    )
     p.set_defaults(func=run)
 
 

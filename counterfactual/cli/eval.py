@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from counterfactual.cli.common import nonnegative_int, positive_int
 from counterfactual.evalset import Corpus, corpus_from_records, read_karpathy, read_queries
 from counterfactual.evaluate import ODMAP_KS, EvalConfig, evaluate_model, gallery_mentions
 from counterfactual.metrics import RECALL_KS
@@ -59,11 +60,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--vocabulary", default=None, help="class word lists (default: COCO's)")
     p.add_argument("--spacy-model", default=None, help="spaCy pipeline (as for synth)")
     p.add_argument("--device", default=None, help="model device (default: cuda when present)")
-    p.add_argument("--batch-size", type=int, default=64, help="images or texts per model call")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=64, help="images or texts per model call"
+    )
     p.add_argument("--topk-device", default=None, help="top-k on torch here (e.g. cuda)")
-    p.add_argument("--ks", type=int, nargs="+", default=list(ODMAP_KS), help="ODmAP@k columns")
-    p.add_argument("--curve-k", type=int, default=20, help="plot ODmAP@k for k = 1..this")
-    p.add_argument("--grid", type=int, default=6, help="queries in qualitative.png (0: none)")
+    p.add_argument(
+        "--ks", type=positive_int, nargs="+", default=list(ODMAP_KS), help="ODmAP@k columns"
+    )
+    p.add_argument("--curve-k", type=positive_int, default=20, help="plot ODmAP@k for k = 1..this")
+    p.add_argument(
+        "--grid", type=nonnegative_int, default=6, help="queries in qualitative.png (0: none)"
+    )
     p.set_defaults(func=run)
 
 

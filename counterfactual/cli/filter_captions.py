@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from counterfactual.cli.common import positive_int
 from counterfactual.grounding.persons import (
     CaptionFilter,
     FilterConfig,
@@ -69,7 +70,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="count only POS VERB as a verb, not auxiliaries and copulas (AUX)",
     )
-    parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="spaCy batch")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=256, metavar="N", help="spaCy batch"
+    )
     parser.set_defaults(func=run)
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from counterfactual.cli.common import nonnegative_int
 from counterfactual.cli.filter_captions import INPUT_FORMAT
 from counterfactual.grounding.persons import evaluate_heuristics, read_predictions, read_samples
 
@@ -41,7 +42,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--input", required=True, metavar="IN.jsonl", help="samples with truth")
     parser.add_argument("--pred", default=None, metavar="PRED.jsonl", help="model predictions")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the Random row (default 0)")
+    parser.add_argument(
+        "--seed", type=nonnegative_int, default=0, help="seed of the Random row (default 0)"
+    )
     parser.add_argument(
         "--format", choices=("table", "json"), default="table", help="output (default: table)"
     )

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--synthetic", nargs="+", required=True, metavar="SPEC", help="synthetic shards")
     p.add_argument(
         "--ratio",
-        type=float,
+        type=float,  # plan_mix refuses <= 0 and not finite (one line, exit 2)
         required=True,
         help="synthetic samples per original sample (the paper: about 0.08-0.2)",
     )

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from counterfactual.cli.common import nonnegative_int, positive_int
 from counterfactual.run_report import DEFAULT_N, write_report
 
 
@@ -30,11 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--n",
-        type=int,
+        type=positive_int,
         default=DEFAULT_N,
         help="samples to show, spread over class x image method (at least one per stratum)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the sample drawn")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the sample drawn")
     p.add_argument("--out", type=Path, default=None, help="report folder (default OUT_DIR/report)")
     p.set_defaults(func=run)
 

@@ -80,8 +80,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "mentions any (finds the unmentioned objects the alpha rules must keep), or always all",
     )
     b.add_argument("--detect-threshold", type=unit_interval, default=_DETECT.score_threshold)
-    b.add_argument("--detect-nms-iou", type=unit_interval, default=_DETECT.nms_iou, help="per class")
-    b.add_argument("--detect-max", type=positive_int, default=_DETECT.max_detections, help="per image")
+    b.add_argument(
+        "--detect-nms-iou", type=unit_interval, default=_DETECT.nms_iou, help="per class"
+    )
+    b.add_argument(
+        "--detect-max", type=positive_int, default=_DETECT.max_detections, help="per image"
+    )
     b.add_argument("--detect-template", default=_DETECT.template, help="query text, one {}")
     b.add_argument("--detect-batch-size", type=positive_int, default=_DETECT.batch_size)
     i = p.add_argument_group("image")
@@ -159,7 +163,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--verify-k", type=positive_int, default=_VERIFY.k, help="removed: not in the top k after"
     )
     v.add_argument(
-        "--verify-retention-k", type=positive_int, default=_VERIFY.retention_k, help="kept: in the top k"
+        "--verify-retention-k",
+        type=positive_int,
+        default=_VERIFY.retention_k,
+        help="kept: in the top k",
     )
     v.add_argument(
         "--no-verify-text",
@@ -181,10 +188,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-pixels", type=positive_int, default=_SYNTH.max_pixels, help="refuse larger pictures"
     )
     o.add_argument(
-        "--contact-sheet", type=nonnegative_int, default=8, help="rows in contact_sheet.png (0: none)"
+        "--contact-sheet",
+        type=nonnegative_int,
+        default=8,
+        help="rows in contact_sheet.png (0: none)",
     )
     o.add_argument(
-        "--batch-size", type=positive_int, default=_SYNTH.batch_size, help="items per CPU-step batch"
+        "--batch-size",
+        type=positive_int,
+        default=_SYNTH.batch_size,
+        help="items per CPU-step batch",
     )
     r = p.add_argument_group("ray (with --runner ray)")
     r.add_argument("--ray-address", default=None, help="cluster to join (default: RAY_ADDRESS)")
@@ -202,12 +215,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="actors per model stage (default: the GPUs shared among the GPU stages; on CPU "
         "none, the shard workers run the models themselves)",
     )
+    r.add_argument("--gpus-per-actor", type=gpu_share, default=1.0, help="in (0, 8] (default 1)")
     r.add_argument(
-        "--gpus-per-actor", type=gpu_share, default=1.0, help="in (0, 8] (default 1)"
+        "--model-batch-size", type=positive_int, default=None, help="items per model call"
     )
-    r.add_argument("--model-batch-size", type=positive_int, default=None, help="items per model call")
     r.add_argument(
-        "--in-flight", type=positive_int, default=2, help="shard tasks queued per worker (default 2)"
+        "--in-flight",
+        type=positive_int,
+        default=2,
+        help="shard tasks queued per worker (default 2)",
     )
     r.add_argument(
         "-v",
@@ -327,6 +343,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ValueError("--out is required (on the command line or in --config)")
     config = build_config(args)
+    from counterfactual.run import check_out_dir
+
+    check_out_dir(args.out)  # before the input is read: a bad OUT fails in a second
     spec = data_spec(args, demo_root(args))
     inputs = open_input(spec, config.images_per_shard)
     records = inputs.records if isinstance(inputs.records, Sequence) else ()

@@ -10,7 +10,9 @@ read the spec back from ``manifest.json`` (``data``) instead of re-parsing the c
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from counterfactual import fs
@@ -93,9 +95,52 @@ class DataSpec:
         )
 
 
-def read_dataset(spec: DataSpec) -> Dataset:
-    """The records of an annotated dataset (demo, COCO, Flickr30k), read once."""
+def check_inputs(spec: DataSpec) -> None:
+    """``ValueError`` naming the option and path of an input file or folder that is missing,
+    of the wrong kind or unreadable, before anything is read (else every image would fail
+    alone, as ``missing-file``). Local paths are checked whole; of a URL only that the images
+    prefix holds something (one listing)."""
     spec = spec.resolved()
+    checks: list[tuple[str, str | None, bool]] = []
+    if spec.kind == "coco":
+        checks += [
+            ("--instances", spec.instances, False),
+            ("--captions", spec.captions, False),
+            ("--split-file", spec.split_file, False),
+        ]
+    elif spec.kind == "flickr30k":
+        checks.append(("--root", spec.root, True))
+    if spec.kind != "demo":  # the demo writes its own pictures
+        checks.append(("--images", spec.images, True))
+    for option, value, folder in checks:
+        if value is not None:
+            _check_path(option, value, folder)
+
+
+def _check_path(option: str, value: str, folder: bool) -> None:
+    what = "folder" if folder else "file"
+    if fs.is_url(value):
+        if folder and not fs.isdir(value):
+            raise ValueError(f"{option} {value}: nothing under this prefix (no such folder)")
+        return
+    path = fs.as_path(value)
+    assert isinstance(path, Path)
+    if not path.exists():
+        raise ValueError(f"{option} {value}: no such {what}")
+    if folder and not path.is_dir():
+        raise ValueError(f"{option} {value}: is a file, not a folder")
+    if not folder and path.is_dir():
+        raise ValueError(f"{option} {value}: is a folder, not a file")
+    if not os.access(path, os.R_OK | (os.X_OK if folder else 0)):
+        verb = "list or search" if folder else "read"
+        raise ValueError(f"{option} {value}: permission denied (cannot {verb} the {what})")
+
+
+def read_dataset(spec: DataSpec) -> Dataset:
+    """The records of an annotated dataset (demo, COCO, Flickr30k), read once; its files and
+    folders are checked first (:func:`check_inputs`)."""
+    spec = spec.resolved()
+    check_inputs(spec)
     if spec.corpus:
         raise ValueError(f"{spec.kind} is a corpus: its workers read it (open_input)")
     if spec.kind == "demo":
@@ -124,9 +169,10 @@ def open_input(spec: DataSpec, images_per_shard: int) -> RunInput:
     spec = spec.resolved()
     if not spec.corpus:
         dataset = read_dataset(spec)
-        records = dataset.records[: spec.limit] if spec.limit else dataset.records
+        records = dataset.records if spec.limit is None else dataset.records[: max(spec.limit, 0)]
         return RunInput(records, failures=dataset.failures, spec=spec.to_dict())
-    if spec.limit:  # a few rows: the driver reads them and hands them out as records
+    check_inputs(spec)
+    if spec.limit is not None:  # a few rows: the driver reads them and hands them out as records
         return _first_rows(spec)
     from counterfactual.readers.corpus import plan_pieces
 
