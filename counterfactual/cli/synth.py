@@ -71,7 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="where the objects come from (default: the dataset's boxes for coco, flickr30k "
         "and demo, the detector for wds, parquet and csv)",
     )
-    b.add_argument("--detector-model", default=_DETECT.model, help="OWLv2 hub id or folder")
+    b.add_argument(
+        "--detector-model",
+        default=_DETECT.model,
+        help="OWLv2 or Grounding DINO hub id or folder (default: %(default)s)",
+    )
     b.add_argument(
         "--detect-queries",
         choices=QUERY_MODES,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 from PIL import Image
 
-from counterfactual._lazy import require
+from counterfactual._lazy import check_torchvision, require
 
 if TYPE_CHECKING:
     import torch
@@ -407,6 +407,7 @@ class OpenClipEmbedder(_TorchEmbedder):
         spec = ModelSpec("open_clip", name, pretrained)
         super().__init__(device, dtype, batch_size)
         self.spec = spec
+        check_torchvision()  # open_clip imports it; a broken build gets the one-line hint
         try:
             import open_clip
         except ImportError as err:
