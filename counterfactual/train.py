@@ -1,25 +1,38 @@
-"""Fine-tune a Hugging Face CLIP on original + synthetic WebDataset shards (seed 002: "fine-tune
-CLIP on D ∪ D'").
+"""Fine-tune a Hugging Face CLIP or BLIP on original + synthetic WebDataset shards (seed 002:
+"we finetune the compared methods with both the original and synthetic datasets, D ∪ D'").
 
-The defaults are the paper's recipe: 10 epochs, batch size 256, Adam at lr 2e-6, the lr halved
-every 2 epochs (step decay), CLIP's symmetric contrastive loss. Samples are drawn as
-``counterfactual.mix`` draws them (open_clip's ``--dataset-resampled`` with upsampling factors):
-each sample is synthetic with probability ``ratio / (1 + ratio)``, shards are drawn with
-replacement and read whole, and a shuffle buffer mixes their samples. An epoch is
-``samples_per_epoch`` samples (by default the original count times ``1 + ratio``, so each
-original sample is seen once in expectation), in full batches.
+A recipe holds each paper's defaults (:data:`RECIPES`): ``clip`` is 10 epochs, batch 256, Adam
+at lr 2e-6 halved every 2 epochs, CLIP's symmetric contrastive loss on a ``CLIPModel``; ``blip``
+is 2 epochs, batch 16, AdamW at lr 1e-5 halved every half epoch, BLIP's image-text contrastive
+(ITC) loss on a ``BlipForImageTextRetrieval``. The lr is a step decay on the fractional epoch
+position of each step (:meth:`TrainConfig.lr_at_step`).
+
+Two ways to read D ∪ D' (``mix``):
+
+* ``ratio``: as ``counterfactual.mix`` draws (open_clip's ``--dataset-resampled`` with
+  upsampling factors): each sample is synthetic with probability ``ratio / (1 + ratio)``, shards
+  are drawn with replacement and read whole. An epoch is ``samples_per_epoch`` samples (by
+  default the original count times ``1 + ratio``) in full batches.
+* ``union``: the paper's setup. Each epoch reads every original and every synthetic shard once,
+  each side in a seeded shuffled order (split between DataLoader workers), the two sides
+  interleaved at random in proportion to their sizes, so each sample is seen exactly once, at
+  the natural ratio of the two sides; the last batch of an epoch may be smaller.
+
+In both a shuffle buffer mixes the samples of the shards being read.
 
 Output folder: ``train.json`` (config, versions, plan, then the result), ``train_log.jsonl`` (one
 row per ``log_every`` steps and at each epoch's end), ``epoch-XX/`` after each epoch and
 ``final/``; each holds ``save_pretrained`` output of both model and processor, so it loads by path
-like a hub id. An epoch folder appears by an atomic rename once complete, so a rerun with the same
-config continues after the last one (the data each epoch draws depends only on the seed and the
-epoch number, so a resumed run gives the same weights as an uninterrupted one on CPU).
+like a hub id (``hf-clip:OUT/final`` or ``blip:OUT/final`` for ``counterfactual eval``). An epoch
+folder appears by an atomic rename once complete, so a rerun with the same config continues after
+the last one (the data each epoch draws depends only on the seed and the epoch number, so a
+resumed run gives the same weights as an uninterrupted one on CPU).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -31,6 +44,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +61,9 @@ OPTIMIZERS = ("adam", "adamw")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 """``auto``: bf16 autocast on CUDA, fp32 elsewhere. bf16/fp16 are mixed precision (autocast,
 fp32 master weights; fp16 with a gradient scaler) and need CUDA."""
+MIXES = ("ratio", "union")
+"""``ratio``: resampled at ``ratio`` synthetic per original; ``union``: every sample of D ∪ D'
+once per epoch."""
 
 MISSING_IMAGE = "missing-image"
 MISSING_TEXT = "missing-text"
@@ -57,41 +74,117 @@ decoding ones of :func:`counterfactual.imageio.decode_rgb` (``decode-error``,
 ``image-too-large``)."""
 
 MAX_LOGIT_SCALE = math.log(100.0)  # open_clip clamps exp(logit_scale) at 100 after each step
+BLIP_TEMPERATURE = 0.07
+"""The ITC temperature for BLIP: its initial value in BLIP. BLIP learns it, but
+``BlipForImageTextRetrieval`` checkpoints do not hold it, so it stays fixed here."""
 # Config fields a resumed run may change: they do not change which samples are drawn.
 _MAY_CHANGE_ON_RESUME = ("epochs", "device", "num_workers", "log_every", "precision")
+# What a train.json written before a field existed meant by it.
+_BEFORE_FIELD = {"recipe": "clip", "mix": "ratio"}
 _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One paper's fine-tuning defaults for a model family (seed 002, "Implementation
+    details"). ``model_class`` is the transformers class that is loaded, trained and saved;
+    ``lr_decay_every`` is in epochs and may be a fraction."""
+
+    name: str
+    model_type: str
+    model_class: str
+    epochs: int
+    batch_size: int
+    optimizer: str
+    lr: float
+    lr_decay: float
+    lr_decay_every: float
+    weight_decay: float
+    max_text_length: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+RECIPES: Mapping[str, Recipe] = {
+    "clip": Recipe(
+        name="clip",
+        model_type="clip",
+        model_class="CLIPModel",
+        epochs=10,
+        batch_size=256,
+        optimizer="adam",
+        lr=2e-6,
+        lr_decay=0.5,
+        lr_decay_every=2.0,
+        weight_decay=0.0,
+        max_text_length=77,  # CLIP's context
+    ),
+    "blip": Recipe(
+        name="blip",
+        model_type="blip",
+        model_class="BlipForImageTextRetrieval",
+        epochs=2,
+        batch_size=16,
+        optimizer="adamw",
+        lr=1e-5,
+        lr_decay=0.5,
+        lr_decay_every=0.5,
+        weight_decay=0.05,  # the paper gives none; BLIP's retrieval fine-tuning configs use 0.05
+        max_text_length=35,  # BLIP's retrieval fine-tuning tokenizes at max_length=35
+    ),
+}
+"""The recipes by name; a :class:`TrainConfig` field left unset takes its recipe's value."""
+
+_FROM_RECIPE: Any = None  # a field default meaning "the recipe's value", filled on construction
+_RECIPE_FIELDS = (
+    "epochs",
+    "batch_size",
+    "optimizer",
+    "lr",
+    "lr_decay",
+    "lr_decay_every",
+    "weight_decay",
+    "max_text_length",
+)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Options of one fine-tuning run; checked on construction (``ValueError`` names the value).
 
-    ``model`` is a hub id or a local folder holding a ``CLIPModel`` and its processor.
-    ``original`` / ``synthetic`` are shard specs as ``counterfactual.mix`` reads them (brace
-    patterns, globs, directories, ``::`` lists); they are stored as a tuple of specs. No
-    synthetic shards means training on the original ones only. ``ratio`` is synthetic samples
-    per original sample in expectation. ``lr`` is multiplied by ``lr_decay`` every
-    ``lr_decay_every`` epochs. ``samples_per_epoch=None`` takes the original count times
-    ``1 + ratio`` (``MixPlan.samples_per_epoch``). ``device=None`` picks CUDA when available.
+    ``recipe`` names an entry of :data:`RECIPES`; epochs, batch size, optimizer, lr, its decay,
+    weight decay and text length left unset take that recipe's values. ``model`` is a hub id or
+    a local folder holding the recipe's model class (``CLIPModel``,
+    ``BlipForImageTextRetrieval``) and its processor. ``original`` / ``synthetic`` are shard
+    specs as ``counterfactual.mix`` reads them (brace patterns, globs, directories, ``::``
+    lists); they are stored as a tuple of specs. No synthetic shards means training on the
+    original ones only. ``mix`` is ``ratio`` or ``union`` (module docstring); ``ratio`` is
+    synthetic samples per original sample in expectation (``mix="ratio"`` only). ``lr`` is
+    multiplied by ``lr_decay`` every ``lr_decay_every`` epochs (a fraction such as 0.5 decays
+    within epochs). ``samples_per_epoch=None`` takes the original count times ``1 + ratio``
+    (``mix="ratio"`` only). ``device=None`` picks CUDA when available.
     """
 
     model: str
     original: ShardSpec
     synthetic: ShardSpec = ()
+    recipe: str = "clip"
+    mix: str = "ratio"
     ratio: float = 0.1
-    epochs: int = 10
-    batch_size: int = 256
-    lr: float = 2e-6
-    lr_decay: float = 0.5
-    lr_decay_every: int = 2
-    optimizer: str = "adam"
+    epochs: int = _FROM_RECIPE
+    batch_size: int = _FROM_RECIPE
+    lr: float = _FROM_RECIPE
+    lr_decay: float = _FROM_RECIPE
+    lr_decay_every: float = _FROM_RECIPE
+    optimizer: str = _FROM_RECIPE
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    weight_decay: float = 0.0
+    weight_decay: float = _FROM_RECIPE
     grad_clip_norm: float | None = None
     samples_per_epoch: int | None = None
     shuffle_buffer: int = 1000
-    max_text_length: int = 77
+    max_text_length: int = _FROM_RECIPE
     image_key: str = "jpg"
     text_key: str = "txt"
     seed: int = 0
@@ -103,15 +196,25 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, str | os.PathLike) or not os.fspath(self.model):
             raise ValueError(f"model must be a hub id or a folder, got {self.model!r}")
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {tuple(RECIPES)}, got {self.recipe!r}")
+        recipe = RECIPES[self.recipe]
+        for name in _RECIPE_FIELDS:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(recipe, name))
         object.__setattr__(self, "model", os.fspath(self.model))
         object.__setattr__(self, "original", _specs(self.original, "original"))
         object.__setattr__(self, "synthetic", _specs(self.synthetic, "synthetic"))
         if not self.original:
             raise ValueError("no original shards given")
+        if self.mix not in MIXES:
+            raise ValueError(f"mix must be one of {MIXES}, got {self.mix!r}")
         _positive("ratio", self.ratio)
         _positive("lr", self.lr)
         _positive("eps", self.eps)
-        for name in ("epochs", "batch_size", "lr_decay_every", "max_text_length", "log_every"):
+        _positive("lr_decay_every", self.lr_decay_every)
+        object.__setattr__(self, "lr_decay_every", float(self.lr_decay_every))
+        for name in ("epochs", "batch_size", "max_text_length", "log_every"):
             _positive_int(name, getattr(self, name))
         _positive("lr_decay", self.lr_decay)
         if self.lr_decay > 1:
@@ -131,6 +234,11 @@ class TrainConfig:
             _positive("grad_clip_norm", self.grad_clip_norm)
         if self.samples_per_epoch is not None:
             _positive_int("samples_per_epoch", self.samples_per_epoch)
+            if self.mix == "union":
+                raise ValueError(
+                    f"samples_per_epoch={self.samples_per_epoch!r} is for mix 'ratio'; with mix "
+                    "'union' an epoch is every sample of D ∪ D' once"
+                )
         for name in ("shuffle_buffer", "num_workers", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -141,14 +249,30 @@ class TrainConfig:
         if self.device is not None and (not isinstance(self.device, str) or not self.device):
             raise ValueError(f"device must be a torch device name or None, got {self.device!r}")
 
-    def lr_at(self, epoch: int) -> float:
-        """The learning rate during 0-based ``epoch``: ``lr * lr_decay ** (epoch //
-        lr_decay_every)`` (paper: 2e-6 for epochs 1-2, 1e-6 for 3-4, ...)."""
-        return self.lr * self.lr_decay ** (epoch // self.lr_decay_every)
+    def lr_at(self, epoch: float) -> float:
+        """The learning rate at ``epoch`` epochs into training (0-based, fractions allowed):
+        ``lr * lr_decay ** floor(epoch / lr_decay_every)``, exact for decimal fractions (CLIP:
+        2e-6 in epochs 1-2, 1e-6 in 3-4, ...; BLIP: 1e-5 in the first half epoch, 5e-6 in the
+        second, ...)."""
+        position = epoch if isinstance(epoch, Fraction) else Fraction(repr(float(epoch)))
+        return self.lr * self.lr_decay ** math.floor(position / _fraction(self.lr_decay_every))
+
+    def lr_at_step(self, step: int, steps_per_epoch: int) -> float:
+        """The learning rate of 0-based ``step`` when an epoch is ``steps_per_epoch`` steps:
+        ``lr_at(step / steps_per_epoch)``."""
+        _positive_int("steps_per_epoch", steps_per_epoch)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        return self.lr_at(Fraction(step, steps_per_epoch))
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         return json.loads(json.dumps(data))  # tuples -> lists, as train.json holds them
+
+
+def _fraction(value: float) -> Fraction:
+    """``0.1`` as 1/10, not the binary float's exact value."""
+    return Fraction(repr(float(value)))
 
 
 def _specs(value: Any, name: str) -> tuple[str, ...]:
@@ -186,7 +310,10 @@ def _positive_int(name: str, value: Any) -> None:
 @dataclass(frozen=True)
 class TrainPlan:
     """What a run will read: the expanded shards, their sample counts and the epoch size.
-    ``synthetic_fraction`` is the expected share of synthetic samples (0 with none)."""
+    ``ratio`` is synthetic per original: the configured one (``mix="ratio"``), or the natural
+    one of the two sides (``mix="union"``, e.g. about 0.08 on COCO). ``synthetic_fraction`` is
+    the share of synthetic samples (0 with none). With ``union`` the last step of an epoch may
+    hold fewer than a batch, and bad samples make it shorter than ``steps_per_epoch``."""
 
     original: tuple[str, ...]
     original_samples: int
@@ -195,6 +322,7 @@ class TrainPlan:
     ratio: float
     samples_per_epoch: int
     steps_per_epoch: int
+    mix: str = "ratio"
 
     @property
     def synthetic_fraction(self) -> float:
@@ -206,8 +334,10 @@ class TrainPlan:
 
 def plan_training(config: TrainConfig) -> TrainPlan:
     """Expand and count the shards (``ValueError`` for a spec that matches nothing, an
-    unreadable shard or a side without samples) and size the epoch: ``steps_per_epoch`` full
-    batches of ``batch_size`` cover at least ``samples_per_epoch`` samples."""
+    unreadable shard, a side without samples or a shard on both sides) and size the epoch:
+    ``ratio``: ``steps_per_epoch`` full batches of ``batch_size`` cover at least
+    ``samples_per_epoch`` samples; ``union``: every sample once, ``ceil(samples /
+    batch_size)`` steps."""
     if config.synthetic:
         mix = plan_mix(list(config.original), list(config.synthetic), config.ratio)
         original, n_original = mix.original.shards, mix.original.samples
@@ -219,22 +349,87 @@ def plan_training(config: TrainConfig) -> TrainPlan:
         if n_original == 0:
             raise ValueError(f"the original shards hold no samples: {', '.join(original)}")
         synthetic, n_synthetic, default = (), 0, n_original
-    samples = config.samples_per_epoch or default
+    if config.mix == "union":
+        samples = n_original + n_synthetic
+        ratio = n_synthetic / n_original
+    else:
+        samples = config.samples_per_epoch or default
+        ratio = config.ratio if synthetic else 0.0
     return TrainPlan(
         original=tuple(original),
         original_samples=n_original,
         synthetic=tuple(synthetic),
         synthetic_samples=n_synthetic,
-        ratio=config.ratio if synthetic else 0.0,
+        ratio=ratio,
         samples_per_epoch=samples,
         steps_per_epoch=math.ceil(samples / config.batch_size),
+        mix=config.mix,
     )
+
+
+def epoch_samples(config: TrainConfig, plan: TrainPlan, epoch: int) -> Any:
+    """The raw samples (bytes under their extensions, ``__key__``, ``__url__``) that 0-based
+    ``epoch`` reads, before the shuffle buffer, as a WebDataset pipeline seeded by
+    ``config.seed`` and ``epoch``. ``ratio``: endless, drawn as ``counterfactual.mix`` draws.
+    ``union``: every shard of ``plan`` once, each side's in a shuffled order and split between
+    the DataLoader workers iterating it, the sides interleaved at random in proportion to their
+    samples; then it ends."""
+    import webdataset as wds
+
+    seed = _epoch_seed(config.seed, epoch)
+    if plan.mix == "union":
+        sides = [
+            wds.DataPipeline(
+                wds.SimpleShardList(list(shards), seed=seed * 2 + offset),
+                wds.split_by_worker,
+                wds.tarfile_to_samples(),
+            )
+            for offset, shards in enumerate((plan.original, plan.synthetic))
+            if shards
+        ]
+        if len(sides) == 1:
+            return sides[0]
+        share = plan.synthetic_samples / (plan.original_samples + plan.synthetic_samples)
+        return wds.DataPipeline(_Interleave(sides[0], sides[1], share, seed))
+    if plan.synthetic:
+        return mixed_dataset(list(plan.original), list(plan.synthetic), plan.ratio, seed=seed)
+    return wds.DataPipeline(
+        wds.ResampledShards(list(plan.original), seed=seed, deterministic=True),
+        wds.tarfile_to_samples(),
+    )
+
+
+class _Interleave:
+    """The first stage of a ``union`` epoch: each next sample from the second source with
+    probability ``p_second`` (its share of the samples), so synthetic samples are spread over
+    the epoch rather than read shard after shard; when one source ends, the rest of the other.
+    Each source is read once."""
+
+    def __init__(self, first: Any, second: Any, p_second: float, seed: int) -> None:
+        self.first = first
+        self.second = second
+        self.p_second = p_second
+        self.seed = seed
+
+    def __call__(self) -> Iterator[dict[str, Any]]:
+        from webdataset.utils import make_seed, pytorch_worker_seed
+
+        rng = random.Random(make_seed(pytorch_worker_seed(), self.seed))
+        first, second = iter(self.first), iter(self.second)
+        while True:
+            source, other = (second, first) if rng.random() < self.p_second else (first, second)
+            try:
+                yield next(source)
+            except StopIteration:
+                yield from other
+                return
 
 
 @dataclass(frozen=True)
 class TrainLog:
     """One row of ``train_log.jsonl``: ``loss`` is the mean over the steps since the previous
-    row; ``samples``, ``synthetic`` and ``skipped`` are totals since the run began."""
+    row and ``lr`` the one of its last step; ``samples``, ``synthetic`` and ``skipped`` are
+    totals since the run began."""
 
     step: int
     epoch: int
@@ -284,22 +479,22 @@ class TrainResult:
         }
 
 
-def train_clip(
+def fine_tune(
     config: TrainConfig,
     out_dir: str | os.PathLike[str],
     progress: Callable[[TrainLog], None] | None = None,
 ) -> TrainResult:
-    """Fine-tune ``config.model`` with CLIP's contrastive loss; see the module docstring for the
-    folder it writes. ``progress`` receives each log row. Continues after the last
+    """Fine-tune ``config.model`` with its recipe's contrastive loss; see the module docstring
+    for the folder it writes. ``progress`` receives each log row. Continues after the last
     ``epoch-XX`` folder of ``out_dir`` when there is one (its ``train.json`` must hold the same
     config, except epochs, device, precision, workers and logging).
 
-    Raises ``ValueError`` for a bad device or precision, a model that does not load, shards that
-    cannot be read, a resume with another config, or when a long run of samples is all bad;
-    ``FloatingPointError`` when the loss is not finite (fp32/bf16; fp16 lets the scaler skip).
+    Raises ``ValueError`` for a bad device or precision, a model that does not load as the
+    recipe's class, shards that cannot be read, a resume with another config, or when a long
+    run of samples is all bad; ``FloatingPointError`` when the loss is not finite (fp32/bf16;
+    fp16 lets the scaler skip).
     """
     torch = require("torch", "models")
-    transformers = require("transformers", "models")
     start = time.perf_counter()
     out = Path(out_dir)
     device, precision = _resolve_device(config)
@@ -316,14 +511,9 @@ def train_clip(
     if resumed_from:
         _check_same_config(out / "train.json", config)
     source = out / _epoch_name(resumed_from) if resumed_from else config.model
-    try:
-        model = transformers.CLIPModel.from_pretrained(str(source), dtype=torch.float32)
-        processor = transformers.AutoProcessor.from_pretrained(str(source))
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(
-            f"could not load CLIP {source!s} (a hub id or folder with a CLIPModel): {err}"
-        ) from err
-    step = _Step(model.to(device).train(), config, device, precision)
+    family = _FAMILIES[config.recipe]
+    model, processor = family.load(str(source))
+    step = _Step(model.to(device).train(), family, config, device, precision)
     state: dict[str, Any] = {"step": 0, "samples": 0, "synthetic": 0, "skipped": {}}
     state.update(first_loss=None, last_loss=None)
     if resumed_from:
@@ -334,6 +524,7 @@ def train_clip(
         out / "train.json",
         {
             "config": config.to_dict(),
+            "recipe": RECIPES[config.recipe].to_dict(),
             "device": str(device),
             "precision": precision,
             "plan": plan.to_dict(),
@@ -345,51 +536,45 @@ def train_clip(
     log_path = out / "train_log.jsonl"
     _keep_log_rows(log_path, resumed_from)
     skipped: Counter[str] = Counter(state["skipped"])
+    per_epoch = plan.steps_per_epoch
 
     with log_path.open("a", encoding="utf-8") as log:
+
+        def emit(row: TrainLog) -> None:
+            log.write(json.dumps(row.to_dict()) + "\n")
+            log.flush()
+            if state["first_loss"] is None:
+                state["first_loss"] = row.loss
+            state["last_loss"] = row.loss
+            if progress is not None:
+                progress(row)
+
         for epoch in range(resumed_from, config.epochs):
-            lr = config.lr_at(epoch)
-            step.set_lr(lr)
-            epoch_seed = _epoch_seed(config.seed, epoch)
-            torch.manual_seed(epoch_seed)
-            batches = _epoch_batches(config, plan, processor, epoch_seed, device)
-            losses: list[float] = []
-            window_steps, window_start = 0, time.perf_counter()
-            for index in range(plan.steps_per_epoch):
-                batch = next(batches)
+            torch.manual_seed(_epoch_seed(config.seed, epoch))
+            batches = _epoch_batches(config, plan, processor, epoch, device)
+            window = _Window()
+            lr, index = config.lr_at(epoch), -1
+            for index, batch in enumerate(itertools.islice(batches, per_epoch)):
+                lr = config.lr_at(Fraction(epoch * per_epoch + index, per_epoch))
+                step.set_lr(lr)
                 value = step(batch["inputs"])
                 if not math.isfinite(value) and step.scaler is None:
                     raise FloatingPointError(f"loss is {value} at step {state['step'] + 1}")
-                if math.isfinite(value):  # fp16: else the scaler skipped this step
-                    losses.append(value)
-                window_steps += 1
+                window.add(value, batch["size"])  # fp16: a skipped step's inf is left out
                 state["step"] += 1
-                state["samples"] += config.batch_size
+                state["samples"] += batch["size"]
                 state["synthetic"] += batch["synthetic"]
                 skipped.update(batch["skipped"])
-                if state["step"] % config.log_every == 0 or index == plan.steps_per_epoch - 1:
-                    row = TrainLog(
-                        step=state["step"],
-                        epoch=epoch + 1,
-                        lr=lr,
-                        loss=sum(losses) / len(losses) if losses else math.nan,
-                        samples_per_s=window_steps
-                        * config.batch_size
-                        / max(time.perf_counter() - window_start, 1e-9),
-                        samples=state["samples"],
-                        synthetic=state["synthetic"],
-                        skipped=sum(skipped.values()),
-                    )
-                    log.write(json.dumps(row.to_dict()) + "\n")
-                    log.flush()
-                    if state["first_loss"] is None:
-                        state["first_loss"] = row.loss
-                    state["last_loss"] = row.loss
-                    if progress is not None:
-                        progress(row)
-                    losses = []
-                    window_steps, window_start = 0, time.perf_counter()
+                if state["step"] % config.log_every == 0 or index == per_epoch - 1:
+                    emit(window.row(state, epoch + 1, lr, sum(skipped.values())))
             batches.close()  # ends the DataLoader workers of this epoch
+            if index < 0:
+                raise ValueError(
+                    f"epoch {epoch + 1} trained no batch: no good sample in the shards "
+                    f"(skipped so far: {dict(skipped)})"
+                )
+            if window.steps:  # a union epoch shortened by bad samples
+                emit(window.row(state, epoch + 1, lr, sum(skipped.values())))
             state["skipped"] = dict(skipped)
             _save_epoch(out, epoch + 1, model, processor, step, state)
 
@@ -413,16 +598,154 @@ def train_clip(
     return result
 
 
+train_clip = fine_tune
+"""The former name of :func:`fine_tune` (it trains whatever the recipe names)."""
+
+
+def contrastive_loss(similarities: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Symmetric InfoNCE over a batch: ``similarities[i, j]`` is image ``i`` against text ``j``
+    (cosines), pair ``i`` matches text ``i``; the mean of the image->text and text->image cross
+    entropies of ``similarities / temperature`` (BLIP's ITC loss without momentum distillation;
+    CLIP's with ``temperature = 1 / logit_scale.exp()``)."""
+    import torch
+
+    logits = similarities.float() / temperature
+    labels = torch.arange(logits.shape[0], device=logits.device)
+    cross_entropy = torch.nn.functional.cross_entropy
+    return (cross_entropy(logits, labels) + cross_entropy(logits.t(), labels)) / 2
+
+
+class _Family:
+    """How a recipe's model family is loaded, what loss a batch gives, what a step keeps in
+    range. ``needed``: the weights a checkpoint must hold for this training."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+
+    def load(self, source: str) -> tuple[Any, Any]:
+        """Model (float32) and processor from a hub id or folder, or ``ValueError``."""
+        torch = require("torch", "models")
+        transformers = require("transformers", "models")
+        recipe = self.recipe
+        what = f"{recipe.model_class} (recipe {recipe.name!r})"
+        try:
+            hf_config = transformers.AutoConfig.from_pretrained(source)
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(
+                f"could not load {recipe.name.upper()} {source} (a hub id or folder with a "
+                f"{what}): {err}"
+            ) from err
+        if hf_config.model_type != recipe.model_type:
+            other = [r.name for r in RECIPES.values() if r.model_type == hf_config.model_type]
+            hint = f"; use recipe {other[0]!r}" if other else ""
+            raise ValueError(
+                f"{source} holds a {hf_config.model_type!r} model, not the {what} the recipe "
+                f"trains{hint}"
+            )
+        try:
+            model, info = getattr(transformers, recipe.model_class).from_pretrained(
+                source, dtype=torch.float32, output_loading_info=True
+            )
+            processor = transformers.AutoProcessor.from_pretrained(source)
+        except (OSError, ValueError, KeyError, RuntimeError) as err:
+            raise ValueError(f"could not load {recipe.name.upper()} {source}: {err}") from err
+        missing = sorted(k for k in info["missing_keys"] if self.needed(k))
+        if missing:
+            raise ValueError(
+                f"{source} is not a {what} checkpoint: {len(missing)} weights it trains are "
+                f"missing, e.g. {missing[:3]}"
+            )
+        return model, processor
+
+    def needed(self, key: str) -> bool:
+        return True
+
+    def loss(self, model: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def after_step(self, model: Any) -> None:
+        """Called after each optimizer step, without gradients."""
+
+
+class _Clip(_Family):
+    """``CLIPModel``: its own contrastive loss (``return_loss=True``) at its learned
+    temperature, clamped at 100 after each step as open_clip does."""
+
+    def loss(self, model: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
+        return model(**inputs, return_loss=True).loss
+
+    def after_step(self, model: Any) -> None:
+        model.logit_scale.clamp_(0, MAX_LOGIT_SCALE)
+
+
+class _Blip(_Family):
+    """``BlipForImageTextRetrieval``: ``forward(use_itm_head=False)`` gives the ITC cosines of
+    ``normalize(vision_proj(image CLS))`` and ``normalize(text_proj(text CLS))`` (the text
+    encoder without the image); :func:`contrastive_loss` at :data:`BLIP_TEMPERATURE`. The ITM
+    head is neither trained nor needed."""
+
+    def needed(self, key: str) -> bool:
+        return not key.startswith("itm_head.")
+
+    def loss(self, model: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
+        cosines = model(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            pixel_values=inputs["pixel_values"],
+            use_itm_head=False,
+        ).itm_score
+        return contrastive_loss(cosines, BLIP_TEMPERATURE)
+
+
+_FAMILIES: Mapping[str, _Family] = {"clip": _Clip(RECIPES["clip"]), "blip": _Blip(RECIPES["blip"])}
+
+
+class _Window:
+    """The steps since the previous log row."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.losses: list[float] = []
+        self.steps = 0
+        self.samples = 0
+        self.start = time.perf_counter()
+
+    def add(self, loss: float, samples: int) -> None:
+        if math.isfinite(loss):
+            self.losses.append(loss)
+        self.steps += 1
+        self.samples += samples
+
+    def row(self, state: Mapping[str, Any], epoch: int, lr: float, skipped: int) -> TrainLog:
+        """The log row of this window; the window starts again."""
+        row = TrainLog(
+            step=state["step"],
+            epoch=epoch,
+            lr=lr,
+            loss=sum(self.losses) / len(self.losses) if self.losses else math.nan,
+            samples_per_s=self.samples / max(time.perf_counter() - self.start, 1e-9),
+            samples=state["samples"],
+            synthetic=state["synthetic"],
+            skipped=skipped,
+        )
+        self.reset()
+        return row
+
+
 class _Step:
     """One optimisation step per call on a batch of processor outputs: forward under autocast
-    (bf16/fp16 on CUDA), CLIP's symmetric contrastive loss, backward (scaled for fp16),
-    optional gradient-norm clipping, Adam, then the temperature clamped as open_clip does.
-    Returns the loss as a float."""
+    (bf16/fp16 on CUDA), the family's contrastive loss, backward (scaled for fp16), optional
+    gradient-norm clipping, Adam(W), then the family's clamp. Returns the loss as a float."""
 
-    def __init__(self, model: Any, config: TrainConfig, device: Any, precision: str) -> None:
+    def __init__(
+        self, model: Any, family: _Family, config: TrainConfig, device: Any, precision: str
+    ) -> None:
         import torch
 
         self.model = model
+        self.family = family
         self.device = device
         self.params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
@@ -455,7 +778,7 @@ class _Step:
 
         inputs = {k: v.to(self.device, non_blocking=True) for k, v in inputs.items()}
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=bool(self.autocast)):
-            loss = self.model(**inputs, return_loss=True).loss
+            loss = self.family.loss(self.model, inputs)
         value = float(loss.detach().float().item())
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
@@ -471,7 +794,7 @@ class _Step:
         else:
             self.optimizer.step()
         with torch.no_grad():
-            self.model.logit_scale.clamp_(0, MAX_LOGIT_SCALE)
+            self.family.after_step(self.model)
         return value
 
 
@@ -498,33 +821,54 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 
 
 def _epoch_batches(
-    config: TrainConfig, plan: TrainPlan, processor: Any, seed: int, device: Any
+    config: TrainConfig, plan: TrainPlan, processor: Any, epoch: int, device: Any
 ) -> Generator[dict[str, Any], None, None]:
-    """Endless batches for one epoch, built in DataLoader workers when ``num_workers > 0``."""
+    """The batches of 0-based ``epoch`` (endless with ``ratio``), built in DataLoader workers
+    when ``num_workers > 0``. Each is ``{"inputs", "size", "synthetic", "skipped"}``."""
     import torch
-    import webdataset as wds
 
-    if plan.synthetic:
-        stream = mixed_dataset(list(plan.original), list(plan.synthetic), plan.ratio, seed=seed)
-    else:
-        stream = wds.DataPipeline(
-            wds.ResampledShards(list(plan.original), seed=seed, deterministic=True),
-            wds.tarfile_to_samples(),
-        )
-    dataset = stream.compose(_Batcher(config, processor, frozenset(plan.synthetic), seed))
+    batcher = _Batcher(
+        config, processor, frozenset(plan.synthetic), _epoch_seed(config.seed, epoch)
+    )
+    dataset = epoch_samples(config, plan, epoch).compose(batcher)
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=None,
         num_workers=config.num_workers,
         pin_memory=device.type == "cuda",
     )
-    return _closing(loader)
+    return _batches(loader, batcher)
 
 
-def _closing(loader: Any) -> Generator[dict[str, Any], None, None]:
+def _batches(loader: Any, batcher: _Batcher) -> Generator[dict[str, Any], None, None]:
+    """The loader's full batches, then the workers' last samples of a finite epoch put together
+    into full batches and one smaller last batch. One batch is held back so that bad samples
+    counted after the last full batch of a worker are added to the epoch's last batch."""
     iterator = iter(loader)
+    images: list[Image.Image] = []
+    texts: list[str] = []
+    flags: list[bool] = []
+    later: Counter[str] = Counter()
+    held: dict[str, Any] | None = None
     try:
-        yield from iterator
+        for item in iterator:
+            if item["inputs"] is None:  # a worker's samples after its last full batch
+                images += item["images"]
+                texts += item["texts"]
+                flags += item["flags"]
+                later.update(item["skipped"])
+                continue
+            if held is not None:
+                yield held
+            held = item
+        size = batcher.batch_size
+        for i in range(0, len(images), size):
+            if held is not None:
+                yield held
+            held = batcher.batch(images[i : i + size], texts[i : i + size], flags[i : i + size])
+        if held is not None:
+            held["skipped"] = dict(Counter(held["skipped"]) + later)
+            yield held
     finally:
         del iterator
 
@@ -532,7 +876,9 @@ def _closing(loader: Any) -> Generator[dict[str, Any], None, None]:
 class _Batcher:
     """A pipeline stage: raw samples -> shuffled -> decoded -> processor batches of exactly
     ``batch_size`` good samples. Each batch carries how many of its samples are synthetic and
-    the bad samples skipped (by reason) since the previous batch of this worker."""
+    the bad samples skipped (by reason) since the previous batch of this worker. When the
+    samples end (``union``), the rest comes as ``{"inputs": None, "images", "texts", "flags"}``
+    for :func:`_batches` to put together across workers."""
 
     def __init__(
         self, config: TrainConfig, processor: Any, synthetic: frozenset[str], seed: int
@@ -554,7 +900,7 @@ class _Batcher:
         rng = random.Random(make_seed(pytorch_worker_seed(), self.seed))
         images: list[Image.Image] = []
         texts: list[str] = []
-        synthetic = 0
+        flags: list[bool] = []
         skipped: Counter[str] = Counter()
         bad_run = 0
         for sample in _shuffle(samples, self.buffer, rng):
@@ -572,18 +918,27 @@ class _Batcher:
             bad_run = 0
             images.append(image)
             texts.append(text)
-            synthetic += sample.get("__url__") in self.synthetic
+            flags.append(sample.get("__url__") in self.synthetic)
             if len(images) == self.batch_size:
-                inputs = self.processor(
-                    text=texts,
-                    images=images,
-                    return_tensors="pt",
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_text_length,
-                )
-                yield {"inputs": dict(inputs), "synthetic": synthetic, "skipped": dict(skipped)}
-                images, texts, synthetic, skipped = [], [], 0, Counter()
+                yield {**self.batch(images, texts, flags), "skipped": dict(skipped)}
+                images, texts, flags, skipped = [], [], [], Counter()
+        if images or skipped:
+            rest = {"images": images, "texts": texts, "flags": flags}
+            yield {"inputs": None, **rest, "skipped": dict(skipped)}
+
+    def batch(
+        self, images: list[Image.Image], texts: list[str], flags: list[bool]
+    ) -> dict[str, Any]:
+        """The processor's tensors for these samples, their count and how many are synthetic."""
+        inputs = self.processor(
+            text=texts,
+            images=images,
+            return_tensors="pt",
+            padding=True,
+            truncation=True,
+            max_length=self.max_text_length,
+        )
+        return {"inputs": dict(inputs), "size": len(images), "synthetic": sum(flags), "skipped": {}}
 
     def decode(self, sample: Mapping[str, Any]) -> tuple[Image.Image, str]:
         """RGB picture and stripped caption of one raw sample, or ``SampleError``."""
@@ -636,6 +991,8 @@ def _check_same_config(path: Path, config: TrainConfig) -> None:
         raise ValueError(f"{path.parent} holds epoch folders but no train.json; use a new --out")
     before = _read_json(path).get("config", {})
     now = config.to_dict()
+    for key, meant in _BEFORE_FIELD.items():
+        before.setdefault(key, meant)
     differ = sorted(k for k in now if k not in _MAY_CHANGE_ON_RESUME and before.get(k) != now[k])
     if differ:
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in differ)
@@ -722,12 +1079,19 @@ def _versions() -> dict[str, str]:
 
 
 __all__ = [
+    "BLIP_TEMPERATURE",
+    "MIXES",
     "OPTIMIZERS",
     "PRECISIONS",
+    "RECIPES",
+    "Recipe",
     "TrainConfig",
     "TrainLog",
     "TrainPlan",
     "TrainResult",
+    "contrastive_loss",
+    "epoch_samples",
+    "fine_tune",
     "plan_training",
     "train_clip",
 ]

@@ -290,5 +290,23 @@ def test_cli_trains_end_to_end(data, tmp_path, capsys):
     assert last.startswith("loss ") and " -> " in last and "over 3 steps" in last
     assert [r["step"] for r in log_rows(out)] == [2, 3]
     assert transformers.CLIPModel.from_pretrained(str(out / "final")) is not None
-    assert main(argv[:-4] + ["--ratio", "0"]) == 2
-    assert "ratio must be > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(argv[:-4] + ["--ratio", "0"])
+    assert exit_.value.code == 2
+    assert "argument --ratio: 0 is not a number > 0" in capsys.readouterr().err
+
+
+def test_a_run_from_before_recipes_resumes(data, tmp_path):
+    """train.json of older runs: no recipe or mix, lr_decay_every an integer."""
+    out = tmp_path / "old"
+    train_clip(config(data, epochs=1, lr_decay_every=1), out)
+    info = json.loads((out / "train.json").read_text())
+    for key in ("recipe", "mix"):
+        del info["config"][key]
+    info["config"]["lr_decay_every"] = 1
+    (out / "train.json").write_text(json.dumps(info))
+    resumed = train_clip(config(data, epochs=2, lr_decay_every=1), out)
+    assert resumed.resumed_from == 1 and resumed.steps == 8
+    assert {r["epoch"]: r["lr"] for r in log_rows(out)} == {1: 1e-3, 2: 5e-4}
+    with pytest.raises(ValueError, match="another config.*recipe: 'clip' -> 'blip'"):
+        train_clip(config(data, epochs=3, lr_decay_every=1, recipe="blip"), out)
