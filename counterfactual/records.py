@@ -40,9 +40,14 @@ class Phrase:
 
 @dataclass(frozen=True, slots=True)
 class Caption:
+    """One caption of an image. Readers build ``text`` with
+    :func:`counterfactual.text.clean.clean_text`; ``cleaned`` counts the control and invisible
+    characters it removed (a sample's json shows it as ``caption_cleaned`` when not 0)."""
+
     caption_id: str
     text: str
     phrases: tuple[Phrase, ...] | None = None
+    cleaned: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +137,7 @@ class ImageRecord:
         objects = tuple(
             (o.bbox, o.category, o.iscrowd, o.segmentation, o.score) for o in self.objects
         )
-        captions = tuple((c.caption_id, c.text, c.phrases) for c in self.captions)
+        captions = tuple((c.caption_id, c.text, c.phrases, c.cleaned) for c in self.captions)
         return _record, (
             self.image_id,
             self.file,

@@ -386,7 +386,8 @@ class SampleMeta:
     backend); ``seed`` is the run's seed, ``sample_seed`` this item's. Optional parts, absent from
     the json when ``None``: ``source`` (the picture lies inside a tar or Parquet file),
     ``detection`` (boxes from the detector: top-level ``detector``, ``objects``, ``not_drawn``),
-    ``best_of_n`` and ``verify``.
+    ``best_of_n`` and ``verify``; ``caption_cleaned`` (control or invisible characters the reader
+    removed from the original caption, :mod:`counterfactual.text.clean`) is absent when 0.
     """
 
     key: str
@@ -412,6 +413,7 @@ class SampleMeta:
     detection: DetectionMeta | None = None
     best_of_n: BestOfNMeta | None = None
     verify: VerifyMeta | None = None
+    caption_cleaned: int = 0
 
     def source_record(self) -> ImageRecord | None:
         """A record that loads the original picture from inside its tar or Parquet file (a
@@ -434,6 +436,7 @@ class SampleMeta:
             "caption_id": self.caption_id,
             "original_caption": self.original_caption,
             "caption": self.caption,
+            **({"caption_cleaned": self.caption_cleaned} if self.caption_cleaned else {}),
             "removed_phrases": list(self.removed_phrases),
             "plan": self.plan.to_dict(),
             "mask_boxes": [list(b) for b in self.mask_boxes],
@@ -485,6 +488,7 @@ class SampleMeta:
             detection=DetectionMeta.from_dict(d) if has_detection else None,
             best_of_n=BestOfNMeta.from_dict(d["best_of_n"]) if "best_of_n" in d else None,
             verify=VerifyMeta.from_dict(d["verify"]) if "verify" in d else None,
+            caption_cleaned=_cleaned(d.get("caption_cleaned", 0)),
         )
 
     @classmethod
@@ -497,14 +501,19 @@ class SampleMeta:
         return cls.from_dict(d)
 
 
+def _cleaned(value: Any) -> int:
+    count = _int(value, "caption_cleaned")
+    _check(count >= 0, "caption_cleaned", "a count >= 0", value)
+    return count
+
+
 def _fields(cls: type) -> tuple[str, ...]:
     return tuple(cls.__dataclass_fields__)  # type: ignore[attr-defined]
 
 
-_REQUIRED = tuple(
-    f for f in _fields(SampleMeta) if f not in ("source", "detection", "best_of_n", "verify")
-)
-_OPTIONAL = ("source", *DetectionMeta.KEYS, "best_of_n", "verify")
+_OPTIONAL_FIELDS = ("source", "detection", "best_of_n", "verify", "caption_cleaned")
+_REQUIRED = tuple(f for f in _fields(SampleMeta) if f not in _OPTIONAL_FIELDS)
+_OPTIONAL = ("source", *DetectionMeta.KEYS, "best_of_n", "verify", "caption_cleaned")
 
 
 # --- reading shards ----------------------------------------------------------------------------

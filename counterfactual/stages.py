@@ -331,6 +331,7 @@ def sample_meta(job: Job, seed: int) -> dict[str, Any]:
         caption_id=item.caption.caption_id,
         original_caption=item.caption.text,
         caption=caption.text,
+        caption_cleaned=item.caption.cleaned,
         removed_phrases=tuple(caption.removed_phrases),
         plan=PlanMeta.from_dict(job.plan.to_dict()),
         mask_boxes=job.plan.mask_boxes,

@@ -127,8 +127,8 @@ def shard_tasks(inputs: RunInput, config: SynthConfig) -> Iterator[ShardTask]:
     """The run's tasks in shard order, made lazily (records are sliced as they stream by).
 
     With the spurious policy a first pass over the records counts class co-occurrences
-    (counts only) and every task carries them. A repeated image id makes its later occurrence
-    a ``failed: duplicate-id`` row; the first is processed.
+    (counts only, each image id once) and every task carries them. A repeated image id makes its
+    later occurrence a ``failed: duplicate-id`` row; the first is processed.
     """
     if inputs.pieces is not None:
         for i, piece in enumerate(inputs.pieces):
@@ -139,7 +139,7 @@ def shard_tasks(inputs: RunInput, config: SynthConfig) -> Iterator[ShardTask]:
     if config.selection.policy == "spurious":
         if not isinstance(records, Sequence):
             records = list(records)
-        stats = CooccurrenceStats.streamed(records)
+        stats = CooccurrenceStats.streamed(_first_of_each_id(records))
     first: dict[str, int] = {}
     for i, chunk in enumerate(batched(records, config.images_per_shard)):
         rows: list[ImageRecord | Status] = []
@@ -151,6 +151,15 @@ def shard_tasks(inputs: RunInput, config: SynthConfig) -> Iterator[ShardTask]:
             else:
                 rows.append(record)
         yield ShardTask(i, tuple(rows), stats=stats, input=_fingerprint(map(_row_id, rows)))
+
+
+def _first_of_each_id(records: Iterable[ImageRecord]) -> Iterator[ImageRecord]:
+    """``records`` without the later occurrences of a repeated image id."""
+    seen: set[str] = set()
+    for record in records:
+        if record.image_id not in seen:
+            seen.add(record.image_id)
+            yield record
 
 
 @dataclass(frozen=True)

@@ -2,67 +2,254 @@
 optionally restricted to one split of Karpathy's ``dataset_coco.json``.
 
 Every file and the images folder may be a local path or a URL (``s3://bucket/coco/...``, see
-:mod:`counterfactual.fs`); records keep the images folder as their ``root``."""
+:mod:`counterfactual.fs`); records keep the images folder as their ``root``.
+
+Hostile files: a bad entry costs its image, never the run.
+
+- A file whose overall shape is wrong (not JSON, top level not an object, ``images``,
+  ``annotations`` or ``categories`` not a list; an instances file without ``images``, a
+  captions file without ``annotations``) raises ``ValueError`` naming the file.
+- An image whose entry, annotation or caption entry is malformed becomes a ``failed``
+  :class:`~counterfactual.records.Status` in ``Dataset.failures``: ``bad-annotation``, whose
+  detail names the file, the entry (``annotation 17``, ``annotations[16]`` when it has no id,
+  ``caption 5``, ``category 3``), the field and its value (at most three problems, then a
+  count); ``unsafe-path`` for a ``file_name`` that would leave the images folder. An image entry
+  that is not an object or has no usable ``id`` (an integer or a non-empty string) gets a row
+  under the name ``images[N]``.
+- A repeated image id: the first entry is read, each later one is a ``duplicate-id`` row.
+  Annotations and captions name images by id, so all those of a repeated id go to the first.
+- A category entry with a usable id but a bad or contradictory name fails the images whose
+  annotations use it (detail ``category 3: ...``); annotations naming a category id that no
+  entry defines fail theirs (``category_id 'person' is not among the categories``).
+- Entries that belong to no image (not an object, no usable ``image_id``, an ``image_id`` that
+  ``images`` does not list) and category entries without a usable id cannot fail an image; they
+  are left out with one :class:`AnnotationWarning` per file and kind, giving their number and
+  the first one.
+
+Captions are cleaned (:func:`counterfactual.text.clean.clean_text`); one that is empty after
+cleaning is left out, so an image without any caption fails ``no-caption`` where one is needed.
+A caption id repeated within an image is ``bad-annotation`` (its samples would share a key).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections import defaultdict
 from typing import Any
 
 from counterfactual import fs
 from counterfactual.readers import safe_relative_path
 from counterfactual.records import Caption, Dataset, ImageRecord, ObjectAnnotation, Status
+from counterfactual.text.clean import clean_text
 
 KARPATHY_SPLITS = ("train", "val", "test")
+SHOWN_PROBLEMS = 3
+"""Problems named in one image's ``bad-annotation`` detail; the rest are counted."""
+
+
+class AnnotationWarning(UserWarning):
+    """Entries of an annotation file that belong to no image and were left out."""
 
 
 def _load_json(path: fs.PathLike) -> Any:
     try:
         with fs.open_file(path, "rb") as fh:
             return json.load(fh)
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from err
+    except RecursionError as err:
+        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from err
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(value), "a value")
+
+
+def _show(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _load_file(path: fs.PathLike, required: str, optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The file's top-level object with ``required`` and each present ``optional`` key a list
+    (absent optional keys read as ``[]``), else ``ValueError`` naming the file."""
+    data = _load_json(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level is {_kind(data)}, not an object")
+    if required not in data:
+        raise ValueError(f"{path}: has no {required!r} list")
+    out = dict(data)
+    for key in (required, *optional):
+        value = data.get(key, [])
+        if not isinstance(value, list):
+            raise ValueError(f"{path}: {key!r} is {_kind(value)}, not a list")
+        out[key] = value
+    return out
+
+
+def _ident(value: Any) -> str | None:
+    """An id as the records name it: an integer or a non-empty string, else ``None``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and value.strip():
+        return value
+    return None
+
+
+def _entry(kind: str, entry: dict[str, Any], index: int) -> str:
+    """``annotation 17``, or ``annotations[16]`` when the entry has no usable id."""
+    ident = _ident(entry.get("id"))
+    return f"{kind} {ident}" if ident is not None else f"{kind}s[{index}]"
+
+
+def _numbers(value: Any) -> tuple[float, ...] | None:
+    """A list of finite JSON numbers (no strings, no booleans) as floats, else ``None``."""
+    if not isinstance(value, list | tuple):
+        return None
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return None
+        try:
+            f = float(v)
+        except OverflowError:
+            return None
+        if not math.isfinite(f):
+            return None
+        out.append(f)
+    return tuple(out)
+
+
+def _warn(file: str, kind: str, skipped: list[tuple[int, str]], fate: str) -> None:
+    if skipped:
+        index, why = skipped[0]
+        warnings.warn(
+            f"{file}: {len(skipped)} of the {kind!r} entries {fate}; the first, {kind}[{index}], {why}",
+            AnnotationWarning,
+            stacklevel=3,
+        )
 
 
 def karpathy_ids(split_file: fs.PathLike, split: str) -> set[str]:
-    """COCO image ids of one Karpathy split; ``restval`` counts as ``train`` (113,287 images)."""
+    """COCO image ids of one Karpathy split; ``restval`` counts as ``train`` (113,287 images).
+    Entries without an id are left out with an :class:`AnnotationWarning`."""
     if split not in KARPATHY_SPLITS:
         raise ValueError(f"split {split!r} is not one of {KARPATHY_SPLITS}")
-    data = _load_json(split_file)
+    data = _load_file(split_file, "images")
     ids = set()
-    for image in data.get("images", []):
+    skipped = []
+    for i, image in enumerate(data["images"]):
+        if not isinstance(image, dict):
+            skipped.append((i, f"is {_kind(image)}, not an object"))
+            continue
+        ident = _ident(image.get("cocoid", image.get("imgid")))
+        if ident is None:
+            skipped.append((i, f"has cocoid {_show(image.get('cocoid'))}"))
+            continue
         s = "train" if image.get("split") == "restval" else image.get("split")
         if s == split:
-            ids.add(str(image.get("cocoid", image.get("imgid"))))
+            ids.add(ident)
+    _warn(fs.name(split_file), "images", skipped, "have no usable id and belong to no split")
     return ids
 
 
-def _parse_object(ann: dict[str, Any], categories: dict[Any, str]) -> ObjectAnnotation | str:
-    """The object, or a string saying what is wrong with it."""
-    cat = categories.get(ann.get("category_id"))
-    if cat is None:
-        return f"unknown category_id {ann.get('category_id')!r}"
+def _categories(
+    entries: list[Any],
+) -> tuple[dict[str, str], dict[str, str], list[tuple[int, str]]]:
+    """``(names, bad, skipped)``: class name by category id, what is wrong with each bad id,
+    and the entries without a usable id."""
+    names: dict[str, str] = {}
+    bad: dict[str, str] = {}
+    skipped = []
+    for i, cat in enumerate(entries):
+        if not isinstance(cat, dict):
+            skipped.append((i, f"is {_kind(cat)}, not an object"))
+            continue
+        ident = _ident(cat.get("id"))
+        if ident is None:
+            skipped.append((i, f"has id {_show(cat.get('id'))}"))
+            continue
+        name = cat.get("name")
+        if not isinstance(name, str) or not name.strip():
+            bad[ident] = f"name {_show(name)} is not a class name"
+        elif names.get(ident, name) != name:
+            bad[ident] = f"named both {names[ident]!r} and {name!r}"
+        elif ident not in bad:
+            names[ident] = name
+    for ident in bad:
+        names.pop(ident, None)
+    return names, bad, skipped
+
+
+def _polygons(seg: Any) -> tuple[tuple[float, ...], ...] | None | str:
+    """COCO polygons (those of fewer than three points dropped), ``None`` for none or RLE (the
+    box stands in), or a string saying what is wrong."""
+    if seg is None or isinstance(seg, dict):
+        return None
+    if not isinstance(seg, list):
+        return f"segmentation {_show(seg)} is neither polygons nor RLE"
+    polygons = []
+    for k, polygon in enumerate(seg):
+        values = _numbers(polygon)
+        if values is None:
+            return f"segmentation[{k}] {_show(polygon)} is not a list of finite numbers"
+        if len(values) % 2:
+            return f"segmentation[{k}] has an odd number of values ({len(values)})"
+        if len(values) >= 6:
+            polygons.append(values)
+    return tuple(polygons) or None
+
+
+def _parse_object(
+    ann: dict[str, Any], names: dict[str, str], bad: dict[str, str]
+) -> ObjectAnnotation | str:
+    """The object, or a string saying what is wrong with it (field and value)."""
+    raw = ann.get("category_id")
+    category = _ident(raw)
+    if category is not None and category in bad:
+        return f"category {category}: {bad[category]}"
+    if category is None or category not in names:
+        return f"category_id {_show(raw)} is not among the categories"
     bbox = ann.get("bbox")
-    if not isinstance(bbox, list | tuple) or len(bbox) != 4:
-        return f"bbox {bbox!r} is not [x, y, w, h]"
-    try:
-        box = tuple(float(v) for v in bbox)
-    except (TypeError, ValueError):
-        return f"bbox {bbox!r} is not numeric"
-    if not all(math.isfinite(v) for v in box) or box[2] < 0 or box[3] < 0:
-        return f"bbox {bbox!r} has a negative or non-finite value"
-    seg = ann.get("segmentation")
-    polygons = None
-    if isinstance(seg, list) and seg and all(isinstance(p, list) for p in seg):
-        polygons = tuple(tuple(float(v) for v in p) for p in seg if len(p) >= 6)
+    box = _numbers(bbox)
+    if box is None or len(box) != 4:
+        return f"bbox {_show(bbox)} is not [x, y, w, h] of finite numbers"
+    if box[2] < 0 or box[3] < 0:
+        return f"bbox {_show(bbox)} has a negative size"
+    crowd = ann.get("iscrowd", 0)
+    if crowd is not None and not (isinstance(crowd, int | float) and crowd in (0, 1)):
+        return f"iscrowd {_show(crowd)} is not 0 or 1"
+    polygons = _polygons(ann.get("segmentation"))
+    if isinstance(polygons, str):
+        return polygons
     return ObjectAnnotation(
         bbox=box,  # type: ignore[arg-type]
-        category=cat,
-        iscrowd=bool(ann.get("iscrowd", 0)),
-        segmentation=polygons or None,
+        category=names[category],
+        iscrowd=bool(crowd),
+        segmentation=polygons,
     )
+
+
+def _size_problem(image: dict[str, Any]) -> str | None:
+    for name in ("width", "height"):
+        value = image.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            return f"{name} {_show(value)} is not a positive integer"
+    return None
+
+
+def _joined(problems: list[str]) -> str:
+    shown = "; ".join(problems[:SHOWN_PROBLEMS])
+    more = len(problems) - SHOWN_PROBLEMS
+    return f"{shown} (and {more} more)" if more > 0 else shown
 
 
 def read_coco(
@@ -75,49 +262,69 @@ def read_coco(
 ) -> Dataset:
     """Read COCO-format annotations. ``images`` is the folder the ``file_name`` entries are
     relative to. With ``split_file`` and ``split``, only that Karpathy split is kept. Each may be
-    a local path or a URL."""
-    inst = _load_json(instances)
-    caps = _load_json(captions) if captions is not None else {"annotations": []}
+    a local path or a URL. Malformed entries fail their image (see the module docstring)."""
+    inst = _load_file(instances, "images", ("annotations", "categories"))
+    caps = _load_file(captions, "annotations") if captions is not None else {"annotations": []}
     wanted = karpathy_ids(split_file, split) if split_file and split else None
     root = fs.as_path(images)
-    categories = {c["id"]: str(c["name"]) for c in inst.get("categories", [])}
+    inst_name = fs.name(instances)
+    names, bad_categories, skipped = _categories(inst["categories"])
+    _warn(inst_name, "categories", skipped, "have no usable id, so no annotation can use them")
+    listed = {_ident(im.get("id")) for im in inst["images"] if isinstance(im, dict)}
     objects: dict[str, list[ObjectAnnotation]] = defaultdict(list)
     problems: dict[str, list[str]] = defaultdict(list)
-    for ann in inst.get("annotations", []):
-        image_id = str(ann.get("image_id"))
-        parsed = _parse_object(ann, categories)
+    skipped = []
+    for i, ann in enumerate(inst["annotations"]):
+        image_id = _owner(ann, i, listed, skipped)
+        if image_id is None:
+            continue
+        parsed = _parse_object(ann, names, bad_categories)
         if isinstance(parsed, str):
-            problems[image_id].append(parsed)
+            problems[image_id].append(f"{inst_name} {_entry('annotation', ann, i)}: {parsed}")
         else:
             objects[image_id].append(parsed)
-    texts: dict[str, list[Caption]] = defaultdict(list)
-    for ann in caps.get("annotations", []):
-        text = ann.get("caption")
-        if isinstance(text, str) and text.strip():
-            texts[str(ann.get("image_id"))].append(Caption(str(ann.get("id")), text.strip()))
+    _warn(inst_name, "annotations", skipped, "belong to no image and were left out")
+    texts, skipped = _read_captions(caps["annotations"], captions, listed, problems)
+    if captions is not None:
+        _warn(fs.name(captions), "annotations", skipped, "belong to no image and were left out")
     records = []
     failures = []
-    for image in inst.get("images", []):
-        image_id = str(image.get("id"))
+    first: dict[str, int] = {}
+    for i, image in enumerate(inst["images"]):
+        if not isinstance(image, dict):
+            detail = f"{inst_name} images[{i}] is {_kind(image)}, not an object"
+            failures.append(Status(f"images[{i}]", "failed", "bad-annotation", detail))
+            continue
+        image_id = _ident(image.get("id"))
+        if image_id is None:
+            detail = f"{inst_name} images[{i}]: id {_show(image.get('id'))} is no integer or string"
+            failures.append(Status(f"images[{i}]", "failed", "bad-annotation", detail))
+            continue
         if wanted is not None and image_id not in wanted:
             continue
+        if image_id in first:
+            detail = f"{inst_name} images[{i}]: id {image_id} is already images[{first[image_id]}]"
+            failures.append(Status(image_id, "failed", "duplicate-id", detail))
+            continue
+        first[image_id] = i
         file = safe_relative_path(image.get("file_name", ""))
-        width, height = image.get("width"), image.get("height")
+        size = _size_problem(image)
         if file is None:
             failures.append(Status(image_id, "failed", "unsafe-path", repr(image.get("file_name"))))
-        elif not (isinstance(width, int) and isinstance(height, int) and width > 0 and height > 0):
-            failures.append(Status(image_id, "failed", "bad-annotation", f"size {width}x{height}"))
+        elif size is not None:
+            detail = f"{inst_name} image {image_id}: {size}"
+            failures.append(Status(image_id, "failed", "bad-annotation", detail))
         elif problems.get(image_id):
             failures.append(
-                Status(image_id, "failed", "bad-annotation", "; ".join(problems[image_id]))
+                Status(image_id, "failed", "bad-annotation", _joined(problems[image_id]))
             )
         else:
             records.append(
                 ImageRecord(
                     image_id=image_id,
                     file=file,
-                    width=width,
-                    height=height,
+                    width=image["width"],
+                    height=image["height"],
                     objects=tuple(objects.get(image_id, ())),
                     captions=tuple(texts.get(image_id, ())),
                     root=root,
@@ -128,6 +335,63 @@ def read_coco(
     return Dataset(
         name=dataset,
         records=tuple(records),
-        class_names=tuple(categories[k] for k in sorted(categories, key=str)),
+        class_names=tuple(names[k] for k in sorted(names, key=str)),
         failures=tuple(failures),
     )
+
+
+def _owner(
+    entry: Any, index: int, listed: set[str | None], skipped: list[tuple[int, str]]
+) -> str | None:
+    """The id of the image ``entry`` belongs to, or ``None`` (and a note in ``skipped``)."""
+    if not isinstance(entry, dict):
+        skipped.append((index, f"is {_kind(entry)}, not an object"))
+        return None
+    image_id = _ident(entry.get("image_id"))
+    if image_id is None:
+        skipped.append((index, f"has image_id {_show(entry.get('image_id'))}"))
+        return None
+    if image_id not in listed:
+        skipped.append((index, f"names image {image_id}, which 'images' does not list"))
+        return None
+    return image_id
+
+
+def _read_captions(
+    entries: list[Any],
+    path: fs.PathLike | None,
+    listed: set[str | None],
+    problems: dict[str, list[str]],
+) -> tuple[dict[str, list[Caption]], list[tuple[int, str]]]:
+    """Cleaned captions by image id, and the entries that belong to no image; malformed
+    entries go to ``problems``."""
+    if path is None:
+        return {}, []
+    file = fs.name(path)
+    texts: dict[str, list[Caption]] = defaultdict(list)
+    seen: dict[str, set[str]] = defaultdict(set)
+    skipped: list[tuple[int, str]] = []
+    for i, ann in enumerate(entries):
+        image_id = _owner(ann, i, listed, skipped)
+        if image_id is None:
+            continue
+        caption_id, text = _ident(ann.get("id")), ann.get("caption")
+        if caption_id is None:
+            problems[image_id].append(
+                f"{file} annotations[{i}]: caption id {_show(ann.get('id'))} is missing or bad"
+            )
+        elif not isinstance(text, str):
+            problems[image_id].append(
+                f"{file} caption {caption_id}: caption {_show(text)} is not a string"
+            )
+        elif caption_id in seen[image_id]:
+            problems[image_id].append(f"{file} caption {caption_id}: id repeated in the image")
+        else:
+            seen[image_id].add(caption_id)
+            clean = clean_text(text)
+            if clean.text:
+                texts[image_id].append(Caption(caption_id, clean.text, None, clean.removed))
+    return texts, skipped
+
+
+__all__ = ["KARPATHY_SPLITS", "AnnotationWarning", "karpathy_ids", "read_coco"]

@@ -13,7 +13,10 @@ Formats:
   consecutive members with the same key form a sample. img2dataset writes ``jpg``, ``txt`` (the
   caption) and ``json`` (metadata, with ``caption`` among other fields) per sample. The picture
   is the first of the fields ``jpg``, ``jpeg``, ``png``, ``webp`` that the sample has; the
-  caption is ``txt`` (UTF-8, stripped), else ``json["caption"]``.
+  caption is ``txt`` (UTF-8), else ``json["caption"]``.
+
+Captions are cleaned (:func:`counterfactual.text.clean.clean_text`: control and invisible
+characters out, whitespace runs as one space); one empty after cleaning is no caption.
 - **Parquet** (:func:`iter_table`, ``kind="parquet"``): one row per picture. The image column
   holds the encoded picture (a binary column, or a struct ``{bytes, path}`` as Hugging Face
   datasets write images) or a path to a picture file.
@@ -98,6 +101,7 @@ from counterfactual.records import (
     Status,
     TarMember,
 )
+from counterfactual.text.clean import clean_text
 
 PICTURE_FIELDS = ("jpg", "jpeg", "png", "webp")
 """WebDataset fields that hold the picture, in order of preference."""
@@ -482,7 +486,7 @@ def _sample_row(sample: _Sample, fh: Any, shard: str, seen: dict[str, str]) -> I
         width=0,
         height=0,
         objects=(),
-        captions=(Caption("0", text),) if text else (),
+        captions=_captions(text),
         root=None,
         dataset="wds",
         source=TarMember(_absolute(shard), picture.offset_data, picture.size),
@@ -500,7 +504,7 @@ def _wds_caption(sample: _Sample, fh: Any) -> str | Status:
             return Status(sample.key, "failed", "bad-metadata", f"{txt.name}: not UTF-8 ({err})")
         if text is None:
             return Status(sample.key, "failed", "bad-metadata", _too_large(txt))
-        if text:
+        if text and clean_text(text).text:  # else the json's caption, as for an empty txt
             return text
     meta = sample.members.get("json")
     if meta is None:
@@ -516,6 +520,13 @@ def _wds_caption(sample: _Sample, fh: Any) -> str | Status:
         return Status(sample.key, "failed", "bad-metadata", f"{meta.name}: not a JSON object")
     caption = value.get("caption")
     return caption.strip() if isinstance(caption, str) else ""
+
+
+def _captions(text: str) -> tuple[Caption, ...]:
+    """The record's caption ``"0"``, cleaned (:func:`counterfactual.text.clean.clean_text`); none
+    when it is empty after cleaning."""
+    clean = clean_text(text)
+    return (Caption("0", clean.text, None, clean.removed),) if clean.text else ()
 
 
 def _too_large(info: tarfile.TarInfo) -> str:
@@ -779,8 +790,7 @@ def _table_row(
     seen[image_id] = f"{piece.path}#{row}"
     if cell is None:
         return Status(image_id, "failed", "missing-image", f"{where}: {table.image!r} is empty")
-    text = caption.strip() if isinstance(caption, str) else ""
-    captions = (Caption("0", text),) if text else ()
+    captions = _captions(caption if isinstance(caption, str) else "")
     kind = piece.kind
     if isinstance(cell, _InFile):
         source = ParquetCell(_absolute(piece.path), cell.row_group, cell.row, table.image)

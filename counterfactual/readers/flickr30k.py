@@ -24,9 +24,11 @@ Boxes: the XML stores 1-based, inclusive pixel indices (VOC convention; the offi
 stray ``0`` or a ``max`` one past the border only loses the part outside the image).
 
 Captions: ``Caption(f"{id}_{n}", text, phrases)`` with ``n`` counting the non-empty lines from
-0; ``text`` is the line without markup (the dataset's tokenisation is kept, e.g. "a dog ." with a
-space before the full stop), and each :class:`~counterfactual.records.Phrase` gives character
-offsets into it (``text[start:end]`` is the phrase), all its types and its entity id.
+0 (lines end in ``\n``); ``text`` is the line, cleaned (control and invisible characters out,
+whitespace runs as one space: :func:`counterfactual.text.clean.clean_text`), without markup
+(the dataset's tokenisation is kept, e.g. "a dog ." with a space before the full stop), and each
+:class:`~counterfactual.records.Phrase` gives character offsets into it (``text[start:end]`` is
+the phrase), all its types and its entity id.
 
 ``root`` (and ``images``) may be a local folder or a URL (``s3://bucket/flickr30k``, see
 :mod:`counterfactual.fs`): the ``Annotations`` and ``Sentences`` folders are listed once and each
@@ -35,7 +37,7 @@ image's two files read; records keep the picture folder as their ``root``.
 An image whose files are missing or malformed becomes a ``failed``
 :class:`~counterfactual.records.Status` in ``Dataset.failures`` (reasons ``missing-annotation``,
 ``missing-sentences``, ``bad-annotation``, ``unreadable``, ``unsafe-path``); the others are
-read.
+read. A ``bad-annotation`` detail names the file, and for a sentence the line.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from pathlib import Path
 from counterfactual import fs
 from counterfactual.readers import safe_relative_path
 from counterfactual.records import Caption, Dataset, ImageRecord, ObjectAnnotation, Phrase, Status
+from counterfactual.text.clean import clean_text
 
 SPLITS = ("train", "val", "test")
 DEFAULT_TYPES = ("people", "animals", "vehicles", "instruments")
@@ -132,7 +135,7 @@ def parse_annotation(xml: str | bytes) -> tuple[int, int, tuple[EntityBox, ...]]
     module docstring for the conversion). Raises :class:`FormatError`."""
     try:
         root = ET.fromstring(xml)
-    except ET.ParseError as err:
+    except (ET.ParseError, LookupError, ValueError) as err:  # LookupError: unknown encoding
         raise FormatError(f"not well-formed XML ({err})") from err
     size = root.find("size")
     if size is None:
@@ -194,13 +197,14 @@ def _read_image(
         return Status(image_id, "failed", "missing-sentences", str(txt_path))
     try:
         width, height, boxes = parse_annotation(fs.read_bytes(xml_path))
-        lines = fs.read_text(txt_path).splitlines()
-        captions = []
-        for n, line in enumerate(line for line in lines if line.strip()):
-            text, phrases = parse_sentence(line.strip())
-            captions.append(Caption(f"{image_id}_{n}", text, phrases))
     except FormatError as err:
-        return Status(image_id, "failed", "bad-annotation", str(err))
+        return Status(image_id, "failed", "bad-annotation", f"{fs.name(xml_path)}: {err}")
+    except OSError as err:
+        return Status(image_id, "failed", "unreadable", str(err))
+    try:
+        captions = _captions(image_id, fs.read_text(txt_path))
+    except FormatError as err:
+        return Status(image_id, "failed", "bad-annotation", f"{fs.name(txt_path)} {err}")
     except UnicodeDecodeError as err:
         return Status(image_id, "failed", "bad-annotation", f"{fs.name(txt_path)}: {err}")
     except OSError as err:
@@ -227,6 +231,24 @@ def _read_image(
         split=split,
         dataset="flickr30k",
     )
+
+
+def _captions(image_id: str, content: str) -> list[Caption]:
+    """The captions of a ``Sentences`` file: one a line (``\\n`` or ``\\r\\n``), cleaned
+    (:func:`~counterfactual.text.clean.clean_text`) before the markup is parsed, so phrase
+    offsets index the clean text; lines empty after cleaning are not counted.
+    ``FormatError`` names the line."""
+    captions: list[Caption] = []
+    for number, line in enumerate(content.split("\n"), 1):
+        clean = clean_text(line)
+        if not clean.text:
+            continue
+        try:
+            text, phrases = parse_sentence(clean.text)
+        except FormatError as err:
+            raise FormatError(f"line {number}: {err}") from err
+        captions.append(Caption(f"{image_id}_{len(captions)}", text, phrases, clean.removed))
+    return captions
 
 
 def _names(files: list[str], suffix: str) -> set[str]:
