@@ -13,7 +13,8 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 SUBCOMMANDS = (
@@ -115,6 +116,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parse(parser, argv)
+    with warnings.catch_warnings():
+        if not args.debug:
+            warnings.formatwarning = _one_line_warning(args.command, warnings.formatwarning)
+        return _run(parser, argv, args)
+
+
+def _one_line_warning(command: str, default: Callable[..., str]) -> Callable[..., str]:
+    """``warnings.formatwarning`` for the CLI: the project's own warnings (an annotation entry
+    that belongs to no image) as one line, ``counterfactual CMD: warning: ...``, without the
+    source line Python's format adds; other warnings as Python formats them."""
+
+    def format_(message, category, filename, lineno, line=None):  # type: ignore[no-untyped-def]
+        if not str(getattr(category, "__module__", "")).startswith("counterfactual"):
+            return default(message, category, filename, lineno, line)
+        return f"counterfactual {command}: warning: {one_line(str(message))}\n"
+
+    return format_
+
+
+def _run(parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namespace) -> int:
     try:
         if getattr(args, "config", None) is not None:
             from counterfactual.cli.config import load_config
