@@ -10,8 +10,10 @@ import io
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,8 @@ from counterfactual.generate import CocoFiles, generate_coco
 
 ROOT = os.geteuid() == 0
 needs_permissions = pytest.mark.skipif(ROOT, reason="root ignores file permissions")
+"""Run directly as any other user; as root (CI) they run as `nobody` through
+:func:`test_permission_cases_as_an_unprivileged_user`."""
 
 
 @pytest.fixture(scope="module")
@@ -425,3 +429,39 @@ def test_a_real_process_with_a_bad_option(tmp_path):
         "counterfactual synth: error: argument --contact-sheet: -1 is not a whole number >= 0",
         "Try 'counterfactual synth --help'.",
     ]
+
+
+@pytest.mark.skipif(not ROOT, reason="not root: the permission tests above run directly")
+def test_permission_cases_as_an_unprivileged_user():
+    """Root reads files whatever their mode, so as root the permission tests run again as
+    ``nobody`` (setpriv), in a temp folder that user can write (pytest's own is root's)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("no setpriv to drop root")
+    base = Path(tempfile.mkdtemp(prefix="cf-nobody-"))
+    os.chmod(base, 0o777)
+    try:
+        _run_as_nobody(setpriv, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _run_as_nobody(setpriv: str, base: Path) -> None:
+    here = Path(__file__).resolve()
+    names = [
+        "test_an_unreadable_config",
+        "test_unreadable_instances",
+        "test_an_images_folder_that_cannot_be_searched",
+        "test_out_that_is_not_writable",
+    ]
+    done = subprocess.run(
+        [
+            setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            f"--basetemp={base / 'bt'}", str(here), "-k", " or ".join(names),
+        ],
+        capture_output=True, text=True, cwd=here.parent.parent,
+        env={**os.environ, "HOME": str(base)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert f"{len(names)} passed" in done.stdout, done.stdout[-2000:]
