@@ -325,6 +325,27 @@ def test_mask_config_ranges():
         MaskConfig(dilate=1.5)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": 0}, "steps must be >= 1, got 0"),
+        ({"resolution": 500}, "resolution must be 0 (native) or a positive multiple of 8"),
+        ({"resolution": -8}, "resolution must be 0 (native) or a positive multiple of 8"),
+        ({"strength": 0.0}, "strength must be in (0, 1], got 0.0"),
+        ({"guidance_scale": -1.0}, "guidance_scale must be >= 0, got -1.0"),
+        ({"opencv_radius": 0}, "opencv_radius must be >= 1"),
+    ],
+)
+def test_image_config_ranges(kwargs, message):
+    """Library and YAML users reach ImageConfig without argparse's checks."""
+    from counterfactual.image import ImageConfig
+
+    with pytest.raises(ValueError) as err:
+        ImageConfig(**kwargs)
+    assert str(err.value).startswith(message)
+    ImageConfig(resolution=0)  # native
+
+
 def test_limit_keeps_exactly_the_first_images(coco, tmp_path):
     """Every one of the first N images has a status row, none after them."""
     assert synth(coco, tmp_path / "out", "--limit", "5") == 0

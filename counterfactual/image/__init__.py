@@ -88,6 +88,21 @@ class ImageConfig:
             raise ValueError(f"lama_max_side must be >= 0 (0 = native), got {self.lama_max_side}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype {self.dtype!r} is not float32, float16 or bfloat16")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.resolution < 0 or self.resolution % 8:
+            raise ValueError(
+                f"resolution must be 0 (native) or a positive multiple of 8, got {self.resolution}"
+            )
+        if not 0 < self.strength <= 1:
+            raise ValueError(f"strength must be in (0, 1], got {self.strength}")
+        if not self.guidance_scale >= 0:
+            raise ValueError(f"guidance_scale must be >= 0, got {self.guidance_scale}")
+        if self.opencv_radius < 1 or self.opencv_max_side < 0:
+            raise ValueError(
+                f"opencv_radius must be >= 1 and opencv_max_side >= 0 (0 = native), got "
+                f"{self.opencv_radius} and {self.opencv_max_side}"
+            )
 
 
 class ImageEditor(Protocol):
