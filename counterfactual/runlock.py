@@ -351,7 +351,10 @@ def _create_local(path: Path, data: bytes) -> None:
     tmp = fs.temp_name(path)
     assert isinstance(tmp, Path)
     try:
-        tmp.write_bytes(data)
+        try:
+            tmp.write_bytes(data)
+        except OSError as err:
+            raise (fs.disk_full(err, path) or err) from err
         try:
             os.link(tmp, path)
             return

@@ -249,3 +249,18 @@ def test_on_s3(s3) -> None:  # noqa: ANN001 - the tests/s3server.py fixture
     clock.now += 601
     with RunLock(out, runner="ray", clock=clock) as lock:
         assert lock.took_over == stale
+
+
+def test_a_full_disk_while_taking_the_lock_is_the_disk_full_error(tmp_path, monkeypatch):
+    import errno
+
+    from counterfactual.fs import OutputError
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(OutputError) as err, RunLock(tmp_path, runner="local"):
+        pass
+    assert str(err.value).startswith(f"disk full while writing {tmp_path / 'run.lock'}")
+    assert list(tmp_path.iterdir()) == []  # no temporary file left
