@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The CPU wheel of torch on this kind of machine; on a GPU host set TORCH to the build you want.
-TORCH ?= torch==2.13.0
+# torch and a torchvision built for it, installed first so no other package picks a torch.
+# torchvision must match torch: PyPI's torchvision beside another torch build fails at import
+# (and then transformers cannot load OWLv2). x86_64: PyPI's 2.14.1 pair (it also runs on a CPU);
+# aarch64: PyPI's CPU pair. On a GPU host set TORCH to the builds you want.
+TORCH ?= $(if $(filter aarch64 arm64,$(shell uname -m)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
 
 DATASET ?= demo
 CONFIG ?= pipelines/configs/$(DATASET).yaml
@@ -37,7 +40,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e ".[all,dev]"
 	touch $(STAMP)
 

@@ -27,17 +27,19 @@ NMS = "operator torchvision::nms does not exist"
 
 
 def fake_torchvision(folder: Path, body: str, version: str | None = "0.28.0") -> Path:
-    """A ``torchvision`` package whose ``__init__`` is ``body``, with its dist-info when
-    ``version`` is given; returns the folder to put on ``PYTHONPATH``."""
+    """A ``torchvision`` package whose ``__init__`` is ``body``, with a dist-info of
+    ``version`` (``None``: no version in it); returns the folder to put on ``PYTHONPATH``."""
     package = folder / "torchvision"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(body, encoding="utf-8")
-    if version is not None:
-        info = folder / f"torchvision-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: torchvision\nVersion: {version}\n", encoding="utf-8"
-        )
+    # a dist-info first on the path, so a real torchvision's further down is not the one read;
+    # ``version=None``: one without a Version line
+    info = folder / f"torchvision-{version or 'unknown'}.dist-info"
+    info.mkdir()
+    line = f"Version: {version}\n" if version is not None else ""
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: torchvision\n{line}", encoding="utf-8"
+    )
     return folder
 
 
