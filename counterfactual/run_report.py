@@ -295,9 +295,10 @@ class Original:
 
 class Originals:
     """Finds a sample's original picture. With ``records`` (image id -> record, as synth has
-    them) exactly as :func:`counterfactual.contact_sheet.sheet_rows` does; else from the sample's
-    ``file`` under the first of ``roots`` that holds it, with the edited picture's size as the
-    annotated size (the boxes are then drawn unscaled)."""
+    them) exactly as :func:`counterfactual.contact_sheet.sheet_rows` does; else a corpus
+    sample's from inside its tar or table (the absolute path its json records), any other from
+    the sample's ``file`` under the first of ``roots`` that holds it, with the edited picture's
+    size as the annotated size (the boxes are then drawn unscaled)."""
 
     def __init__(
         self,
@@ -350,7 +351,13 @@ def dataset_roots(
 ) -> list[Path]:
     """Folders a sample's ``file`` may be relative to, most likely first, existing ones only:
     ``root`` (and its ``images``/``train2017``/``val2017``/``flickr30k-images``) when given, else
-    the data spec the run recorded (``images``, ``root``; the demo's ``OUT/demo-data``)."""
+    the data spec the run recorded (``images``, ``root``; a corpus's ``images`` or its tables'
+    folders; the demo's ``OUT/demo-data``).
+
+    A run records absolute paths (:meth:`DataSpec.absolute`), found from any working
+    directory. A relative path (in an older manifest) is looked for under the working
+    directory, then under each folder that holds ``out_dir``, nearest first: the run was made
+    from one of them when its ``--out`` was relative too."""
     subdirs = ("images", "train2017", "val2017", "flickr30k-images")
     candidates: list[Path] = []
     if root is not None:
@@ -358,14 +365,33 @@ def dataset_roots(
     else:
         data = manifest.get("data")
         spec = DataSpec.from_dict(data) if isinstance(data, dict) else None
-        if spec is not None and not spec.corpus:
-            if spec.images and not fs.is_url(spec.images):
-                candidates.append(Path(spec.images))
-            if spec.root and not fs.is_url(spec.root):
-                base = Path(spec.root)
-                candidates += [base / spec.coco_set, base / "images", base / "flickr30k-images"]
+        if spec is not None:
+            bases = [Path.cwd(), *Path(out_dir).absolute().parents]
+            for anchored in dict.fromkeys(spec.absolute(base) for base in bases):
+                candidates += _spec_folders(anchored)
         candidates.append(Path(out_dir) / "demo-data" / "images")
     return list(dict.fromkeys(c for c in candidates if c.is_dir()))
+
+
+def _spec_folders(spec: DataSpec) -> list[Path]:
+    """The local folders ``spec`` names that sample file names may be relative to."""
+    out: list[Path] = []
+    if spec.images and not fs.is_url(spec.images):
+        out.append(Path(spec.images))
+    if not spec.root or fs.is_url(spec.root):
+        return out
+    if not spec.corpus:
+        base = Path(spec.root)
+        return [*out, base / spec.coco_set, base / "images", base / "flickr30k-images"]
+    if spec.kind != "wds" and not spec.images:  # a table's path cells: relative to its folder
+        from counterfactual.readers.corpus import expand_pattern
+
+        try:
+            tables = expand_pattern(spec.root)
+        except ValueError:  # no table left where the run found them
+            return out
+        out += [Path(t).parent for t in tables if not isinstance(t, str)]
+    return out
 
 
 def caption_segments(caption: str, removed_phrases: Iterable[str]) -> list[tuple[str, bool]]:
@@ -786,11 +812,9 @@ def _page(run: RunIndex, rows: Sequence[_Row], sheets: Sequence[str], roots: Seq
             '<p class="note">This run painted segmentation masks; the masks shown are the '
             "removed boxes (mask_boxes), which contain them.</p>"
         )
-    if rows and not roots:
-        parts.append(
-            '<p class="note">No dataset folder found for the originals: rerun with --root '
-            "(the folder the samples' file names are relative to).</p>"
-        )
+    note = _originals_note(rows, roots)
+    if note:
+        parts.append(f'<p class="note" id="originals-note">{_e(note)}</p>')
     parts.append(_summary(run, rows, samples_v))
     parts.append(_classes(run, rows))
     parts.append('<h2 id="sheets">Contact sheets</h2>')
@@ -814,10 +838,34 @@ def _page(run: RunIndex, rows: Sequence[_Row], sheets: Sequence[str], roots: Seq
         f"<details><summary>package versions</summary><pre>"
         f"{_e(json.dumps(m.get('versions', {}), indent=1))}</pre></details>",
         f"<details><summary>originals searched in</summary><pre>"
-        f"{_e(chr(10).join(str(r) for r in roots) or '(none)')}</pre></details>",
+        f"{_e(chr(10).join(_searched(rows, roots)) or '(none)')}</pre></details>",
         "</main></body></html>",
     ]
     return "\n".join(parts) + "\n"
+
+
+def _searched(rows: Sequence[_Row], roots: Sequence[Path]) -> list[str]:
+    """Where the originals were looked for: the folders, and the corpus files read."""
+    files = dict.fromkeys(str(r.meta.source.path) for r in rows if r.meta.source is not None)
+    return [*(str(r) for r in roots), *(f"{f} (inside)" for f in files)]
+
+
+def _originals_note(rows: Sequence[_Row], roots: Sequence[Path]) -> str:
+    """What the page says when some originals shown are missing (empty when none is): a
+    sample whose original lies in a dataset folder needs one (``--root``); a corpus sample's
+    lies inside its tar or table, read from the path its json records."""
+    missing = [r for r in rows if r.original.image is None]
+    if not missing:
+        return ""
+    text = f"{len(missing)} of {len(rows)} originals shown not found or not loaded"
+    by_file = [r for r in missing if r.meta.source is None]
+    if by_file and not roots:
+        return (
+            f"{text}: no dataset folder found for the originals; rerun with --root (the folder "
+            "the samples' file names are relative to)."
+        )
+    hint = "; rerun with --root if the dataset folder moved" if by_file else ""
+    return f"{text}, e.g. {missing[0].meta.key}: {missing[0].original.note}{hint}."
 
 
 def _summary(run: RunIndex, rows: Sequence[_Row], samples_v: Sequence[SampleRef]) -> str:

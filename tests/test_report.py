@@ -1,8 +1,10 @@
-"""`counterfactual report`: the visual audit of a real synth run (demo and bad-input COCO),
-checked by parsing the page; a headless Chromium screenshot when Chromium is installed."""
+"""`counterfactual report`: the visual audit of a real synth run (demo, bad-input COCO, corpora),
+checked by parsing the page; originals found from another working directory; a headless
+Chromium screenshot when Chromium is installed (required in CI)."""
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -17,6 +19,7 @@ from bad_coco import ODD_CAPTION, make_bad_coco, synth_args
 from PIL import Image
 
 from counterfactual.cli import main
+from counterfactual.readers.spec import DataSpec
 from counterfactual.run_report import (
     SampleRef,
     caption_segments,
@@ -371,12 +374,16 @@ def test_rerun_replaces_old_files(demo, tmp_path):
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+REQUIRE_CHROMIUM = os.environ.get("COUNTERFACTUAL_REQUIRE_CHROMIUM") == "1"
+"""Set by CI (``.ci/run`` installs Debian's chromium): there the test fails instead of skipping."""
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install -y chromium)"
-)
 def test_page_renders_in_headless_chromium(bad, coco, tmp_path):
+    if CHROMIUM is None:
+        why = "no chromium on PATH (Debian: apt-get install -y chromium)"
+        if REQUIRE_CHROMIUM:
+            pytest.fail(f"{why}, and COUNTERFACTUAL_REQUIRE_CHROMIUM=1")
+        pytest.skip(why)
     report = write_report(bad, tmp_path / "rep", root=coco.images, n=8)
     shot = tmp_path / "shot.png"
     command = [
@@ -424,3 +431,138 @@ def test_dataset_folder_from_the_runs_data_spec(tmp_path):
     assert dataset_roots(tmp_path, {"data": data}, root=root)[0] == root  # --root wins
     (tmp_path / "demo-data" / "images").mkdir(parents=True)
     assert dataset_roots(tmp_path, {}) == [tmp_path / "demo-data" / "images"]
+
+
+# --- originals from any working directory -----------------------------------------------------
+
+
+def original_links(page: Page) -> int:
+    return sum(link.endswith("-original.jpg") for link in page.links)
+
+
+def assert_every_original_shown(report, page: Page) -> None:
+    """No placeholder tile, no banner: each sample shown links its original."""
+    assert report.missing_originals == 0
+    text = "".join(page.text)
+    assert "originals-note" not in page.ids
+    assert "original not found" not in text and "dataset folder" not in text
+    assert original_links(page) == len(page.rows("samples")) == len(report.shown) > 0
+
+
+def test_data_spec_records_absolute_paths(tmp_path):
+    spec = DataSpec(
+        kind="coco",
+        root="data/coco",
+        images="s3://bucket/images",
+        instances=str(tmp_path / "instances.json"),
+        captions="data/../ann/captions.json",
+        split_file=None,
+    )
+    out = spec.absolute(tmp_path)
+    assert out.root == str(tmp_path / "data" / "coco")
+    assert out.images == "s3://bucket/images"  # a URL as it is
+    assert out.instances == str(tmp_path / "instances.json")
+    assert out.captions == str(tmp_path / "ann" / "captions.json")
+    assert out.split_file is None and out.coco_set == spec.coco_set
+    assert out.absolute(tmp_path / "elsewhere") == out  # already absolute: unchanged
+    # a corpus pattern keeps its braces and globs; one that starts with a brace is kept whole
+    wds = DataSpec(kind="wds", root="corpus/{00000..00002}.tar")
+    assert wds.absolute(tmp_path).root == f"{tmp_path}/corpus/{{00000..00002}}.tar"
+    assert DataSpec(kind="csv", root="t/*.csv").absolute(tmp_path).root == f"{tmp_path}/t/*.csv"
+    odd = DataSpec(kind="wds", root="{a,/b}/x.tar")
+    assert odd.absolute(tmp_path) == odd
+    assert DataSpec(kind="demo", root="out/demo-data").absolute().root == str(
+        Path.cwd() / "out" / "demo-data"
+    )
+
+
+def test_report_from_another_working_directory(coco, tmp_path, monkeypatch, capsys):
+    """A run made with relative paths, reported from elsewhere: every original found."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(project)
+    files = type(coco)(*(Path(os.path.relpath(p, project)) for p in (coco.instances,
+                         coco.captions, coco.images)))  # fmt: skip
+    assert not files.images.is_absolute()
+    assert main(synth_args(files, Path("out/run"), "--image-method", "blur")) == 0
+    out = project / "out" / "run"
+    data = json.loads((out / "manifest.json").read_text())["data"]
+    for name in ("instances", "captions", "images", "root"):
+        assert Path(data[name]).is_absolute(), (name, data[name])
+    assert Path(data["images"]) == coco.images.resolve()
+    monkeypatch.chdir(elsewhere)
+    report = write_report(out, elsewhere / "rep", n=6)
+    assert_every_original_shown(report, parse(report.index))
+    # the command a user types, from there, with the run folder named relatively
+    assert main(["report", os.path.relpath(out, elsewhere)]) == 0
+    page = parse(out / "report" / "index.html")
+    assert "originals-note" not in page.ids and original_links(page) > 0
+    assert "not found" not in capsys.readouterr().err
+
+
+def test_older_manifest_with_relative_paths(bad, coco, tmp_path, monkeypatch):
+    """A manifest that recorded paths relative to where the run was made (the folder that
+    holds OUT): found from another working directory through OUT's parents."""
+    project = tmp_path / "project"
+    shutil.copytree(coco.images, project / "data" / "images")
+    run = project / "out" / "run"
+    shutil.copytree(bad, run, ignore=shutil.ignore_patterns("report"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["data"] = {"kind": "coco", "images": "data/images", "root": "data"}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert dataset_roots(run, manifest)[0] == project / "data" / "images"
+    report = write_report(run, n=6)
+    assert_every_original_shown(report, parse(report.index))
+    # the working directory comes first: a folder of that name there wins
+    (tmp_path / "elsewhere" / "data" / "images").mkdir(parents=True)
+    assert dataset_roots(run, manifest)[:2] == [
+        tmp_path / "elsewhere" / "data" / "images",
+        project / "data" / "images",
+    ]
+
+
+def test_missing_original_banner_counts_only_the_missing(bad, coco, tmp_path):
+    images = tmp_path / "images"
+    shutil.copytree(coco.images, images)
+    full = write_report(bad, tmp_path / "all", n=6, root=images)
+    assert "originals-note" not in parse(full.index).ids
+    gone = full.shown[0].load_meta().file
+    (images / gone).unlink()
+    partial = write_report(bad, tmp_path / "some", n=6, root=images)
+    page = parse(partial.index)
+    assert "originals-note" in page.ids
+    note = " ".join("".join(page.text).split())
+    assert f"{partial.missing_originals} of {len(partial.shown)} originals shown" in note
+    assert "rerun with --root if the dataset folder moved" in note
+
+
+@pytest.mark.slow
+def test_corpus_reports_find_originals_from_anywhere(tmp_path, monkeypatch):
+    """WebDataset originals inside their tars, CSV ones beside the table: no banner, from
+    another working directory, without --root."""
+    from corpora import demo_samples, write_csv, write_wds
+    from tiny_owlv2 import build_tiny_owlv2
+
+    owl = build_tiny_owlv2(tmp_path / "owl", grid_boxes=True)
+    samples = demo_samples(tmp_path / "demo")
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    write_wds(samples, project / "corpus", per_shard=4)
+    write_csv(samples, project / "table" / "rows.csv", project / "table")
+    common = ["--detector-model", str(owl), "--detect-threshold", "0", "--image-method", "blur"]
+    monkeypatch.chdir(project)
+    for kind, root in (("wds", "corpus/{00000..00001}.tar"), ("csv", "table/*.csv")):
+        out = f"out/{kind}"
+        assert main(["synth", "--dataset", kind, "--root", root, "--out", out, *common]) == 0
+    monkeypatch.chdir(elsewhere)
+    for kind in ("wds", "csv"):
+        report = write_report(project / "out" / kind, n=8)
+        assert_every_original_shown(report, parse(report.index))
+        if kind == "wds":
+            assert all(r.load_meta().source is not None for r in report.shown)
+        else:
+            assert all(r.load_meta().source is None for r in report.shown)
