@@ -5,7 +5,9 @@
 ``--dataset-resampled``: every shard carries a weight, a shard is drawn with probability
 proportional to its weight and then read whole, so a side with ``N`` samples and weight ``w``
 contributes ``w * N`` in expectation. The original side keeps weight 1; the synthetic weight is
-``ratio * N_original / N_synthetic``.
+``ratio * N_original / N_synthetic``. open_clip gives each ``::`` part of ``--train-data`` (a
+brace pattern) one factor, so each side is written as one pattern (:func:`shard_pattern`) with
+one factor.
 
 Shards are local files; a sample is the group of tar members sharing a key, as WebDataset groups
 them (key = member name up to the first dot of its base name, directory kept).
@@ -35,11 +37,16 @@ from counterfactual.samples import shard_paths
 if TYPE_CHECKING:
     import webdataset as wds
 
+PLAN_VERSION = 2
+"""The layout of :meth:`MixPlan.to_dict` (``counterfactual mix --out``)."""
+
 ShardSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """One spec or several; each may be a ``::``-separated list (as open_clip accepts) whose parts
 are brace patterns (``data/{000000..000009}.tar``), globs, directories or plain paths."""
 
 _GLOB_MAGIC = re.compile(r"[*?\[]")
+_NUMBERED = re.compile(r"^(.*?)(\d+)([^/\d]*)$")  # the last number in the base name
+_BRACE_SPECIAL = re.compile(r"([\\{},])")
 _COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")
 
 
@@ -106,6 +113,82 @@ def _expand_url(path: str, spec: str) -> list[str]:
     if not ours:
         raise ValueError(f"shard spec {spec!r}: no committed shard under {path}")
     return ours
+
+
+def shard_pattern(shards: Sequence[str | os.PathLike[str]]) -> str:
+    """One brace pattern that ``braceexpand`` turns back into exactly ``shards``, in order: the
+    form of one ``::`` part of open_clip's ``--train-data``. Consecutive numbers in one folder
+    become a range (``orig/{00000..00099}.tar``; gaps give ``orig/{{00000..00041},00043}.tar``),
+    other names are listed (``{a/x.tar,b/y.tar}``) with ``\\``, ``{``, ``}`` and ``,`` escaped.
+
+    Raises ``ValueError`` for no shards, or for a shard whose name holds ``::`` (open_clip splits
+    ``--train-data`` there).
+    """
+    paths = [os.fspath(s) for s in shards]
+    if not paths:
+        raise ValueError("no shards to write as a pattern")
+    for path in paths:
+        if "::" in path:
+            raise ValueError(
+                f"shard {path!r} holds '::', which open_clip reads as a separator; rename it"
+            )
+    pattern = _alternatives([_group(g) for g in _numbered_groups(paths)])
+    if list(braceexpand(pattern)) != paths:  # a name the ranges do not round-trip: list them
+        pattern = _alternatives([_escape(p) for p in paths])
+    return pattern
+
+
+def _numbered_groups(paths: list[str]) -> list[tuple[str, list[tuple[str, str]], str]]:
+    """Neighbouring paths as ``(head, [(first, last), ...], tail)``: one group per run of names
+    that differ only in the last number of the base name, each range of consecutive numbers
+    one ``(first, last)``; a name without a number is ``(path, [], "")``."""
+    groups: list[tuple[str, list[tuple[str, str]], str]] = []
+    for path in paths:
+        match = _NUMBERED.match(path)
+        if match is None:
+            groups.append((path, [], ""))
+            continue
+        head, digits, tail = match.groups()
+        if groups and groups[-1][1] and groups[-1][0] == head and groups[-1][2] == tail:
+            ranges = groups[-1][1]
+            first, last = ranges[-1]
+            if _follows(last, digits):
+                ranges[-1] = (first, digits)
+            else:
+                ranges.append((digits, digits))
+            continue
+        groups.append((head, [(digits, digits)], tail))
+    return groups
+
+
+def _follows(previous: str, digits: str) -> bool:
+    """``digits`` is the next number after ``previous`` as braceexpand writes a range: the same
+    width, or both without leading zeros (``9`` then ``10``)."""
+
+    def padded(d: str) -> bool:
+        return len(d) > 1 and d.startswith("0")
+
+    return int(digits) == int(previous) + 1 and (
+        len(digits) == len(previous) or not (padded(digits) or padded(previous))
+    )
+
+
+def _group(group: tuple[str, list[tuple[str, str]], str]) -> str:
+    head, ranges, tail = group
+    if not ranges:
+        return _escape(head)
+    parts = [first if first == last else f"{{{first}..{last}}}" for first, last in ranges]
+    if len(parts) == 1:
+        return f"{_escape(head)}{parts[0]}{_escape(tail)}"
+    return f"{_escape(head)}{{{','.join(parts)}}}{_escape(tail)}"
+
+
+def _alternatives(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else "{" + ",".join(parts) + "}"
+
+
+def _escape(text: str) -> str:
+    return _BRACE_SPECIAL.sub(r"\\\1", text)
 
 
 def stats_path(shard: str) -> str:
@@ -188,12 +271,18 @@ class MixSide:
     def samples(self) -> int:
         return sum(self.counts)
 
+    @property
+    def pattern(self) -> str:
+        """``shards`` as one brace pattern (:func:`shard_pattern`)."""
+        return shard_pattern(self.shards)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "shards": list(self.shards),
             "counts": list(self.counts),
             "samples": self.samples,
             "weight": self.weight,
+            "pattern": self.pattern,
         }
 
 
@@ -252,14 +341,15 @@ class MixPlan:
 
     @property
     def train_data(self) -> str:
-        """open_clip's ``--train-data``: every shard, joined with ``::``."""
-        return "::".join(self.shards)
+        """open_clip's ``--train-data``: ``ORIGINAL::SYNTHETIC``, each side one brace pattern."""
+        return f"{self.original.pattern}::{self.synthetic.pattern}"
 
     @property
     def upsampling_factors(self) -> str:
-        """open_clip's ``--train-data-upsampling-factors``: one weight per shard, ``::``-joined
-        (open_clip brace-expands each ``::`` part and gives its weight to every shard in it)."""
-        return "::".join(_number(w) for w in self.shard_weights)
+        """open_clip's ``--train-data-upsampling-factors``: one weight per ``::`` part of
+        ``train_data`` (open_clip brace-expands each part and gives its weight to every shard in
+        it, which is ``shard_weights``)."""
+        return f"{_number(self.original.weight)}::{_number(self.synthetic.weight)}"
 
     def open_clip_args(self) -> list[str]:
         """Arguments for ``open_clip_train.main``: shards, upsampling factors, resampling on (the
@@ -279,8 +369,12 @@ class MixPlan:
         return shlex.join(self.open_clip_args())
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything above as JSON-ready values; ``open_clip.args`` is the argument list."""
+        """Everything above as JSON-ready values; ``open_clip.args`` is the argument list.
+        ``version`` is :data:`PLAN_VERSION`: 2 writes one pattern and one factor per side in
+        ``open_clip``; 1 (no ``version`` key) wrote one shard and one factor per ``::`` part.
+        ``shards`` and ``weights`` stay one entry per shard."""
         return {
+            "version": PLAN_VERSION,
             "ratio": self.ratio,
             "expected_ratio": self.expected_ratio,
             "synthetic_fraction": self.synthetic_fraction,
@@ -368,11 +462,38 @@ def mixed_dataset(
         shards = expand_shards(spec)
         sources.append(
             wds.DataPipeline(
-                wds.ResampledShards(shards, seed=seed * 2 + offset, deterministic=True),
+                SeededShards(shards, seed * 2 + offset),
                 wds.tarfile_to_samples(),
             )
         )
     return wds.FluidWrapper(_SeededMix(sources, ratio / (1.0 + ratio), seed))
+
+
+class SeededShards:
+    """A WebDataset pipeline's first stage: shards drawn uniformly with replacement, endlessly,
+    as ``{"url": shard}``. Each call starts the next epoch; the draws depend only on ``seed``,
+    the epoch and the DataLoader worker / node rank (``pytorch_worker_seed``), and equal those of
+    ``wds.ResampledShards(shards, seed=seed, deterministic=True)`` in webdataset 0.2.90 and
+    later, which 0.2.86 (the newest open_clip's trainer allows) lacks.
+
+    Raises ``ValueError`` for an empty shard list.
+    """
+
+    def __init__(self, shards: Sequence[str], seed: int = 0) -> None:
+        self.shards = [os.fspath(s) for s in shards]
+        if not self.shards:
+            raise ValueError("no shards to draw from")
+        self.seed = seed
+        self.epoch = -1
+
+    def __call__(self) -> Iterator[dict[str, str]]:
+        from webdataset.utils import make_seed, pytorch_worker_seed
+
+        self.epoch += 1
+        rng = random.Random(make_seed(pytorch_worker_seed(), self.epoch, self.seed))
+        last = len(self.shards) - 1
+        while True:
+            yield {"url": self.shards[rng.randint(0, last)]}
 
 
 class _SeededMix:

@@ -52,7 +52,14 @@ from PIL import Image
 
 from counterfactual._lazy import require
 from counterfactual.imageio import SampleError, decode_rgb
-from counterfactual.mix import ShardSpec, count_samples, expand_shards, mixed_dataset, plan_mix
+from counterfactual.mix import (
+    SeededShards,
+    ShardSpec,
+    count_samples,
+    expand_shards,
+    mixed_dataset,
+    plan_mix,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -393,10 +400,7 @@ def epoch_samples(config: TrainConfig, plan: TrainPlan, epoch: int) -> Any:
         return wds.DataPipeline(_Interleave(sides[0], sides[1], share, seed))
     if plan.synthetic:
         return mixed_dataset(list(plan.original), list(plan.synthetic), plan.ratio, seed=seed)
-    return wds.DataPipeline(
-        wds.ResampledShards(list(plan.original), seed=seed, deterministic=True),
-        wds.tarfile_to_samples(),
-    )
+    return wds.DataPipeline(SeededShards(plan.original, seed), wds.tarfile_to_samples())
 
 
 class _Interleave:

@@ -1,5 +1,7 @@
 """`counterfactual mix`: shard expansion, sample counts, weights for a ratio, the mixed stream."""
 
+import collections
+import inspect
 import io
 import itertools
 import json
@@ -8,15 +10,19 @@ import tarfile
 
 import pytest
 import webdataset as wds
+from braceexpand import braceexpand
 from PIL import Image
 
 from counterfactual.cli import main
 from counterfactual.mix import (
+    PLAN_VERSION,
     MixPlan,
+    SeededShards,
     count_samples,
     expand_shards,
     mixed_dataset,
     plan_mix,
+    shard_pattern,
     stats_path,
 )
 
@@ -173,6 +179,59 @@ def test_expand_needs_a_spec():
         expand_shards([])
 
 
+# --- one pattern per side ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("paths", "pattern"),
+    [
+        (["o/shard-000000.tar"], "o/shard-000000.tar"),
+        ([f"o/{i:05d}.tar" for i in range(100)], "o/{00000..00099}.tar"),
+        (["o/00000.tar", "o/00001.tar", "o/00003.tar"], "o/{{00000..00001},00003}.tar"),
+        (["o/8.tar", "o/9.tar", "o/10.tar"], "o/{8..10}.tar"),  # no padding: one range
+        (["o/09.tar", "o/10.tar", "o/011.tar"], "o/{{09..10},011}.tar"),  # widths differ
+        (["o/2.tar", "o/1.tar"], "o/{2,1}.tar"),  # the order is kept
+        (["a/x.tar", "b/x.tar"], "{a/x.tar,b/x.tar}"),  # no number in the name
+        (["d7/x.tar", "d8/x.tar"], "{d7/x.tar,d8/x.tar}"),  # the number is in the folder
+        (["a/p-1.tar", "b/p-2.tar"], "{a/p-1.tar,b/p-2.tar}"),  # consecutive, two folders
+        (["o/a,{b}.tar"], "o/a\\,\\{b\\}.tar"),  # escaped for braceexpand
+        (["o/a\\1.tar", "o/a\\2.tar"], "o/a\\\\{1..2}.tar"),
+        (["s3://b/p/0007.tar", "s3://b/p/0008.tar"], "s3://b/p/{0007..0008}.tar"),
+    ],
+)
+def test_shard_pattern_expands_back_to_the_shards(paths, pattern):
+    assert shard_pattern(paths) == pattern
+    assert list(braceexpand(pattern)) == paths
+
+
+def test_shard_pattern_refuses_what_open_clip_cannot_name():
+    with pytest.raises(ValueError, match="no shards"):
+        shard_pattern([])
+    with pytest.raises(ValueError, match="'o/a::b.tar' holds '::'"):
+        shard_pattern(["o/a::b.tar"])
+
+
+def test_open_clip_reads_the_flags_as_one_weight_per_shard(tmp_path):
+    """open_clip 3.x's own parser turns the two patterns and two factors back into every shard
+    with its side's weight: what the per-shard flags said, in two short strings."""
+    data = pytest.importorskip("open_clip_train.data")
+    orig = img2dataset(tmp_path / "orig", [5] * 40)
+    del orig[17]  # a gap, as after a failed img2dataset shard
+    (tmp_path / "orig" / "00017.tar").unlink()
+    other = ours(tmp_path / "more,{odd}", [5, 5], prefix="m")  # a second folder, odd name
+    syn = ours(tmp_path / "syn", [4, 3, 3])
+    plan = plan_mix([str(tmp_path / "orig"), str(tmp_path / "more,{odd}")], tmp_path / "syn", 0.1)
+    assert plan.upsampling_factors == "1::2.05"  # one per side: 0.1 * 205 / 10
+    urls, weights = data.expand_urls(plan.train_data, plan.upsampling_factors)
+    assert urls == plan.shards == [str(p) for p in orig + other + syn]
+    assert weights == plan.shard_weights
+    t = tmp_path
+    assert plan.train_data == (  # 39 + 2 original shards, 3 synthetic: two patterns
+        f"{{{t}/orig/{{{{00000..00016}},{{00018..00039}}}}.tar,"
+        f"{t}/more\\,\\{{odd\\}}/shard-{{000000..000001}}.tar}}::{t}/syn/shard-{{000000..000002}}.tar"
+    )
+
+
 # --- the plan -------------------------------------------------------------------------------
 
 
@@ -192,22 +251,31 @@ def test_weights_give_the_ratio_exactly(tmp_path):
     assert plan.samples_per_epoch == 1100
     assert plan.shards == [str(p) for p in orig + syn]
     assert plan.shard_weights == [1.0, 1.0, 2.0, 2.0]
-    assert plan.upsampling_factors == "1::1::2::2"
+    assert plan.upsampling_factors == "1::2"  # one per side, not one per shard
     args = plan.open_clip_args()
-    assert args[args.index("--train-data") + 1] == "::".join(str(p) for p in orig + syn)
-    assert args[args.index("--train-data-upsampling-factors") + 1] == "1::1::2::2"
+    patterns = f"{tmp_path}/orig/{{00000..00001}}.tar::{tmp_path}/syn/shard-{{000000..000001}}.tar"
+    assert args[args.index("--train-data") + 1] == patterns == plan.train_data
+    assert args[args.index("--train-data-upsampling-factors") + 1] == "1::2"
     assert "--dataset-resampled" in args
     assert args[args.index("--train-num-samples") + 1] == "1100"
 
     d = plan.to_dict()
     assert json.loads(json.dumps(d)) == d
+    assert d["version"] == PLAN_VERSION == 2
     assert d["synthetic"] == {
         "shards": [str(p) for p in syn],
         "counts": [30, 20],
         "samples": 50,
         "weight": 2.0,
+        "pattern": f"{tmp_path}/syn/shard-{{000000..000001}}.tar",
     }
-    assert d["weights"] == [1.0, 1.0, 2.0, 2.0] and d["open_clip"]["args"] == args
+    assert d["shards"] == plan.shards and d["weights"] == [1.0, 1.0, 2.0, 2.0]
+    assert d["open_clip"] == {
+        "train_data": patterns,
+        "train_data_upsampling_factors": "1::2",
+        "train_num_samples": 1100,
+        "args": args,
+    }
 
 
 def test_open_clip_resampling_with_the_weights_reaches_the_ratio(tmp_path):
@@ -271,11 +339,32 @@ def test_cli_prints_the_table_and_writes_the_json(tmp_path, capsys):
     assert "expected synthetic per original: 0.1 " in printed
     assert "without weights: 0.05" in printed
     assert "each repeats 2x" in printed and "1100 samples" in printed
-    assert "--train-data-upsampling-factors 1::1::2::2 --dataset-resampled" in printed
+    assert "--train-data-upsampling-factors 1::2 --dataset-resampled" in printed
+    assert f"{tmp_path}/orig/{{00000..00001}}.tar::" in printed
     data = json.loads(out.read_text())
     assert data["weights"] == [1.0, 1.0, 2.0, 2.0]
     assert data["synthetic"]["samples"] == 50 and data["original"]["samples"] == 1000
     assert data["open_clip"]["train_num_samples"] == 1100
+
+
+def test_cli_flags_stay_short_for_many_shards_unless_names_are_not_numbered(tmp_path, capsys):
+    img2dataset(tmp_path / "orig", [1] * 100, failed=0)  # 100 numbered shards: one range
+    ours(tmp_path / "syn", [1])
+    argv = ["mix", "--original", str(tmp_path / "orig"), "--synthetic", str(tmp_path / "syn")]
+    out = tmp_path / "mix.json"
+    assert main([*argv, "--ratio", "0.1", "--out", str(out)]) == 0
+    flags = capsys.readouterr().out.split("open_clip flags:\n  ")[1]
+    assert flags.startswith(f"--train-data '{tmp_path}/orig/{{00000..00099}}.tar::")
+    for i in range(80):  # names without a number: listed, then left to the JSON with --out
+        write_shard(
+            tmp_path / "words" / f"part-{chr(97 + i % 26)}{chr(97 + i // 26)}.tar", [f"w{i}"]
+        )
+    argv[2] = str(tmp_path / "words")
+    assert main([*argv, "--ratio", "0.1", "--out", str(out)]) == 0
+    assert f"characters): see open_clip.args in {out}" in capsys.readouterr().out
+    assert len(json.loads(out.read_text())["open_clip"]["args"][1]) > 4000
+    assert main([*argv, "--ratio", "0.1"]) == 0  # without --out they are printed
+    assert "part-aa.tar," in capsys.readouterr().out
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
@@ -326,6 +415,39 @@ def test_mixed_dataset_draws_at_the_ratio_and_passes_samples_through(tmp_path):
     for image, text in itertools.islice(pipeline.to_tuple("jpg", "txt"), 20):
         assert isinstance(image, Image.Image) and image.size == (8, 8)
         assert text.startswith("caption ")
+
+
+def _draws(sampler, n=300):
+    return [d["url"] for d in itertools.islice(sampler(), n)]
+
+
+def test_seeded_shards_are_uniform_and_depend_only_on_seed_epoch_and_worker(monkeypatch):
+    shards = [f"s-{i}.tar" for i in range(5)]
+    first, second = SeededShards(shards, seed=3), SeededShards(shards, seed=3)
+    epoch0 = _draws(first)
+    assert epoch0 == _draws(second)  # same seed, same epoch
+    assert _draws(first) != epoch0  # the next call is the next epoch
+    assert _draws(SeededShards(shards, seed=4)) != epoch0
+    counts = collections.Counter(_draws(SeededShards(shards), 5000))
+    assert set(counts) == set(shards) and min(counts.values()) > 900  # 1000 each expected
+    monkeypatch.setenv("WORKER", "1")  # webdataset's worker info, as a DataLoader worker sets it
+    monkeypatch.setenv("NUM_WORKERS", "2")
+    assert _draws(SeededShards(shards, seed=3)) != epoch0
+    with pytest.raises(ValueError, match="no shards"):
+        SeededShards([])
+
+
+def test_seeded_shards_draw_as_webdataset_resampled_shards_with_a_seed():
+    """webdataset >= 0.2.90 takes ``seed=``; where it is installed the draws are the same."""
+    if "seed" not in inspect.signature(wds.ResampledShards).parameters:
+        pytest.skip(f"webdataset {wds.__version__} has no ResampledShards(seed=)")
+    shards = [f"s-{i}.tar" for i in range(7)]
+    ours_, theirs = (
+        SeededShards(shards, seed=11),
+        wds.ResampledShards(shards, seed=11, deterministic=True),
+    )
+    for _ in range(2):  # two epochs
+        assert _draws(ours_, 50) == [d["url"] for d in itertools.islice(iter(theirs), 50)]
 
 
 def test_mixed_dataset_checks_its_inputs(tmp_path):

@@ -9,16 +9,18 @@ from pathlib import Path
 from counterfactual.mix import MixPlan, plan_mix
 
 _PAPER_RANGE = (0.08, 0.2)  # SPEC 1.6: synthetic per original in the paper
-_LONG_LIST = 32  # above this many shards, with --out, the flags are left to the JSON
+_LONG_FLAGS = 4000  # characters; above this, with --out, the flags are left to the JSON
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "mix",
         help="weights that mix original and synthetic shards at a ratio (open_clip flags)",
-        description="Count the samples of both shard lists and print the per-shard upsampling "
-        "weights that give RATIO synthetic samples per original one when shards are drawn with "
-        "replacement (open_clip --dataset-resampled). A SPEC is a brace pattern "
+        description="Count the samples of both shard lists and print the upsampling weights "
+        "that give RATIO synthetic samples per original one when shards are drawn with "
+        "replacement (open_clip --dataset-resampled), and open_clip's flags: each side as one "
+        "brace pattern with one weight (--train-data 'ORIG::SYN' "
+        "--train-data-upsampling-factors '1::W'). A SPEC is a brace pattern "
         "(data/{00000..00009}.tar), a glob, a directory (its *.tar) or a path; '::' separates "
         "several. Counts come from each shard's <stem>_stats.json ('successes' or 'count') or "
         "from reading the tar.",
@@ -81,10 +83,10 @@ def render(plan: MixPlan, out: Path | None = None) -> str:
         lines.append(f"note: the paper mixed {low}-{high} synthetic per original")
     if out is not None:
         lines.append(f"plan written to {out}")
-    shards = len(plan.shards)
-    if out is not None and shards > _LONG_LIST:
-        lines.append(f"open_clip flags ({shards} shards): see open_clip.args in {out}")
+    flags = plan.open_clip_flags()  # long only where shard names are not numbered in runs
+    if out is not None and len(flags) > _LONG_FLAGS:
+        lines.append(f"open_clip flags ({len(flags)} characters): see open_clip.args in {out}")
     else:
         lines.append("open_clip flags:")
-        lines.append("  " + plan.open_clip_flags())
+        lines.append("  " + flags)
     return "\n".join(lines)
