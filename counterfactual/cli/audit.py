@@ -149,8 +149,18 @@ def register(subparsers: Any) -> None:
     groups = _sub(modes, "groups", "per-group accuracy and gap to a reference group", GROUPS_EPILOG)
     groups.add_argument("--input", required=True, metavar="PRED", help="predictions file")
     groups.add_argument("--reference", required=True, metavar="GROUP", help="reference group")
-    groups.add_argument("--group-field", default="group", metavar="NAME", help="default: group")
-    groups.add_argument("--format", choices=("json", "table"), default="json")
+    groups.add_argument(
+        "--group-field",
+        default="group",
+        metavar="NAME",
+        help="the field naming a record's group (default: %(default)s)",
+    )
+    groups.add_argument(
+        "--format",
+        choices=("json", "table"),
+        default="json",
+        help="json: one object on stdout; table: aligned text for a person (default: %(default)s)",
+    )
     groups.set_defaults(func=run_groups)
 
     oov = _sub(modes, "oov", "out-of-vocabulary rate against a training vocabulary", OOV_EPILOG)
@@ -163,7 +173,11 @@ def register(subparsers: Any) -> None:
     )
     oov.add_argument("--group-field", default=None, metavar="NAME", help="report per group too")
     oov.add_argument(
-        "--top", type=nonnegative_int, default=10, metavar="N", help="unseen words to list"
+        "--top",
+        type=nonnegative_int,
+        default=10,
+        metavar="N",
+        help="most frequent unseen words to list, >= 0 (default: %(default)s)",
     )
     oov.set_defaults(func=run_oov)
 
@@ -171,7 +185,12 @@ def register(subparsers: Any) -> None:
         modes, "templates", "cluster question templates (content words -> POS)", TEMPLATES_EPILOG
     )
     templates.add_argument("--input", required=True, metavar="QUESTIONS", help="questions")
-    templates.add_argument("--field", default="question", metavar="NAME", help="default: question")
+    templates.add_argument(
+        "--field",
+        default="question",
+        metavar="NAME",
+        help="the field holding the question text (default: %(default)s)",
+    )
     templates.add_argument(
         "--tags", choices=TAG_MODES, default="fine", help="template rule (default: fine)"
     )
@@ -179,7 +198,11 @@ def register(subparsers: Any) -> None:
         "--clusters", type=positive_int, default=20, metavar="K", help="at most K (default: 20)"
     )
     templates.add_argument(
-        "--max-iter", type=positive_int, default=200, metavar="N", help="default: 200"
+        "--max-iter",
+        type=positive_int,
+        default=200,
+        metavar="N",
+        help="most K-Means iterations, >= 1 (default: %(default)s)",
     )
     templates.add_argument(
         "--seed", type=nonnegative_int, default=0, help="K-Means seed (default: 0)"
@@ -197,23 +220,54 @@ def register(subparsers: Any) -> None:
     distractors.add_argument("--input", required=True, metavar="QA", help="questions + answers")
     distractors.add_argument("--pool", required=True, metavar="POOL", help="candidate answers")
     distractors.add_argument("--output", required=True, metavar="OUT.jsonl", help="with choices")
-    distractors.add_argument("--question-field", default="question", metavar="NAME")
-    distractors.add_argument("--answer-field", default="answer", metavar="NAME")
-    distractors.add_argument("--pool-field", default="answer", metavar="NAME")
+    distractors.add_argument(
+        "--question-field",
+        default="question",
+        metavar="NAME",
+        help="--input's field holding the question (default: %(default)s)",
+    )
+    distractors.add_argument(
+        "--answer-field",
+        default="answer",
+        metavar="NAME",
+        help="--input's field holding the right answer (default: %(default)s)",
+    )
+    distractors.add_argument(
+        "--pool-field",
+        default="answer",
+        metavar="NAME",
+        help="a JSON Lines --pool's field holding a candidate answer (default: %(default)s)",
+    )
     distractors.add_argument(
         "--objects-field", default="objects", metavar="NAME", help=OBJECTS_HELP
     )
     distractors.add_argument(
-        "--method", choices=METHODS, default="authors", help="default: authors (the paper's)"
+        "--method",
+        choices=METHODS,
+        default="authors",
+        help="how wrong answers are picked, see below (default: %(default)s, the paper's)",
     )
     distractors.add_argument(
-        "--k", type=positive_int, default=3, help="wrong answers each (default 3)"
+        "--k",
+        type=positive_int,
+        default=3,
+        help="wrong answers picked per question, >= 1 (default: %(default)s)",
     )
     distractors.add_argument(
-        "--min-relevance", type=_finite_float, default=0.2, metavar="R", help="default: 0.2"
+        "--min-relevance",
+        type=_finite_float,
+        default=0.2,
+        metavar="R",
+        help="a candidate's relevance (question-answer cosine similarity) must exceed R "
+        "(greedy: reach R) (default: %(default)s)",
     )
     distractors.add_argument(
-        "--min-similarity", type=_cosine, default=0.2, metavar="S", help="default: 0.2"
+        "--min-similarity",
+        type=_cosine,
+        default=0.2,
+        metavar="S",
+        help="a cosine similarity below S counts as 10 in a candidate's score, in [-1, 1] "
+        "(default: %(default)s)",
     )
     distractors.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME", help=MODEL_HELP)
     distractors.add_argument("--device", default="cpu", help="embedding device (default: cpu)")

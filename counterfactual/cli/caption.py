@@ -18,11 +18,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("text", help="the caption")
     p.add_argument("--remove", required=True, help="class(es) to remove, comma-separated")
-    p.add_argument("--keep", default="", help="kept class(es), comma-separated (for prompt)")
-    p.add_argument("--method", choices=("np-removal", "prompt"), default="np-removal")
+    p.add_argument(
+        "--keep",
+        default="",
+        help="kept class(es), comma-separated (prompt: named in the template; default: none)",
+    )
+    p.add_argument(
+        "--method",
+        choices=("np-removal", "prompt"),
+        default="np-removal",
+        help="np-removal: cut the noun phrases naming a removed class; prompt: a CLIP "
+        "template of the kept classes (default: %(default)s)",
+    )
     p.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
     p.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
-    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument(
+        "--seed",
+        type=nonnegative_int,
+        default=0,
+        help="prompt: seed of the template drawn, >= 0 (default: %(default)s)",
+    )
     p.set_defaults(func=run)
 
 

@@ -41,11 +41,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, help="heat-map PNG")
     p.add_argument("--json", type=Path, default=None, help="matrices (default: OUT with .json)")
     p.add_argument(
-        "--top", type=positive_int, default=20, help="classes shown: the N most frequent"
+        "--top",
+        type=positive_int,
+        default=20,
+        help="classes shown: the N most frequent in the dataset (default: %(default)s)",
     )
-    p.add_argument("--measure", choices=MEASURES, default="pmi", help="pmi or p(a, b)")
     p.add_argument(
-        "--smoothing", type=nonnegative_float, default=1.0, help="PMI pseudo-count (0: none)"
+        "--measure",
+        choices=MEASURES,
+        default="pmi",
+        help="pmi: smoothed pointwise mutual information; frequency: p(a, b), the share of "
+        "images holding both classes (default: %(default)s)",
+    )
+    p.add_argument(
+        "--smoothing",
+        type=nonnegative_float,
+        default=1.0,
+        help="PMI pseudo-count added to the observed and expected pair counts, >= 0 (0: none; "
+        "default: %(default)s)",
     )
     p.set_defaults(func=run)
 

@@ -32,7 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--download: fetch what is missing to ROOT/downloads/, verify it, unpack it into ROOT. "
         "A rerun resumes partial downloads and skips what is done.",
     )
-    p.add_argument("--dataset", choices=tuple(dl.DATASET_FILES), default="coco")
+    p.add_argument(
+        "--dataset",
+        choices=tuple(dl.DATASET_FILES),
+        default="coco",
+        help="whose official files to list or fetch (default: %(default)s)",
+    )
     p.add_argument("--root", type=Path, required=True, help="dataset folder (ROOT)")
     p.add_argument("--download", action="store_true", help="fetch and unpack what is missing")
     p.add_argument(
@@ -48,7 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--delete-archives", action="store_true", help="delete each archive once unpacked"
     )
     p.add_argument(
-        "--timeout", type=positive_float, default=60.0, help="seconds without data (default 60)"
+        "--timeout",
+        type=positive_float,
+        default=60.0,
+        help="give up on a download after this many seconds without data, > 0 (default: "
+        "%(default)s)",
     )
     p.set_defaults(func=run)
 

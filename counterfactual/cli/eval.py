@@ -40,7 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(repeat to compare models)",
     )
     p.add_argument("--out", type=Path, required=True, help="report folder")
-    p.add_argument("--dataset", choices=DATASETS, default="demo")
+    p.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default="demo",
+        help="the dataset the queries were made from, read as the gallery (default: %(default)s)",
+    )
     p.add_argument(
         "--root", type=Path, default=None, help="dataset folder (demo: QUERIES/demo-data)"
     )
@@ -51,25 +56,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Karpathy's dataset_coco.json / dataset_flickr30k.json (default: ROOT/dataset_*.json"
         " when there; Flickr30k falls back to the Entities split files)",
     )
-    p.add_argument("--test-split", default="test", help="split for R@K (demo: all images)")
+    p.add_argument(
+        "--test-split",
+        default="test",
+        help="split for R@K (demo: all images; default: %(default)s)",
+    )
     p.add_argument("--no-recall", dest="recall", action="store_false", help="skip R@K")
     p.add_argument("--cache", type=Path, default=None, help="cache folder (default OUT/cache)")
     p.add_argument(
-        "--runner", choices=("local", "ray"), default="local", help="where mentions are computed"
+        "--runner",
+        choices=("local", "ray"),
+        default="local",
+        help="where the gallery's class mentions are computed: local (this process) or ray (an "
+        "actor pool) (default: %(default)s)",
     )
     p.add_argument("--vocabulary", default=None, help="class word lists (default: COCO's)")
     p.add_argument("--spacy-model", default=None, help="spaCy pipeline (as for synth)")
     p.add_argument("--device", default=None, help="model device (default: cuda when present)")
     p.add_argument(
-        "--batch-size", type=positive_int, default=64, help="images or texts per model call"
+        "--batch-size",
+        type=positive_int,
+        default=64,
+        help="images or texts per model call (default: %(default)s)",
     )
     p.add_argument("--topk-device", default=None, help="top-k on torch here (e.g. cuda)")
     p.add_argument(
-        "--ks", type=positive_int, nargs="+", default=list(ODMAP_KS), help="ODmAP@k columns"
+        "--ks",
+        type=positive_int,
+        nargs="+",
+        default=list(ODMAP_KS),
+        help=f"k of the ODmAP@k columns, one or more (default: {' '.join(map(str, ODMAP_KS))})",
     )
-    p.add_argument("--curve-k", type=positive_int, default=20, help="plot ODmAP@k for k = 1..this")
     p.add_argument(
-        "--grid", type=nonnegative_int, default=6, help="queries in qualitative.png (0: none)"
+        "--curve-k",
+        type=positive_int,
+        default=20,
+        help="plot ODmAP@k for k = 1..this (default: %(default)s)",
+    )
+    p.add_argument(
+        "--grid",
+        type=nonnegative_int,
+        default=6,
+        help="queries shown in qualitative.png, >= 0 (0: none; default: %(default)s)",
     )
     p.set_defaults(func=run)
 

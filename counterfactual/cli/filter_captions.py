@@ -71,7 +71,11 @@ def register(subparsers: Any) -> None:
         help="count only POS VERB as a verb, not auxiliaries and copulas (AUX)",
     )
     parser.add_argument(
-        "--batch-size", type=positive_int, default=256, metavar="N", help="spaCy batch"
+        "--batch-size",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="captions per spaCy batch (default: %(default)s)",
     )
     parser.set_defaults(func=run)
 

@@ -26,16 +26,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--root",
         type=Path,
         default=None,
-        help="folder the samples' file names are relative to (default: what the run's command "
-        "line names, or OUT_DIR/demo-data for the demo); without it, edited pictures only",
+        help="folder the samples' file names are relative to (default: the dataset folders "
+        "the run recorded in manifest.json, found from any working directory, or "
+        "OUT_DIR/demo-data for the demo; a corpus's originals are read from its tars or "
+        "tables); where no original is found, the edited picture only",
     )
     p.add_argument(
         "--n",
         type=positive_int,
         default=DEFAULT_N,
-        help="samples to show, spread over class x image method (at least one per stratum)",
+        help="samples to show, spread over class x image method, at least one per stratum "
+        "(default: %(default)s)",
     )
-    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the sample drawn")
+    p.add_argument(
+        "--seed",
+        type=nonnegative_int,
+        default=0,
+        help="seed of the sample drawn, >= 0 (default: %(default)s)",
+    )
     p.add_argument("--out", type=Path, default=None, help="report folder (default OUT_DIR/report)")
     p.set_defaults(func=run)
 

@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("local", "ray"),
         default="local",
         help="local: every shard in this process; ray: shard workers (and GPU model actors) on "
-        "a local Ray or the cluster in RAY_ADDRESS",
+        "a local Ray or the cluster in RAY_ADDRESS (default: %(default)s)",
     )
     add_data_args(p, corpora=True)
     p.add_argument(
@@ -81,56 +81,153 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=QUERY_MODES,
         default=_DETECT.queries,
         help="classes asked for: those the caption mentions, the whole vocabulary when it "
-        "mentions any (finds the unmentioned objects the alpha rules must keep), or always all",
-    )
-    b.add_argument("--detect-threshold", type=unit_interval, default=_DETECT.score_threshold)
-    b.add_argument(
-        "--detect-nms-iou", type=unit_interval, default=_DETECT.nms_iou, help="per class"
+        "mentions any (finds the unmentioned objects the alpha rules must keep), or always all "
+        "(default: %(default)s)",
     )
     b.add_argument(
-        "--detect-max", type=positive_int, default=_DETECT.max_detections, help="per image"
+        "--detect-threshold",
+        type=unit_interval,
+        default=_DETECT.score_threshold,
+        help="keep a detected box whose score (sigmoid of its class logit) is at least this, "
+        "in [0, 1] (default: %(default)s)",
     )
-    b.add_argument("--detect-template", default=_DETECT.template, help="query text, one {}")
-    b.add_argument("--detect-batch-size", type=positive_int, default=_DETECT.batch_size)
+    b.add_argument(
+        "--detect-nms-iou",
+        type=unit_interval,
+        default=_DETECT.nms_iou,
+        help="per class, drop a box whose IoU with a better-scored box is above this, in [0, 1]; "
+        "1 keeps all (default: %(default)s)",
+    )
+    b.add_argument(
+        "--detect-max",
+        type=positive_int,
+        default=_DETECT.max_detections,
+        help="most boxes kept per image, best first (default: %(default)s)",
+    )
+    b.add_argument(
+        "--detect-template",
+        default=_DETECT.template,
+        help="a class's query text, with exactly one {} for its name (default: '%(default)s')",
+    )
+    b.add_argument(
+        "--detect-batch-size",
+        type=positive_int,
+        default=_DETECT.batch_size,
+        help="images per detector call (default: %(default)s)",
+    )
     i = p.add_argument_group("image")
-    i.add_argument("--image-method", choices=IMAGE_METHODS, default="inpaint")
-    i.add_argument("--inpaint-backend", choices=INPAINT_BACKENDS, default="opencv")
+    i.add_argument(
+        "--image-method",
+        choices=IMAGE_METHODS,
+        default="inpaint",
+        help="how the removed area is erased: inpaint (with --inpaint-backend), or filled with "
+        "zero (black), mean (the picture's mean colour) or blur (default: %(default)s)",
+    )
+    i.add_argument(
+        "--inpaint-backend",
+        choices=INPAINT_BACKENDS,
+        default="opencv",
+        help="inpainter of --image-method inpaint: opencv (Telea, CPU), diffusers (a Stable "
+        "Diffusion inpainting model) or lama (a TorchScript LaMa) (default: %(default)s)",
+    )
     i.add_argument(
         "--inpaint-model",
         default=_IMAGE.model,
-        help="diffusers id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt)",
+        help="diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt) "
+        "(default: %(default)s)",
     )
     i.add_argument(
         "--lama-max-side",
         type=nonnegative_int,
         default=_IMAGE.lama_max_side,
-        help="lama: cap the crop's long side in px (0: native resolution)",
+        help="lama: cap the crop's long side in px, >= 0 (0: native resolution; default: "
+        "%(default)s)",
     )
-    i.add_argument("--device", default="cpu", help="torch device for learned models")
-    i.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    i.add_argument("--steps", type=positive_int, default=_IMAGE.steps, help="diffusion steps")
+    i.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device of every model step: detector, inpainter, captioner, verifier "
+        "(e.g. cuda, cuda:1; default: %(default)s)",
+    )
+    i.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "float16", "bfloat16"),
+        help="weights dtype of the detector, inpainter and captioner (the verifier stays "
+        "float32; default: %(default)s)",
+    )
+    i.add_argument(
+        "--steps",
+        type=positive_int,
+        default=_IMAGE.steps,
+        help="diffusers: denoising steps, >= 1 (default: %(default)s)",
+    )
     i.add_argument(
         "--resolution",
         type=nonnegative_int,
         default=_IMAGE.resolution,
-        help="diffusion working size (px); 0: native (the crop's size, at least 512)",
+        help="diffusers: working size in px, >= 0 (0: native, the crop's size, at least 512; "
+        "default: %(default)s)",
     )
-    i.add_argument("--inpaint-batch-size", type=positive_int, default=_IMAGE.batch_size)
+    i.add_argument(
+        "--inpaint-batch-size",
+        type=positive_int,
+        default=_IMAGE.batch_size,
+        help="diffusers, lama: crops per inpainter call (default: %(default)s)",
+    )
     i.add_argument(
         "--candidates",
         type=positive_int,
         default=_IMAGE.candidates,
         help="diffusers: best-of-n, draw N seeded candidates per image and keep the one the "
-        "verifier's model (--verify-model) sees the removed classes least in",
+        "verifier's model (--verify-model) sees the removed classes least in (default: "
+        "%(default)s: no best-of-n)",
     )
-    i.add_argument("--prompt", default=_IMAGE.prompt, help="{background}, {kept}, {removed}")
-    i.add_argument("--negative-prompt", default=_IMAGE.negative_prompt)
-    i.add_argument("--mask-source", choices=MASK_SOURCES, default="box")
-    i.add_argument("--dilate", type=nonnegative_int, default=0, help="grow masks by N pixels")
-    i.add_argument("--blur-sigma", type=positive_float, default=_IMAGE.blur_sigma)
+    i.add_argument(
+        "--prompt",
+        default=_IMAGE.prompt,
+        help="diffusers: the prompt template; {background} is 'empty background, nothing "
+        "there', {kept} and {removed} the class names (default: '%(default)s')",
+    )
+    i.add_argument(
+        "--negative-prompt",
+        default=_IMAGE.negative_prompt,
+        help="diffusers: the negative prompt template, same fields as --prompt (default: "
+        "'%(default)s')",
+    )
+    i.add_argument(
+        "--mask-source",
+        choices=MASK_SOURCES,
+        default="box",
+        help="box: the removed boxes; segmentation: the removed objects' polygons where the "
+        "dataset has them, boxes otherwise (default: %(default)s)",
+    )
+    i.add_argument(
+        "--dilate",
+        type=nonnegative_int,
+        default=0,
+        help="grow the mask by N pixels, >= 0; helps inpainters erase edges (default: %(default)s)",
+    )
+    i.add_argument(
+        "--blur-sigma",
+        type=positive_float,
+        default=_IMAGE.blur_sigma,
+        help="blur: Gaussian sigma in px, > 0 (default: %(default)s)",
+    )
     t = p.add_argument_group("text")
-    t.add_argument("--text-method", choices=TEXT_METHODS, default="np-removal")
-    t.add_argument("--captioner-model", default=_TEXT.model, help="HF id or path")
+    t.add_argument(
+        "--text-method",
+        choices=TEXT_METHODS,
+        default="np-removal",
+        help="np-removal: cut the noun phrases naming removed classes; prompt: a CLIP template "
+        "of the kept classes; captioner: a new caption of the edited picture; shuffle, "
+        "nouns-adj: perturbed captions (default: %(default)s)",
+    )
+    t.add_argument(
+        "--captioner-model",
+        default=_TEXT.model,
+        help="captioner: a Hugging Face hub id or folder (default: %(default)s)",
+    )
     t.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
     t.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
     t.add_argument(
@@ -148,7 +245,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="np-removal: drop prepositions, conjunctions and commas a cut left dangling "
         "(off: the paper's captions exactly)",
     )
-    t.add_argument("--captions-per-image", choices=CAPTION_CHOICES, default="one")
+    t.add_argument(
+        "--captions-per-image",
+        choices=CAPTION_CHOICES,
+        default="one",
+        help="one: one caption per image, drawn with --seed; all: an item per caption "
+        "(default: %(default)s)",
+    )
     v = p.add_argument_group("verification (CLIP@k on the boxes, class names in the caption)")
     v.add_argument(
         "--verify",
@@ -162,15 +265,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="--verify, and drop the samples that fail (status failed:verify-removal, "
         "verify-retention or verify-text)",
     )
-    v.add_argument("--verify-model", default=_VERIFY.model, help="hf-clip:ID, a folder, ...")
     v.add_argument(
-        "--verify-k", type=positive_int, default=_VERIFY.k, help="removed: not in the top k after"
+        "--verify-model",
+        default=_VERIFY.model,
+        help="zero-shot model: hf-clip:ID_OR_FOLDER, blip:..., open_clip:ARCH:TAG or a folder "
+        "(default: %(default)s)",
+    )
+    v.add_argument(
+        "--verify-k",
+        type=positive_int,
+        default=_VERIFY.k,
+        help="a removed class passes when it is not in the top k on its edited box "
+        "(default: %(default)s)",
     )
     v.add_argument(
         "--verify-retention-k",
         type=positive_int,
         default=_VERIFY.retention_k,
-        help="kept: in the top k",
+        help="a kept class passes when it is still in the top k on its box (default: %(default)s)",
     )
     v.add_argument(
         "--no-verify-text",
@@ -178,7 +290,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="do not check the new caption's class names",
     )
-    v.add_argument("--verify-batch-size", type=positive_int, default=_VERIFY.batch_size)
+    v.add_argument(
+        "--verify-batch-size",
+        type=positive_int,
+        default=_VERIFY.batch_size,
+        help="samples per verify call, and crops per model forward pass (default: %(default)s)",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--images-per-shard",
@@ -189,19 +306,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "holds the samples its images yield, fewer when some yield none (default: %(default)s)",
     )
     o.add_argument(
-        "--max-pixels", type=positive_int, default=_SYNTH.max_pixels, help="refuse larger pictures"
+        "--max-pixels",
+        type=positive_int,
+        default=_SYNTH.max_pixels,
+        help="a picture with more pixels fails as image-too-large, not decoded (default: "
+        "%(default)s)",
     )
     o.add_argument(
         "--contact-sheet",
         type=nonnegative_int,
         default=8,
-        help="rows in contact_sheet.png (0: none)",
+        help="rows in OUT/contact_sheet.png, >= 0 (0: none; default: %(default)s)",
     )
     o.add_argument(
         "--batch-size",
         type=positive_int,
         default=_SYNTH.batch_size,
-        help="items per CPU-step batch",
+        help="items per batch of the CPU steps (decode, select, fills, encode) (default: "
+        "%(default)s)",
     )
     r = p.add_argument_group("ray (with --runner ray)")
     r.add_argument("--ray-address", default=None, help="cluster to join (default: RAY_ADDRESS)")
@@ -219,7 +341,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="actors per model stage (default: the GPUs shared among the GPU stages; on CPU "
         "none, the shard workers run the models themselves)",
     )
-    r.add_argument("--gpus-per-actor", type=gpu_share, default=1.0, help="in (0, 8] (default 1)")
+    r.add_argument(
+        "--gpus-per-actor",
+        type=gpu_share,
+        default=1.0,
+        help="GPUs per model actor, in (0, 8]; a fraction shares one GPU (default: %(default)s)",
+    )
     r.add_argument(
         "--model-batch-size", type=positive_int, default=None, help="items per model call"
     )

@@ -114,14 +114,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="--mix ratio only; default: original samples x (1 + ratio)",
     )
-    g.add_argument("--seed", type=nonnegative_int, default=d["seed"].default)
+    g.add_argument(
+        "--seed",
+        type=nonnegative_int,
+        default=d["seed"].default,
+        help="seed of the shard order, shuffle and mix draws, >= 0 (default: %(default)s)",
+    )
     r = p.add_argument_group("running")
     r.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     r.add_argument(
         "--precision",
         choices=PRECISIONS,
         default=d["precision"].default,
-        help="auto: bf16 autocast on CUDA, fp32 on CPU",
+        help="auto: bf16 autocast on CUDA, fp32 on CPU; bf16, fp16: mixed precision, CUDA "
+        "only (default: %(default)s)",
     )
     r.add_argument(
         "--num-workers",

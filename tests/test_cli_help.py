@@ -1,0 +1,114 @@
+"""``--help``: every option of every subcommand (``audit``'s nested ones too) says what it does
+and shows its default."""
+
+import argparse
+from collections.abc import Iterator
+
+import pytest
+
+from counterfactual.cli import build_parser
+
+FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction)
+"""On/off switches: their default is "not given", which ``--help`` need not spell out."""
+
+
+def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """``parser`` and every (nested) subcommand's parser, once each (aliases share one)."""
+    seen: set[int] = set()
+    todo = [parser]
+    while todo:
+        p = todo.pop(0)
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        yield p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo += list(action.choices.values())
+
+
+def options() -> list[tuple[str, argparse.ArgumentParser, argparse.Action]]:
+    out = []
+    for p in parsers(build_parser()):
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction | argparse._VersionAction):
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            name = "/".join(action.option_strings) or action.dest
+            out.append((f"{p.prog} {name}", p, action))
+    return out
+
+
+OPTIONS = options()
+
+
+def shown_default(action: argparse.Action) -> list[str]:
+    """The texts the rendered help must show after the word "default" (none: nothing to show)."""
+    d = action.default
+    if d is None or d is False or d == "" or d is argparse.SUPPRESS:
+        return []
+    if isinstance(action, FLAGS) and isinstance(d, bool):
+        return []
+    if isinstance(d, list | tuple):
+        return [str(x) for x in d]  # an empty list is "none given"
+    return [str(d)]
+
+
+def shows(text: str, wanted: list[str]) -> bool:
+    """Whether ``text`` names each of ``wanted`` after the word "default" (any case)."""
+    if not wanted:
+        return True
+    at = text.lower().find("default")
+    return at >= 0 and all(w in text[at:] for w in wanted)
+
+
+def rendered(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The help text as ``--help`` prints it (``%(default)s`` and the like filled in)."""
+    return parser._get_formatter()._expand_help(action)
+
+
+def test_every_subcommand_is_walked():
+    progs = {p.prog for p in parsers(build_parser())}
+    assert {"counterfactual synth", "counterfactual report", "counterfactual audit"} <= progs
+    assert any(prog.startswith("counterfactual audit ") for prog in progs)
+    assert len(OPTIONS) > 200
+
+
+@pytest.mark.parametrize("name, parser, action", OPTIONS, ids=[o[0] for o in OPTIONS])
+def test_option_has_help_and_shows_its_default(name, parser, action):
+    assert action.help and action.help is not argparse.SUPPRESS, f"{name}: no help text"
+    text = " ".join(rendered(parser, action).split())
+    assert len(text) >= 8, f"{name}: help too short: {text!r}"
+    wanted = shown_default(action)
+    if wanted:
+        assert shows(text, wanted), f"{name}: default {action.default!r} not shown: {text!r}"
+
+
+@pytest.mark.parametrize(
+    "rule, action, ok",
+    [
+        ("value", argparse.Action(["--x"], "x", default=3, help="x (default: %(default)s)"), True),
+        ("written", argparse.Action(["--x"], "x", default=0.5, help="x (default 0.5)"), True),
+        ("missing", argparse.Action(["--x"], "x", default=3, help="a number of things"), False),
+        ("other", argparse.Action(["--x"], "x", default=3, help="x (default: 4)"), False),
+        ("before", argparse.Action(["--x"], "x", default=3, help="3 things (default: all)"), False),
+        ("none", argparse.Action(["--x"], "x", default=None, help="a number of things"), True),
+        ("list", argparse.Action(["--x"], "x", default=[1, 5], help="ks (default 1 5)"), True),
+        ("empty", argparse.Action(["--x"], "x", default=[], help="files, any number"), True),
+        ("Default", argparse.Action(["--x"], "x", default="m", help="x. Default m, small"), True),
+    ],
+)
+def test_the_rule_itself(rule, action, ok):
+    parser = argparse.ArgumentParser()
+    text = " ".join(rendered(parser, action).split())
+    assert shows(text, shown_default(action)) is ok, rule
+
+
+def test_help_prints_for_every_subcommand(capsys):
+    for p in parsers(build_parser()):
+        with pytest.raises(SystemExit) as exit_:
+            p.parse_args(["--help"])
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage:"), p.prog
