@@ -10,7 +10,8 @@ is refused shard by shard) and removes unfinished temporary files. :func:`finish
 ``status.jsonl`` (every input image and every item, with reasons) together from the reader's
 failures and the shards' stats files, and writes ``manifest.json`` (config, data spec,
 package versions, git revision, counts, items per node, timings, the history of every run into
-this OUT and, when samples were verified, a summary of the verdicts).
+this OUT and, when samples were verified, a summary of the verdicts) and the dataset card
+``README.md`` (:mod:`counterfactual.card`: ``datasets.load_dataset(OUT)`` reads it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from importlib import metadata
 from typing import Any
 
 from counterfactual import fs
+from counterfactual.card import ShardEntry, card_text, shard_json_type, write_card
+from counterfactual.json_types import check_type
 from counterfactual.progress import Progress
 from counterfactual.records import Status, outcome
 from counterfactual.runlock import RunLock
@@ -278,7 +281,8 @@ def finish_run(
     runner: str,
     extra: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Write ``status.jsonl`` and ``manifest.json``; raise if a planned shard is missing."""
+    """Write ``status.jsonl``, ``manifest.json`` and the dataset card ``README.md``
+    (:mod:`counterfactual.card`); raise if a planned shard is missing."""
     names = fs.listdir(run.out_dir)
     committed = {i for i, _ in committed_names(names)}
     missing = [i for i in range(shards) if i not in committed]
@@ -290,6 +294,7 @@ def finish_run(
     _remove_temporary(run.out_dir, names)  # of a worker that died mid-shard and was retried
     counts: Counter[str] = Counter()
     images, items = len(inputs.failures), 0
+    entries: list[ShardEntry] = []
 
     def rows() -> Iterator[dict[str, Any]]:
         """Every status row as the stats files hold it (plain dicts: this loop is most of the
@@ -299,6 +304,7 @@ def finish_run(
         for i in range(shards):
             stats = json.loads(fs.read_text(fs.join(run.out_dir, stats_name("shard", i))))
             images, items = images + int(stats.get("images", 0)), items + int(stats["items"])
+            entries.append(_shard_entry(run.out_dir, i, stats))
             yield from stats["status"]
 
     with fs.atomic_write(fs.join(run.out_dir, STATUS_FILE)) as fh:
@@ -329,7 +335,29 @@ def finish_run(
         shards_ = [fs.join(run.out_dir, name) for name in names]
         result.verify = verify_summary_from_samples(shards_, counts=counts)
     write_manifest(run, result, inputs, runner, extra)
+    card = card_text(
+        entries,
+        counts=result.status_counts,
+        inputs=result.images,
+        unit=result.unit,
+        config=run.config.to_dict(),
+        data=inputs.spec or {},
+    )
+    write_card(run.out_dir, card)
     return result
+
+
+def _shard_entry(out_dir: fs.PathLike, index: int, stats: dict[str, Any]) -> ShardEntry:
+    """A shard for the dataset card: its sample count and json type, read from its tar when
+    its stats file (written before types were recorded) lacks it."""
+    name = shard_name("shard", index)
+    count = int(stats.get("count", 0))
+    schema = stats.get("json_schema")
+    if schema is not None:
+        schema = check_type(schema)
+    elif count:
+        schema = shard_json_type(fs.join(out_dir, name))
+    return ShardEntry(name, count, schema)
 
 
 def write_manifest(

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 from counterfactual import fs
+from counterfactual.json_types import JsonType, check_type, json_type, merge_types
 from counterfactual.records import Status
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -70,6 +71,9 @@ class ShardStats:
     node: str = ""
     images: int = 0
     """Input images (records and reader failures) of the shard's task."""
+    json_schema: JsonType | None = None
+    """The type of its samples' json merged over them (:mod:`counterfactual.json_types`), for
+    the dataset card; ``None`` without samples, or in a stats file older than this key."""
 
     def counts(self) -> dict[str, int]:
         """Rows by ``status`` and ``status:reason`` (as the run summary counts them)."""
@@ -89,6 +93,7 @@ class ShardStats:
             "input": self.input,
             "node": self.node,
             "images": self.images,
+            "json_schema": self.json_schema,
         }
 
     @classmethod
@@ -103,6 +108,7 @@ class ShardStats:
             str(d.get("input", "")),
             str(d.get("node", "")),
             int(d.get("images", 0)),
+            None if d.get("json_schema") is None else check_type(d["json_schema"]),
         )
 
 
@@ -211,6 +217,7 @@ class ShardWriter:
     seconds: dict[str, float] = field(default_factory=dict)
     items: int = 0
     images: int = 0
+    json_schema: JsonType | None = None
     _tar: _TarStream | None = None
 
     def __post_init__(self) -> None:
@@ -246,6 +253,7 @@ class ShardWriter:
         self._tar.add(f"{sample.key}.json", meta.encode("utf-8"))
         self._tar.add(f"{sample.key}.txt", sample.txt.encode("utf-8"))
         self.keys.append(sample.key)
+        self.json_schema = merge_types(self.json_schema, json_type(sample.meta))
 
     def commit(self) -> ShardStats:
         """Write the tar (an empty but valid one when no item made a sample), then the stats."""
@@ -267,6 +275,7 @@ class ShardWriter:
             self.input,
             self.node,
             self.images,
+            self.json_schema,
         )
         text = json.dumps(stats.to_dict(), indent=1, ensure_ascii=False)
         fs.write_text(fs.join(self.out_dir, stats_name(self.prefix, self.index)), text)

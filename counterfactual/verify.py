@@ -492,6 +492,11 @@ def _check_images(r: VerifyRequest) -> None:
         )
 
 
+def _records(checks: Any) -> list[Any]:
+    """Per-class checks, by class (a dict) or as a list of records."""
+    return list(checks.values()) if isinstance(checks, Mapping) else list(checks)
+
+
 def _crop(image: np.ndarray, box: tuple[int, int, int, int]) -> Image.Image:
     x0, y0, x1, y1 = box
     return Image.fromarray(np.ascontiguousarray(image[y0:y1, x0:x1]))
@@ -513,15 +518,16 @@ class VerifySummary:
     kept_checked: int = 0
 
     def add(self, verify: Mapping[str, Any]) -> None:
-        """Count one sample's stored ``verify`` dict (:meth:`VerifyResult.to_dict`)."""
+        """Count one sample's stored ``verify`` dict (:meth:`VerifyResult.to_dict`, or a sample
+        json's, whose per-class checks are lists of records)."""
         self.checked += 1
         self.passed += bool(verify["passed"])
         self.failed.update(verify["failed"])
-        for r in verify["removal"].values():
+        for r in _records(verify["removal"]):
             self.ranks_before.append(int(r["rank_before"]))
             self.ranks_after.append(int(r["rank_after"]))
             self.classes_removed += bool(r["removed"])
-        for r in verify["retention"].values():
+        for r in _records(verify["retention"]):
             self.kept_checked += 1
             self.classes_kept += bool(r["kept"])
 

@@ -20,6 +20,7 @@ from counterfactual.samples import (
     BAD_METADATA,
     BAD_SHARD,
     SampleMeta,
+    VerifyMeta,
     iter_samples,
     read_member,
     read_samples,
@@ -59,15 +60,18 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
     return path
 
 
-VERIFY = VerifyResult(
-    passed=False,
-    failed=("removal",),
-    removal={"dog": Removal(ClassScore(1, 0.9123456789), ClassScore(2, 0.25), False)},
-    retention={"person": Retention(ClassScore(3, 0.125), True)},
-    text=TextCheck(("dog",), None),
-    model="tiny-clip",
-    k=1,
-    retention_k=5,
+# as a sample's json holds it: per-class checks as lists of records
+VERIFY = VerifyMeta.from_dict(
+    VerifyResult(
+        passed=False,
+        failed=("removal",),
+        removal={"dog": Removal(ClassScore(1, 0.9123456789), ClassScore(2, 0.25), False)},
+        retention={"person": Retention(ClassScore(3, 0.125), True)},
+        text=TextCheck(("dog",), None),
+        model="tiny-clip",
+        k=1,
+        retention_k=5,
+    ).to_dict()
 ).to_dict()
 
 

@@ -434,9 +434,11 @@ def test_the_step_records_or_filters(tmp_path, mode):
     dog, frisbee = by_target["dog"], by_target["frisbee"]
     if mode == "record":
         assert all(j.ok and j.sample is not None for j in jobs)
-        meta = dog[0].sample.meta["verify"]
-        assert meta["failed"] == [REMOVAL] and meta["removal"]["dog"]["rank_after"] == 1
-        assert frisbee[0].sample.meta["verify"]["removal"]["frisbee"]["removed"]
+        meta = dog[0].sample.meta["verify"]  # per-class checks: lists of records
+        assert meta["failed"] == [REMOVAL] and meta["removal"][0]["class"] == "dog"
+        assert meta["removal"][0]["rank_after"] == 1
+        (removal,) = frisbee[0].sample.meta["verify"]["removal"]
+        assert removal["class"] == "frisbee" and removal["removed"]
         assert frisbee[0].sample.meta["verify"]["text"]["names_kept"] is True
     else:
         assert all(j.failure.reason == REMOVAL for j in dog)
@@ -522,10 +524,10 @@ def test_verify_records_a_verdict_in_every_sample_and_drops_none(recorded, plain
     for m in meta.values():
         v = m["verify"]
         assert v["model"] == clip and v["k"] == 40 and v["retention_k"] == 79
-        assert set(v["removal"]) == set(m["plan"]["removed"])
-        assert set(v["retention"]) == set(m["plan"]["kept"])
+        assert [r["class"] for r in v["removal"]] == m["plan"]["removed"]
+        assert [r["class"] for r in v["retention"]] == m["plan"]["kept"]
         assert v["passed"] == (not v["failed"])
-        for r in v["removal"].values():
+        for r in v["removal"]:
             assert 1 <= r["rank_before"] <= 80 and r["removed"] == (r["rank_after"] > 40)
     assert "verify" not in next(iter(read_meta(plain).values()))
     manifest = json.loads((recorded / "manifest.json").read_text())
