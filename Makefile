@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install the package with every extra (torch first)
 
-synth: $(STAMP) ## make shards on Ray: DATASET=demo|coco|flickr30k|wds|parquet|csv [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
+synth: $(STAMP) ## make shards on Ray: DATASET=demo|coco|flickr30k|wds|parquet|csv|files [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
 	$(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) --out $(OUT) \
 		$(if $(ROOT),--root '$(ROOT)') $(if $(IMAGE),--image-method $(IMAGE)) \
 		$(if $(TEXT),--text-method $(TEXT)) $(ARGS)

@@ -57,6 +57,12 @@ REASONS: dict[str, Reason] = {
     "missing-annotation": Reason("failed", "Flickr30k: no annotation XML for the image", "reader"),
     "missing-sentences": Reason("failed", "Flickr30k: no sentence file for the image", "reader"),
     "missing-image": Reason("failed", "a corpus row or sample names no picture", "reader"),
+    "download-failed": Reason(
+        "failed",
+        "img2dataset could not download or resize this url (detail: its status, "
+        "error_message and the url)",
+        "reader",
+    ),
     "bad-metadata": Reason(
         "failed", "a corpus sample's txt or json is not UTF-8, not JSON or too large", "reader"
     ),

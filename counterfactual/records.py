@@ -13,17 +13,30 @@ from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
+class RLE:
+    """A COCO run-length mask of a ``height`` x ``width`` image, as ``pycocotools.mask`` reads
+    it: ``counts`` alternate background and object runs in column-major order, starting with
+    background, either as ints (COCO's uncompressed form, crowd annotations) or as COCO's
+    compressed string. Readers check that the runs cover the image exactly."""
+
+    height: int
+    width: int
+    counts: tuple[int, ...] | str
+
+
+@dataclass(frozen=True, slots=True)
 class ObjectAnnotation:
     """One annotated object.
 
     ``bbox`` is ``(x, y, w, h)`` in pixels. ``segmentation`` is COCO polygons
-    (``[[x1, y1, x2, y2, ...], ...]``) in the same pixel space, or ``None``.
+    (``[[x1, y1, x2, y2, ...], ...]``) in the same pixel space, an :class:`RLE` of the image
+    (crowd annotations), or ``None``.
     """
 
     bbox: tuple[float, float, float, float]
     category: str
     iscrowd: bool = False
-    segmentation: tuple[tuple[float, ...], ...] | None = None
+    segmentation: tuple[tuple[float, ...], ...] | RLE | None = None
     score: float | None = None
 
 
@@ -75,6 +88,39 @@ class ParquetCell:
 ImageSource = TarMember | ParquetCell
 """Where a record's encoded picture lies when it is not a file of its own."""
 
+ORIGIN_HASHES = ("md5", "sha256", "sha512")
+"""The hashes img2dataset's ``compute_hash`` may add to a sample's metadata."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a corpus sample came from, as its downloader recorded it (img2dataset's ``json``
+    member, ``json`` file or Parquet columns): the ``url`` fetched, the downloader's ``key``,
+    its ``status`` (``success``, ``failed_to_download``, ``failed_to_resize``) and
+    ``error_message``, and the hex digest of the downloaded bytes (before any resize) under
+    ``md5``, ``sha256`` or ``sha512``. ``None``: not recorded."""
+
+    url: str | None = None
+    key: str | None = None
+    status: str | None = None
+    error_message: str | None = None
+    md5: str | None = None
+    sha256: str | None = None
+    sha512: str | None = None
+
+    FIELDS = ("url", "key", "status", "error_message", *ORIGIN_HASHES)
+
+    def to_dict(self) -> dict[str, str]:
+        """The fields that are set, in :attr:`FIELDS` order (a sample's json ``origin``)."""
+        return {f: v for f in self.FIELDS if (v := getattr(self, f)) is not None}
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Origin | None:
+        """The :attr:`FIELDS` of ``data`` that hold a non-empty string (others are ignored),
+        or ``None`` when there is none but ``key`` (a key alone says nothing of an origin)."""
+        found = {f: v for f in cls.FIELDS if isinstance(v := data.get(f), str) and v}
+        return cls(**found) if set(found) - {"key"} else None
+
 
 def source_to_dict(source: ImageSource) -> dict[str, str | int]:
     """``source`` as JSON (a sample's json keeps it, so an audit can find the original)."""
@@ -112,7 +158,8 @@ class ImageRecord:
     A corpus without boxes (WebDataset, Parquet, CSV) has no ``objects`` and ``width`` =
     ``height`` = 0 (unknown until decoded; a detector supplies the objects). When its pictures
     live inside other files, ``source`` says where and ``file`` is only a name for people
-    (``00000.tar/000000123.jpg``).
+    (``00000.tar/000000123.jpg``). ``origin``: the url, key, status and hash its downloader
+    recorded (img2dataset), when it did.
     """
 
     image_id: str
@@ -125,6 +172,7 @@ class ImageRecord:
     split: str | None = None
     dataset: str = ""
     source: ImageSource | None = None
+    origin: Origin | None = None
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -149,6 +197,7 @@ class ImageRecord:
             self.split,
             self.dataset,
             self.source,
+            self.origin,
         )
 
 

@@ -387,7 +387,7 @@ def _spec_folders(spec: DataSpec) -> list[Path]:
         from counterfactual.readers.corpus import expand_pattern
 
         try:
-            tables = expand_pattern(spec.root)
+            tables = expand_pattern(spec.root, spec.kind)
         except ValueError:  # no table left where the run found them
             return out
         out += [Path(t).parent for t in tables if not isinstance(t, str)]

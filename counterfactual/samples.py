@@ -15,6 +15,10 @@ there on). :func:`iter_samples` yields the rows and raises on the first failure;
 
 Boxes are ``xywh`` in the pixels of the written picture (``width`` x ``height``), numbers kept as
 the json holds them (so ``from_dict(d).to_dict() == d`` and the bytes of a rewritten json match).
+No json object is keyed by data: per-class parts (the plan's evidence, the verifier's checks) are
+lists of records ``{"class": name, ...}``, so every sample has one schema (Arrow, Hugging Face
+``datasets``). Shards written before hold them as objects keyed by class name; ``from_dict``
+reads both and gives the lists (there is no format number: the layout is told by its type).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from counterfactual.readers.corpus import member_key_field
 from counterfactual.records import (
     ImageRecord,
     ImageSource,
+    Origin,
     Status,
     source_from_dict,
     source_to_dict,
@@ -143,11 +148,62 @@ def _copy(d: dict[str, Any] | None) -> dict[str, Any] | None:
 # --- the spec ----------------------------------------------------------------------------------
 
 
+# Per-class evidence: a list of records with these keys (older shards: an object keyed by class).
+_EVIDENCE_RECORDS = {
+    "co_removal": (("ratio", _num), ("alpha2", _num), ("co_removed", _bool)),
+    "keep_overlap": (("ratio", _num), ("alpha1", _num), ("ok", _bool)),
+}
+_PMI_RECORD = (("pmi", _num),)
+
+
+def _class_records(
+    value: Any, path: str, fields: tuple[tuple[str, Callable[[Any, str], Any]], ...]
+) -> list[dict[str, Any]]:
+    """Per-class records ``[{"class": c, field: ...}, ...]``, from that list or from the older
+    object keyed by class name (``{c: {field: ...}}``; with one field, ``{c: value}``).
+    ``ValueError`` naming the key path when a record is malformed or a class repeats."""
+    if isinstance(value, dict):
+        if len(fields) == 1 and not all(isinstance(v, dict) for v in value.values()):
+            value = [{"class": c, fields[0][0]: v} for c, v in value.items()]
+        else:
+            value = [{"class": c, **_dict(v, f"{path}.{c}")} for c, v in value.items()]
+    _check(isinstance(value, list), path, "a list of per-class records", value)
+    out, seen = [], set()
+    names = ("class", *(name for name, _ in fields))
+    for i, record in enumerate(value):
+        at = f"{path}[{i}]"
+        _keys(record, at, names)
+        name = _str(record["class"], f"{at}.class")
+        if name in seen:
+            raise ValueError(f"sample json: {at}.class {name!r} repeats")
+        seen.add(name)
+        out.append({"class": name, **{k: check(record[k], f"{at}.{k}") for k, check in fields}})
+    return out
+
+
+def _evidence(value: Any, path: str) -> dict[str, Any]:
+    """A plan's evidence with its per-class parts as lists of records (see
+    :meth:`counterfactual.selection.RemovalPlan.to_dict`); other keys are kept as they are."""
+    out = copy.deepcopy(_dict(value, path))
+    for key, fields in _EVIDENCE_RECORDS.items():
+        if key in out:
+            out[key] = _class_records(out[key], f"{path}.{key}", fields)
+    if isinstance(out.get("pmi"), dict) and "with_kept" in out["pmi"]:
+        pmi = out["pmi"]
+        pmi["with_kept"] = _class_records(pmi["with_kept"], f"{path}.pmi.with_kept", _PMI_RECORD)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class PlanMeta:
     """The removal plan (:meth:`counterfactual.selection.RemovalPlan.to_dict`): ``evidence``
-    holds each ratio with its threshold (and the PMI under the ``spurious`` policy), so it stays a
-    dict; ``mask_boxes`` are the removed boxes (``xywh``, clipped to the picture)."""
+    holds each ratio with its threshold (and the PMI under the ``spurious`` policy);
+    ``mask_boxes`` are the removed boxes (``xywh``, clipped to the picture).
+
+    The per-class evidence (``co_removal``, ``keep_overlap``, ``pmi.with_kept``) is a list of
+    records ``{"class": name, ...}``; :meth:`from_dict` also reads the older layout (objects
+    keyed by class name) and gives the list, so :meth:`to_dict` always writes the current one.
+    """
 
     image_id: str
     target: str
@@ -172,6 +228,16 @@ class PlanMeta:
             "mask_boxes": [list(b) for b in self.mask_boxes],
         }
 
+    def ratios(self, part: str) -> dict[str, float]:
+        """``class -> ratio`` of ``co_removal`` or ``keep_overlap`` (``pmi`` for the PMI with
+        each kept class), in the plan's class order; empty when absent."""
+        if part == "pmi":
+            records = self.evidence.get("pmi", {}).get("with_kept", [])
+            return {r["class"]: r["pmi"] for r in records}
+        if part not in _EVIDENCE_RECORDS:
+            raise ValueError(f"evidence part {part!r} is not one of co_removal, keep_overlap, pmi")
+        return {r["class"]: r["ratio"] for r in self.evidence.get(part, [])}
+
     @classmethod
     def from_dict(cls, d: Any, path: str = "plan") -> PlanMeta:
         _keys(d, path, _fields(cls))
@@ -183,7 +249,7 @@ class PlanMeta:
             _str(d["kind"], f"{path}.kind"),
             _bool(d["valid"], f"{path}.valid"),
             _opt_str(d["rejected_by"], f"{path}.rejected_by"),
-            copy.deepcopy(_dict(d["evidence"], f"{path}.evidence")),
+            _evidence(d["evidence"], f"{path}.evidence"),
             _boxes(d["mask_boxes"], f"{path}.mask_boxes"),
         )
 
@@ -337,7 +403,11 @@ class TextCheckMeta:
 
 @dataclass(frozen=True, slots=True)
 class VerifyMeta:
-    """The verifier's verdict (:meth:`counterfactual.verify.VerifyResult.to_dict`), per class."""
+    """The verifier's verdict (:meth:`counterfactual.verify.VerifyResult.to_dict`), per class.
+
+    ``removal``/``retention`` are by class name here; the json holds them as lists of records
+    ``{"class": name, ...}`` (one schema for every sample); :meth:`from_dict` reads both that
+    and the older objects keyed by class name."""
 
     passed: bool
     failed: tuple[str, ...]
@@ -352,8 +422,8 @@ class VerifyMeta:
         return {
             "passed": self.passed,
             "failed": list(self.failed),
-            "removal": {c: r.to_dict() for c, r in self.removal.items()},
-            "retention": {c: r.to_dict() for c, r in self.retention.items()},
+            "removal": [{"class": c, **r.to_dict()} for c, r in self.removal.items()],
+            "retention": [{"class": c, **r.to_dict()} for c, r in self.retention.items()],
             "text": None if self.text is None else self.text.to_dict(),
             "model": self.model,
             "k": self.k,
@@ -363,18 +433,35 @@ class VerifyMeta:
     @classmethod
     def from_dict(cls, d: Any, path: str = "verify") -> VerifyMeta:
         _keys(d, path, _fields(cls))
-        removal = _dict(d["removal"], f"{path}.removal")
-        retention = _dict(d["retention"], f"{path}.retention")
         return cls(
             _bool(d["passed"], f"{path}.passed"),
             _strs(d["failed"], f"{path}.failed"),
-            {c: RemovalCheck.from_dict(r, f"{path}.removal.{c}") for c, r in removal.items()},
-            {c: RetentionCheck.from_dict(r, f"{path}.retention.{c}") for c, r in retention.items()},
+            _by_class(d["removal"], f"{path}.removal", RemovalCheck.from_dict),
+            _by_class(d["retention"], f"{path}.retention", RetentionCheck.from_dict),
             None if d["text"] is None else TextCheckMeta.from_dict(d["text"], f"{path}.text"),
             _str(d["model"], f"{path}.model"),
             _int(d["k"], f"{path}.k"),
             _int(d["retention_k"], f"{path}.retention_k"),
         )
+
+
+def _by_class(value: Any, path: str, item: Callable[[Any, str], T]) -> dict[str, T]:
+    """``class -> item`` from a list of records ``{"class": name, ...}`` or from the older
+    object keyed by class name; ``ValueError`` naming the key path."""
+    if isinstance(value, dict):
+        return {c: item(r, f"{path}.{c}") for c, r in value.items()}
+    _check(isinstance(value, list), path, "a list of per-class records", value)
+    out: dict[str, T] = {}
+    for i, record in enumerate(value):
+        at = f"{path}[{i}]"
+        rest = dict(_dict(record, at))
+        if "class" not in rest:
+            raise ValueError(f"sample json: missing key {at}.class")
+        name = _str(rest.pop("class"), f"{at}.class")
+        if name in out:
+            raise ValueError(f"sample json: {at}.class {name!r} repeats")
+        out[name] = item(rest, at)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +472,7 @@ class SampleMeta:
     ``image_method``/``text_method`` are the steps' ``describe()`` dicts (their keys vary by
     backend); ``seed`` is the run's seed, ``sample_seed`` this item's. Optional parts, absent from
     the json when ``None``: ``source`` (the picture lies inside a tar or Parquet file),
+    ``origin`` (the url, downloader key, status and hash img2dataset recorded),
     ``detection`` (boxes from the detector: top-level ``detector``, ``objects``, ``not_drawn``),
     ``best_of_n`` and ``verify``; ``caption_cleaned`` (control or invisible characters the reader
     removed from the original caption, :mod:`counterfactual.text.clean`) is absent when 0.
@@ -414,6 +502,7 @@ class SampleMeta:
     best_of_n: BestOfNMeta | None = None
     verify: VerifyMeta | None = None
     caption_cleaned: int = 0
+    origin: Origin | None = None
 
     def source_record(self) -> ImageRecord | None:
         """A record that loads the original picture from inside its tar or Parquet file (a
@@ -431,6 +520,7 @@ class SampleMeta:
             "image_id": self.image_id,
             "file": self.file,
             **({"source": source_to_dict(self.source)} if self.source is not None else {}),
+            **({"origin": self.origin.to_dict()} if self.origin is not None else {}),
             "width": self.width,
             "height": self.height,
             "caption_id": self.caption_id,
@@ -489,6 +579,7 @@ class SampleMeta:
             best_of_n=BestOfNMeta.from_dict(d["best_of_n"]) if "best_of_n" in d else None,
             verify=VerifyMeta.from_dict(d["verify"]) if "verify" in d else None,
             caption_cleaned=_cleaned(d.get("caption_cleaned", 0)),
+            origin=_origin(d["origin"]) if "origin" in d else None,
         )
 
     @classmethod
@@ -507,13 +598,20 @@ def _cleaned(value: Any) -> int:
     return count
 
 
+def _origin(value: Any) -> Origin:
+    d = _dict(value, "origin")
+    _keys(d, "origin", (), Origin.FIELDS)
+    fields = {f: _str(v, f"origin.{f}") for f, v in d.items()}
+    return Origin(**fields)
+
+
 def _fields(cls: type) -> tuple[str, ...]:
     return tuple(cls.__dataclass_fields__)  # type: ignore[attr-defined]
 
 
-_OPTIONAL_FIELDS = ("source", "detection", "best_of_n", "verify", "caption_cleaned")
+_OPTIONAL_FIELDS = ("source", "detection", "best_of_n", "verify", "caption_cleaned", "origin")
 _REQUIRED = tuple(f for f in _fields(SampleMeta) if f not in _OPTIONAL_FIELDS)
-_OPTIONAL = ("source", *DetectionMeta.KEYS, "best_of_n", "verify", "caption_cleaned")
+_OPTIONAL = ("source", *DetectionMeta.KEYS, "best_of_n", "verify", "caption_cleaned", "origin")
 
 
 # --- reading shards ----------------------------------------------------------------------------

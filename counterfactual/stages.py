@@ -326,6 +326,7 @@ def sample_meta(job: Job, seed: int) -> dict[str, Any]:
         image_id=item.record.image_id,
         file=item.record.file,
         source=item.record.source,
+        origin=item.record.origin,
         width=int(edited.shape[1]),
         height=int(edited.shape[0]),
         caption_id=item.caption.caption_id,

@@ -264,7 +264,7 @@ def test_yaml_config_with_command_line_overrides(coco, tmp_path, capsys):
     assert "paint" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["demo", "coco", "flickr30k", "wds", "parquet", "csv"])
+@pytest.mark.parametrize("name", ["demo", "coco", "flickr30k", "wds", "parquet", "csv", "files"])
 def test_shipped_configs_are_valid(name):
     from counterfactual.cli import build_parser
     from counterfactual.cli.config import load_config
@@ -276,7 +276,7 @@ def test_shipped_configs_are_valid(name):
     assert values["dataset"] == name and values["runner"] == "ray"
     sub.set_defaults(**values)
     config = build_config(sub.parse_args(["--out", "x"]))
-    if name in ("wds", "parquet", "csv"):  # no boxes: the detector, caption-aware selection
+    if name in ("wds", "parquet", "csv", "files"):  # no boxes: the detector, caption-aware selection
         assert config.detect is not None and config.detect.device == "cuda"
         assert config.text.skip_unchanged
     else:

@@ -79,10 +79,13 @@ def add_selection_args(parser: argparse.ArgumentParser) -> None:
         choices=POLICIES,
         default="uniform",
         help="plans kept per image: uniform (one, seeded draw), all, or spurious (the target "
-        "with the highest mean PMI with the kept classes over the dataset)",
+        "with the highest mean PMI with the kept classes over the dataset) (default: %(default)s)",
     )
     g.add_argument(
-        "--seed", type=nonnegative_int, default=0, help="seed of every random choice (>= 0)"
+        "--seed",
+        type=nonnegative_int,
+        default=0,
+        help="seed of every random choice, >= 0 (default: %(default)s)",
     )
 
 
@@ -102,14 +105,27 @@ def add_data_args(
     """The dataset options of ``synth`` (read by ``counterfactual.cli.synth.load_dataset``,
     which also needs an ``out`` attribute: the demo is written to ``OUT/demo-data``, named
     ``demo_root`` in the help). ``corpora``: also offer the box-less corpora (WebDataset,
-    Parquet, CSV) and their column options."""
+    Parquet, CSV, img2dataset's files) and their column options."""
     d = parser.add_argument_group("data")
-    d.add_argument("--dataset", choices=DATASETS + CORPORA if corpora else DATASETS, default="demo")
+    d.add_argument(
+        "--dataset",
+        choices=DATASETS + CORPORA if corpora else DATASETS,
+        default="demo",
+        help="what to read: demo (scikit-image photos with boxes, offline), coco, flickr30k"
+        + (
+            "; corpora without boxes: wds (WebDataset tars), parquet, csv, files "
+            "(img2dataset's files output: shard folders of KEY.jpg/.txt/.json)"
+            if corpora
+            else ""
+        )
+        + " (default: %(default)s)",
+    )
     root_help = f"dataset folder (demo: where the demo pictures are written, default {demo_root})"
     if corpora:
         root_help += (
             "; wds, parquet, csv: the files, with brace ranges or globs, e.g. "
-            "'data/{00000..00099}.tar'"
+            "'data/{00000..00099}.tar', or their folder (its *.tar, *.parquet or *.csv only: "
+            "img2dataset's output folder as it is); files: the folder of shard folders"
         )
     root_help += "; every path may be an fsspec URL (s3://, gs://, az://, hf://)"
     d.add_argument("--root", default=None, help=root_help)
@@ -130,7 +146,12 @@ def add_data_args(
                 default=None,
                 help=f"parquet, csv: the {name} column (default: the first present of {what})",
             )
-    d.add_argument("--coco-set", default="train2017", help="COCO file set under ROOT")
+    d.add_argument(
+        "--coco-set",
+        default="train2017",
+        help="COCO: the image folder and annotation files' set under ROOT, e.g. val2014 "
+        "(default: %(default)s)",
+    )
     d.add_argument("--split-file", help="Karpathy dataset_coco.json")
     d.add_argument("--split", default=None, help="train, val or test (Karpathy / Flickr30k)")
     d.add_argument(

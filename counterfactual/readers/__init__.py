@@ -11,9 +11,10 @@ from pathlib import PurePosixPath
 
 DATASETS = ("coco", "flickr30k", "demo")
 """Datasets with annotated boxes."""
-CORPORA = ("wds", "parquet", "csv")
+CORPORA = ("wds", "parquet", "csv", "files")
 """Image-text corpora without boxes (:mod:`counterfactual.readers.corpus`): synth finds the
-objects with a detector."""
+objects with a detector. ``files``: img2dataset's ``files`` output (shard folders of
+``KEY.jpg``, ``KEY.txt``, ``KEY.json``)."""
 
 
 def safe_relative_path(name: str) -> str | None:

@@ -26,6 +26,11 @@ Hostile files: a bad entry costs its image, never the run.
   are left out with one :class:`AnnotationWarning` per file and kind, giving their number and
   the first one.
 
+Segmentations are kept as ``pycocotools.mask`` reads them: polygons (those of fewer than three
+points dropped) or an RLE (uncompressed ``counts`` ints, as crowd annotations have, or a
+compressed string). An RLE whose runs do not cover exactly its ``size``, or whose size is not the
+image's, is ``bad-annotation`` (``pycocotools`` would decode it into uninitialised memory).
+
 Captions are cleaned (:func:`counterfactual.text.clean.clean_text`); one that is empty after
 cleaning is left out, so an image without any caption fails ``no-caption`` where one is needed.
 A caption id repeated within an image is ``bad-annotation`` (its samples would share a key).
@@ -41,7 +46,7 @@ from typing import Any
 
 from counterfactual import fs
 from counterfactual.readers import safe_relative_path
-from counterfactual.records import Caption, Dataset, ImageRecord, ObjectAnnotation, Status
+from counterfactual.records import RLE, Caption, Dataset, ImageRecord, ObjectAnnotation, Status
 from counterfactual.text.clean import clean_text
 
 KARPATHY_SPLITS = ("train", "val", "test")
@@ -110,22 +115,19 @@ def _entry(kind: str, entry: dict[str, Any], index: int) -> str:
     return f"{kind} {ident}" if ident is not None else f"{kind}s[{index}]"
 
 
+_NUMBER_TYPES = frozenset((int, float))
+
+
 def _numbers(value: Any) -> tuple[float, ...] | None:
-    """A list of finite JSON numbers (no strings, no booleans) as floats, else ``None``."""
-    if not isinstance(value, list | tuple):
+    """A list of finite JSON numbers (no strings, no booleans) as floats, else ``None``.
+    Checked a list at a time (a polygon has dozens of values, a file millions)."""
+    if not isinstance(value, list | tuple) or not _NUMBER_TYPES.issuperset(map(type, value)):
         return None
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            return None
-        try:
-            f = float(v)
-        except OverflowError:
-            return None
-        if not math.isfinite(f):
-            return None
-        out.append(f)
-    return tuple(out)
+    try:
+        out = tuple(map(float, value))
+    except OverflowError:  # an int beyond float's range
+        return None
+    return out if all(map(math.isfinite, out)) else None
 
 
 def _warn(file: str, kind: str, skipped: list[tuple[int, str]], fate: str) -> None:
@@ -189,11 +191,14 @@ def _categories(
     return names, bad, skipped
 
 
-def _polygons(seg: Any) -> tuple[tuple[float, ...], ...] | None | str:
-    """COCO polygons (those of fewer than three points dropped), ``None`` for none or RLE (the
-    box stands in), or a string saying what is wrong."""
-    if seg is None or isinstance(seg, dict):
+def _segmentation(seg: Any) -> tuple[tuple[float, ...], ...] | RLE | None | str:
+    """COCO polygons (those of fewer than three points dropped), an :class:`RLE` (uncompressed
+    ``counts`` ints or a compressed string, with ``size`` ``[height, width]``), ``None`` for
+    none, or a string saying what is wrong."""
+    if seg is None:
         return None
+    if isinstance(seg, dict):
+        return _rle(seg)
     if not isinstance(seg, list):
         return f"segmentation {_show(seg)} is neither polygons nor RLE"
     polygons = []
@@ -208,11 +213,69 @@ def _polygons(seg: Any) -> tuple[tuple[float, ...], ...] | None | str:
     return tuple(polygons) or None
 
 
+def _rle(seg: dict[str, Any]) -> RLE | str:
+    size, counts = seg.get("size"), seg.get("counts")
+    if not (
+        isinstance(size, list) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)
+    ):
+        return f"segmentation size {_show(size)} is not [height, width] of positive integers"
+    height, width = size
+    if isinstance(counts, str):
+        runs = _compressed_runs(counts)
+        if runs is None:
+            return f"segmentation counts {_show(counts)} is not a compressed RLE string"
+        kept: tuple[int, ...] | str = counts
+    elif isinstance(counts, list) and all(type(v) is int and v >= 0 for v in counts):
+        runs = kept = tuple(counts)
+    else:
+        return f"segmentation counts {_show(counts)} are neither ints >= 0 nor an RLE string"
+    if sum(runs) != height * width:
+        return (
+            f"segmentation counts cover {sum(runs)} pixels, not {height} x {width} = "
+            f"{height * width}"
+        )
+    return RLE(height, width, kept)
+
+
+def _compressed_runs(counts: str) -> list[int] | None:
+    """The runs of COCO's compressed RLE string, decoded as ``pycocotools`` does (5 bits per
+    character from ``'0'``, sign-extended, deltas from the fourth run on), or ``None`` when it
+    is not one (a character out of range, a truncated value, a negative run)."""
+    runs: list[int] = []
+    value = shift = 0
+    for char in counts:
+        c = ord(char) - 48
+        if not 0 <= c < 64:
+            return None
+        value |= (c & 0x1F) << shift
+        shift += 5
+        if c & 0x20:
+            continue
+        if c & 0x10:
+            value |= -1 << shift
+        if len(runs) > 2:
+            value += runs[-2]
+        if value < 0:
+            return None
+        runs.append(value)
+        value = shift = 0
+    return runs if shift == 0 else None
+
+
 def _parse_object(
     ann: dict[str, Any], names: dict[str, str], bad: dict[str, str]
 ) -> ObjectAnnotation | str:
     """The object, or a string saying what is wrong with it (field and value)."""
-    raw = ann.get("category_id")
+    raw, bbox, crowd = ann.get("category_id"), ann.get("bbox"), ann.get("iscrowd", 0)
+    if type(raw) is int and type(crowd) is int and (crowd == 0 or crowd == 1):
+        # the usual entry in a few steps; anything unusual takes the checks below
+        name = names.get(str(raw))  # a bad category is not in names
+        box = _numbers(bbox) if type(bbox) is list and len(bbox) == 4 else None
+        if name is not None and box is not None and box[2] >= 0 and box[3] >= 0:
+            seg = ann.get("segmentation")
+            segmentation = None if seg is None else _segmentation(seg)
+            if not isinstance(segmentation, str):
+                return ObjectAnnotation(box, name, crowd == 1, segmentation)  # type: ignore[arg-type]
     category = _ident(raw)
     if category is not None and category in bad:
         return f"category {category}: {bad[category]}"
@@ -227,14 +290,14 @@ def _parse_object(
     crowd = ann.get("iscrowd", 0)
     if crowd is not None and not (isinstance(crowd, int | float) and crowd in (0, 1)):
         return f"iscrowd {_show(crowd)} is not 0 or 1"
-    polygons = _polygons(ann.get("segmentation"))
-    if isinstance(polygons, str):
-        return polygons
+    segmentation = _segmentation(ann.get("segmentation"))
+    if isinstance(segmentation, str):
+        return segmentation
     return ObjectAnnotation(
         bbox=box,  # type: ignore[arg-type]
         category=names[category],
         iscrowd=bool(crowd),
-        segmentation=polygons,
+        segmentation=segmentation,
     )
 
 
@@ -244,6 +307,22 @@ def _size_problem(image: dict[str, Any]) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             return f"{name} {_show(value)} is not a positive integer"
     return None
+
+
+def _rle_size_problems(
+    entries: list[tuple[str, ObjectAnnotation]], image: dict[str, Any]
+) -> list[str]:
+    """An RLE mask must be of its image's size, as ``pycocotools`` decodes it at its own."""
+    out = []
+    for entry, obj in entries:
+        rle = obj.segmentation
+        assert isinstance(rle, RLE)
+        if (rle.height, rle.width) != (image["height"], image["width"]):
+            out.append(
+                f"{entry}: segmentation size [{rle.height}, {rle.width}] is not the image's "
+                f"[{image['height']}, {image['width']}]"
+            )
+    return out
 
 
 def _joined(problems: list[str]) -> str:
@@ -259,10 +338,15 @@ def read_coco(
     split_file: fs.PathLike | None = None,
     split: str | None = None,
     dataset: str = "coco",
+    original_ids: dict[str, int | str] | None = None,
 ) -> Dataset:
     """Read COCO-format annotations. ``images`` is the folder the ``file_name`` entries are
     relative to. With ``split_file`` and ``split``, only that Karpathy split is kept. Each may be
-    a local path or a URL. Malformed entries fail their image (see the module docstring)."""
+    a local path or a URL. Malformed entries fail their image (see the module docstring).
+
+    Records name images by string (``"139"``); ``original_ids``, when given, is filled with
+    each image's id as the file has it (COCO's ``139``), for output that joins with
+    ``pycocotools.COCO``."""
     inst = _load_file(instances, "images", ("annotations", "categories"))
     caps = _load_file(captions, "annotations") if captions is not None else {"annotations": []}
     wanted = karpathy_ids(split_file, split) if split_file and split else None
@@ -273,6 +357,7 @@ def read_coco(
     listed = {_ident(im.get("id")) for im in inst["images"] if isinstance(im, dict)}
     objects: dict[str, list[ObjectAnnotation]] = defaultdict(list)
     problems: dict[str, list[str]] = defaultdict(list)
+    rles: dict[str, list[tuple[str, ObjectAnnotation]]] = defaultdict(list)
     skipped = []
     for i, ann in enumerate(inst["annotations"]):
         image_id = _owner(ann, i, listed, skipped)
@@ -283,6 +368,8 @@ def read_coco(
             problems[image_id].append(f"{inst_name} {_entry('annotation', ann, i)}: {parsed}")
         else:
             objects[image_id].append(parsed)
+            if isinstance(parsed.segmentation, RLE):  # its size is checked with the image's
+                rles[image_id].append((f"{inst_name} {_entry('annotation', ann, i)}", parsed))
     _warn(inst_name, "annotations", skipped, "belong to no image and were left out")
     texts, skipped = _read_captions(caps["annotations"], captions, listed, problems)
     if captions is not None:
@@ -307,8 +394,12 @@ def read_coco(
             failures.append(Status(image_id, "failed", "duplicate-id", detail))
             continue
         first[image_id] = i
+        if original_ids is not None:
+            original_ids[image_id] = image["id"]
         file = safe_relative_path(image.get("file_name", ""))
         size = _size_problem(image)
+        if size is None and image_id in rles:
+            problems[image_id] += _rle_size_problems(rles[image_id], image)
         if file is None:
             failures.append(Status(image_id, "failed", "unsafe-path", repr(image.get("file_name"))))
         elif size is not None:

@@ -3,7 +3,9 @@
 These corpora have pictures and captions but no boxes, so every record has ``objects=()``,
 ``width = height = 0`` (unknown until decoded; a detector supplies the objects later), one
 :class:`~counterfactual.records.Caption` with ``caption_id`` ``"0"`` (or none), ``split=None``
-and ``dataset`` ``"wds"``, ``"parquet"`` or ``"csv"``.
+and ``dataset`` ``"wds"``, ``"parquet"``, ``"csv"`` or ``"files"``, and the
+:class:`~counterfactual.records.Origin` its downloader recorded (img2dataset's ``url``,
+``key``, ``status``, ``sha256``: the ``json`` member or file, or those table columns).
 
 Formats:
 
@@ -22,6 +24,13 @@ characters out, whitespace runs as one space); one empty after cleaning is no ca
   datasets write images) or a path to a picture file.
 - **CSV** (:func:`iter_table`, ``kind="csv"``): like Parquet, but the image column holds paths.
   Read as Python's :mod:`csv` reads it (the ``excel`` dialect, UTF-8, blank lines skipped).
+- **files** (:func:`iter_files`): img2dataset's ``files`` output, shard folders of
+  ``KEY.jpg``, ``KEY.txt``, ``KEY.json``.
+
+img2dataset's output folder is read as it is (:func:`expand_pattern` with a kind: a folder
+means its ``*.tar``, ``*.parquet`` or ``*.csv``, or its shard folders); the urls it failed are
+in its metadata ``SHARD.parquet`` beside each tar or shard folder, not in them, and become
+``download-failed`` rows after the shard's samples.
 
 Every path may be a local path or an fsspec URL (``s3://bucket/shards/{00000..00099}.tar``),
 read through :mod:`counterfactual.fs`: pattern expansion, tars, tables, and the pictures that
@@ -46,7 +55,10 @@ with :func:`read_source` (one ranged read for a tar member); a picture file of i
 Bad data never raises; it becomes a ``failed`` :class:`~counterfactual.records.Status`:
 
 - ``missing-image``: a sample without a picture member, or a row whose image cell is null
-  (a struct with neither ``bytes`` nor ``path``; in a CSV, an empty cell).
+  (a struct with neither ``bytes`` nor ``path``; in a CSV, an empty cell); a url img2dataset's
+  metadata lists as downloaded that its shard lacks.
+- ``download-failed``: a url img2dataset could not fetch or resize (its metadata's ``status``
+  is not ``success``; ``detail``: :func:`download_detail`).
 - ``duplicate-key``: a key or id already seen earlier in the same stream; the first one is
   kept, ``detail`` names both places. :func:`iter_wds` / :func:`iter_table` check the whole
   stream (every shard or file); :func:`read_piece` checks only its piece.
@@ -73,13 +85,14 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import glob
 import io
 import json
 import os
 import re
 import tarfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -97,6 +110,7 @@ from counterfactual.records import (
     Dataset,
     ImageRecord,
     ImageSource,
+    Origin,
     ParquetCell,
     Status,
     TarMember,
@@ -109,7 +123,9 @@ CAPTION_COLUMNS = ("caption", "txt", "text", "TEXT")
 IMAGE_COLUMNS = ("image", "jpg", "path", "file", "filepath", "file_name", "image_path")
 ID_COLUMNS = ("key", "id", "image_id")
 TABLE_KINDS = ("parquet", "csv")
-PIECE_KINDS = ("wds", *TABLE_KINDS)
+PIECE_KINDS = ("wds", *TABLE_KINDS, "files")
+KIND_SUFFIXES = {"wds": ".tar", "parquet": ".parquet", "csv": ".csv"}
+"""The files a glob or a folder stands for, by corpus kind (``files``: folders)."""
 MAX_TEXT_BYTES = 1 << 20
 """A ``txt`` or ``json`` member larger than this is not read (``bad-metadata``)."""
 
@@ -132,7 +148,7 @@ _URL_STAMP_SECONDS = 60
 """How long a worker trusts a URL's size and ETag before asking again (see :func:`read_source`)."""
 
 
-def expand_pattern(pattern: str | Path) -> list[str | Path]:
+def expand_pattern(pattern: str | Path, kind: str | None = None) -> list[str | Path]:
     """The files named by ``pattern``: brace expansion (``data/{00000..00009}.tar``), then shell
     globs (``*``, ``?``, ``[...]``) on each result, sorted within a glob, brace order kept.
     Local files come back as :class:`Path`, URLs as ``str`` (globbed through fsspec).
@@ -140,22 +156,97 @@ def expand_pattern(pattern: str | Path) -> list[str | Path]:
     A brace result without glob characters is kept even when it does not exist (the readers
     report it as ``missing-file``); a glob keeps only the files it matches. Raises
     ``ValueError`` naming the pattern when no existing file results.
+
+    With a corpus ``kind`` the pattern may name folders, as img2dataset writes them, and its
+    other files are left alone: a glob keeps only the kind's files (:data:`KIND_SUFFIXES`:
+    ``*.tar``, ``*.parquet``, ``*.csv``), and an existing folder means its own files of that
+    suffix, sorted (img2dataset's ``.parquet`` and ``_stats.json`` beside its tars are not
+    read as shards). For ``"files"`` the pattern names shard folders instead (see
+    :func:`iter_files`): a glob keeps the folders it matches, and a folder without pictures
+    of its own means its subfolders (not those named ``_*`` or ``.*``, such as img2dataset's
+    ``_tmp``).
     """
+    if kind is not None and kind not in PIECE_KINDS:
+        raise ValueError(f"corpus kind {kind!r} is not one of {PIECE_KINDS}")
     text = os.fspath(pattern)
     if not text:
         raise ValueError("empty file pattern")
     paths: list[str | Path] = []
     globbed = False
+    passed_over = 0
     for part in braceexpand(text):
         if _GLOB_MAGIC.search(part):
-            found = fs.glob(part)
+            found = _glob_folders(part) if kind == "files" else fs.glob(part)
+            if kind in KIND_SUFFIXES:
+                ours = [p for p in found if _has_suffix(p, kind)]
+                passed_over += len(found) - len(ours)
+                found = ours
+            globbed = globbed or bool(found)
+            paths += found
+        elif kind is not None and fs.isdir(part):
+            found = _folder_inputs(part, kind)
             globbed = globbed or bool(found)
             paths += found
         else:
             paths.append(fs.as_path(part))
-    if not globbed and not any(fs.isfile(p) for p in paths):
-        raise ValueError(f"no file matches {text!r}")
+    if kind == "files":
+        if not globbed and not any(fs.isdir(p) for p in paths):
+            raise ValueError(
+                f"no shard folder matches {text!r} (img2dataset's files output "
+                "DIR/00000/KEY.jpg is read with --root DIR)"
+            )
+    elif not globbed and not any(fs.isfile(p) for p in paths):
+        where = f"no file matches {text!r}"
+        if kind is not None:
+            where += f" (a glob or folder is read for its *{KIND_SUFFIXES[kind]} files"
+            where += f"; {passed_over} other files passed over)" if passed_over else ")"
+        raise ValueError(where)
     return paths
+
+
+def _has_suffix(path: str | Path, kind: str) -> bool:
+    return fs.name(path).lower().endswith(KIND_SUFFIXES[kind])
+
+
+def _skipped_folder(name: str) -> bool:
+    """Folders a ``files`` corpus never reads: ``_tmp`` (img2dataset's), hidden ones."""
+    return name.startswith(("_", "."))
+
+
+def _subfolders(folder: str) -> list[str | Path]:
+    """The folders directly in ``folder``, sorted by name."""
+    p = fs.as_path(folder)
+    if isinstance(p, Path):
+        return sorted((Path(e.path) for e in os.scandir(p) if e.is_dir()), key=lambda q: q.name)
+    remote, inside = fs.filesystem(p)
+    entries = remote.ls(inside, detail=True, refresh=True)
+    names = sorted(fs.name(e["name"]) for e in entries if e.get("type") == "directory")
+    return [fs.join(p, n) for n in names]
+
+
+def _glob_folders(pattern: str) -> list[str | Path]:
+    """The folders a glob matches, sorted; URLs keep their scheme."""
+    p = fs.as_path(pattern)
+    if isinstance(p, Path):
+        return [Path(x) for x in sorted(glob.glob(str(p))) if os.path.isdir(x)]
+    remote, inside = fs.filesystem(p)
+    return [remote.unstrip_protocol(x) for x in sorted(remote.glob(inside)) if remote.isdir(x)]
+
+
+def _folder_inputs(folder: str, kind: str) -> list[str | Path]:
+    """What an existing folder named as a corpus stands for: its ``*.tar`` (``*.parquet``,
+    ``*.csv``) files; for ``files``, itself when it holds a picture, else its subfolders."""
+    if kind == "files":
+        if any(_picture_name(n) for n in fs.listdir(folder)):
+            return [fs.as_path(folder)]
+        return [f for f in _subfolders(folder) if not _skipped_folder(fs.name(f))]
+    names = [n for n in fs.listdir(folder) if n.lower().endswith(KIND_SUFFIXES[kind])]
+    return [fs.join(folder, n) for n in names]
+
+
+def _picture_name(name: str) -> bool:
+    match = _KEY_FIELD.match(name)
+    return match is not None and match.group(2).lower() in PICTURE_FIELDS
 
 
 # --------------------------------------------------------------------------- pieces
@@ -165,8 +256,11 @@ def expand_pattern(pattern: str | Path) -> list[str | Path]:
 class TableLayout:
     """How a worker reads a table without planning it again: the columns chosen, what the
     image column holds (``"bytes"``: binary; ``"struct"``: ``{bytes, path}``; ``"path"``: a
-    path string; always ``"path"`` in a CSV), the CSV header row, and ``images``, the folder
-    that path cells are relative to (a local path or URL; ``None``: the table's folder)."""
+    path string; always ``"path"`` in a CSV), the CSV header row, ``images``, the folder
+    that path cells are relative to (a local path or URL; ``None``: the table's folder), and
+    ``origin``, the columns of :attr:`~counterfactual.records.Origin.FIELDS` the table has
+    (img2dataset's ``url``, ``key``, ``status``, ``error_message``, ``sha256``; string
+    columns only in Parquet)."""
 
     caption: str
     image: str
@@ -174,6 +268,7 @@ class TableLayout:
     holds: str = "path"
     header: tuple[str, ...] = ()
     images: str | None = None
+    origin: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +355,8 @@ def _plan_files(
     image_column: str | None,
     id_column: str | None,
 ) -> list[_File | Status]:
-    paths = [str(p) for p in expand_pattern(pattern)]
-    if kind == "wds":
+    paths = [str(p) for p in expand_pattern(pattern, kind)]
+    if kind in ("wds", "files"):
         return [_File(kind, path, i) for i, path in enumerate(paths)]
     folder = None if images is None else str(fs.as_path(images))
 
@@ -282,7 +377,7 @@ def _pieces(
     for file in files:
         if isinstance(file, Status):
             yield file
-        elif file.kind == "wds":
+        elif file.kind in ("wds", "files"):
             yield InputPiece(file.kind, file.path, file.index)
         elif rows_per_piece is None:
             yield _piece(file, 0, None, file.offset, None)
@@ -303,6 +398,8 @@ def _read_piece(piece: InputPiece, seen: dict[str, str]) -> Iterator[ImageRecord
     """``seen``: key or id -> where it was first seen, shared by the pieces of one stream."""
     if piece.kind == "wds":
         return _read_shard(piece.path, seen)
+    if piece.kind == "files":
+        return _read_folder(piece.path, seen)
     if piece.kind not in TABLE_KINDS:
         raise ValueError(f"piece kind {piece.kind!r} is not one of {PIECE_KINDS}")
     if piece.table is None:
@@ -397,6 +494,7 @@ def _read_shard(shard: str, seen: dict[str, str]) -> Iterator[ImageRecord | Stat
             if pending:
                 detail += f"; sample {pending[0].key!r} was incomplete and is left out"
             yield Status(shard, "failed", "bad-shard", detail)
+    yield from _downloader_rows(shard, seen)
 
 
 def _file_size(fh: Any, path: str) -> int:
@@ -477,7 +575,12 @@ def _sample_row(sample: _Sample, fh: Any, shard: str, seen: dict[str, str]) -> I
     if picture is None:
         fields = ", ".join(sample.members)
         return Status(key, "failed", "missing-image", f"{name}: no picture among {fields}")
-    text = _wds_caption(sample, fh)
+    members = {
+        f: _TextMember(i.name, i.size, _member_reader(i, fh))
+        for f in ("txt", "json")
+        if (i := sample.members.get(f)) is not None
+    }
+    text = _caption_origin(key, members.get("txt"), members.get("json"))
     if isinstance(text, Status):
         return text
     return ImageRecord(
@@ -486,40 +589,67 @@ def _sample_row(sample: _Sample, fh: Any, shard: str, seen: dict[str, str]) -> I
         width=0,
         height=0,
         objects=(),
-        captions=_captions(text),
+        captions=_captions(text[0]),
         root=None,
         dataset="wds",
         source=TarMember(_absolute(shard), picture.offset_data, picture.size),
+        origin=text[1],
     )
 
 
-def _wds_caption(sample: _Sample, fh: Any) -> str | Status:
-    """The stripped caption (``""`` when there is none), or a ``bad-metadata`` status."""
-    txt = sample.members.get("txt")
+@dataclass(frozen=True, slots=True)
+class _TextMember:
+    """A ``txt`` or ``json`` member (or file) of a sample: its name for messages, its size and
+    how to read its bytes."""
+
+    name: str
+    size: int
+    read: Callable[[], bytes]
+
+
+def _member_reader(info: tarfile.TarInfo, fh: Any) -> Callable[[], bytes]:
+    return lambda: _member_bytes(info, fh)
+
+
+def _caption_origin(
+    key: str, txt: _TextMember | None, meta: _TextMember | None
+) -> tuple[str, Origin | None] | Status:
+    """The stripped caption (``""`` when there is none) and the origin in the ``json``, or a
+    ``bad-metadata`` status. The caption is the ``txt``, else the json's ``caption``; a json
+    that cannot be read fails the sample only when the caption had to come from it (else the
+    sample just has no origin)."""
+    text = ""
     if txt is not None:
-        data = _member_bytes(txt, fh)
+        if txt.size > MAX_TEXT_BYTES:
+            return Status(key, "failed", "bad-metadata", _too_large(txt.name, txt.size))
         try:
-            text = data.decode("utf-8").strip() if data is not None else None
+            text = txt.read().decode("utf-8").strip()
         except UnicodeDecodeError as err:
-            return Status(sample.key, "failed", "bad-metadata", f"{txt.name}: not UTF-8 ({err})")
-        if text is None:
-            return Status(sample.key, "failed", "bad-metadata", _too_large(txt))
-        if text and clean_text(text).text:  # else the json's caption, as for an empty txt
-            return text
-    meta = sample.members.get("json")
+            return Status(key, "failed", "bad-metadata", f"{txt.name}: not UTF-8 ({err})")
+        if not clean_text(text).text:  # the json's caption, as for no txt
+            text = ""
     if meta is None:
-        return ""
-    data = _member_bytes(meta, fh)
-    if data is None:
-        return Status(sample.key, "failed", "bad-metadata", _too_large(meta))
+        return text, None
+    value = _json_object(meta)
+    if isinstance(value, str):
+        return (text, None) if text else Status(key, "failed", "bad-metadata", value)
+    if not text:
+        caption = value.get("caption")
+        text = caption.strip() if isinstance(caption, str) else ""
+    return text, Origin.from_mapping(value)
+
+
+def _json_object(meta: _TextMember) -> dict[str, Any] | str:
+    """The member's JSON object, or why it is not one."""
+    if meta.size > MAX_TEXT_BYTES:
+        return _too_large(meta.name, meta.size)
     try:
-        value = json.loads(data)
+        value = json.loads(meta.read())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        return Status(sample.key, "failed", "bad-metadata", f"{meta.name}: not JSON ({err})")
+        return f"{meta.name}: not JSON ({err})"
     if not isinstance(value, dict):
-        return Status(sample.key, "failed", "bad-metadata", f"{meta.name}: not a JSON object")
-    caption = value.get("caption")
-    return caption.strip() if isinstance(caption, str) else ""
+        return f"{meta.name}: not a JSON object"
+    return value
 
 
 def _captions(text: str) -> tuple[Caption, ...]:
@@ -529,15 +659,13 @@ def _captions(text: str) -> tuple[Caption, ...]:
     return (Caption("0", clean.text, None, clean.removed),) if clean.text else ()
 
 
-def _too_large(info: tarfile.TarInfo) -> str:
-    return f"{info.name}: {info.size} bytes, over the {MAX_TEXT_BYTES} read for text"
+def _too_large(name: str, size: int) -> str:
+    return f"{name}: {size} bytes, over the {MAX_TEXT_BYTES} read for text"
 
 
-def _member_bytes(info: tarfile.TarInfo, fh: Any) -> bytes | None:
-    """The data of a small member (``None`` when it is over :data:`MAX_TEXT_BYTES`). Reads with
-    one seek on the tar's own file; tarfile seeks back before its next header."""
-    if info.size > MAX_TEXT_BYTES:
-        return None
+def _member_bytes(info: tarfile.TarInfo, fh: Any) -> bytes:
+    """The data of a small member. Reads with one seek on the tar's own file; tarfile seeks
+    back before its next header."""
     try:
         fh.seek(info.offset_data)
         data = fh.read(info.size)
@@ -546,6 +674,153 @@ def _member_bytes(info: tarfile.TarInfo, fh: Any) -> bytes | None:
     if len(data) != info.size:
         raise _BadShard(f"truncated: short read of member {info.name!r}")
     return data
+
+
+# --------------------------------------------------------------------------- files
+
+
+def iter_files(pattern: str | Path) -> Iterator[ImageRecord | Status]:
+    """Records and ``failed`` statuses of a ``files`` corpus, img2dataset's ``files`` output:
+    shard folders (``DIR/00000/``) holding, per sample, ``KEY.jpg`` (or ``jpeg``, ``png``,
+    ``webp``), ``KEY.txt`` and ``KEY.json``, read as a WebDataset sample's members are (key
+    and field from the file name, the caption from ``txt`` else ``json["caption"]``, the
+    origin from the ``json``). ``pattern`` names the shard folders, or the folder that holds
+    them (:func:`expand_pattern`). A record's ``root`` is the shard folder's parent and its
+    ``file`` is ``SHARD/KEY.jpg``, loaded like an annotated dataset's picture. Folders are
+    read in pattern order, files by key.
+    """
+    return _read_all(_pieces(_plan_files(pattern, "files", None, None, None, None), None))
+
+
+def read_files(pattern: str | Path) -> Dataset:
+    """:func:`iter_files` collected: ``Dataset("files", records, failures=statuses)``."""
+    return collect("files", iter_files(pattern))
+
+
+def files_root(pattern: str | Path) -> str | None:
+    """The folder a ``files`` corpus's record ``file`` names (``SHARD/KEY.jpg``) are relative
+    to: the folder ``pattern`` names when it holds shard folders, the parent of a shard folder
+    or of a pattern whose last part alone has braces or globs; ``None`` when the shard folders
+    may lie in several folders."""
+    text = os.fspath(pattern).rstrip("/") or "/"
+    if not _GLOB_MAGIC.search(text) and "{" not in text:
+        if fs.isdir(text) and not any(_picture_name(n) for n in fs.listdir(text)):
+            return text
+        return str(fs.parent(text))
+    parent = str(fs.parent(text))
+    return None if _GLOB_MAGIC.search(parent) or "{" in parent else parent
+
+
+def _read_folder(folder: str, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
+    try:
+        if not fs.isdir(folder):
+            yield Status(folder, "failed", "missing-file", f"no such shard folder {folder}")
+            return
+        names = fs.listdir(folder)
+    except OSError as err:
+        yield Status(folder, "failed", "bad-shard", f"{type(err).__name__}: {err}")
+        return
+    groups: dict[str, dict[str, str]] = {}
+    for name in names:
+        match = _KEY_FIELD.match(name)
+        if match is not None and not name.startswith("."):
+            groups.setdefault(match.group(1), {})[match.group(2).lower()] = name
+    for key in sorted(groups):
+        yield _file_row(folder, key, groups[key], seen)
+    yield from _downloader_rows(folder, seen)
+
+
+def _file_row(
+    folder: str, key: str, fields: dict[str, str], seen: dict[str, str]
+) -> ImageRecord | Status:
+    shard = fs.name(folder)
+    if key in seen:
+        return Status(key, "failed", "duplicate-key", f"first in {seen[key]}, again in {folder}")
+    seen[key] = folder
+    picture = next((fields[f] for f in PICTURE_FIELDS if f in fields), None)
+    if picture is None:
+        names = ", ".join(fields)
+        return Status(key, "failed", "missing-image", f"{shard}: no picture among {names}")
+    members = {}
+    for field in ("txt", "json"):
+        if field in fields:
+            member = _small_file(fs.join(folder, fields[field]))
+            if isinstance(member, str):
+                return Status(key, "failed", "bad-metadata", member)
+            members[field] = member
+    text = _caption_origin(key, members.get("txt"), members.get("json"))
+    if isinstance(text, Status):
+        return text
+    file = f"{shard}/{picture}"
+    captions = _captions(text[0])
+    root = fs.parent(folder)
+    return ImageRecord(key, file, 0, 0, (), captions, root, None, "files", None, text[1])
+
+
+def _small_file(path: str | Path) -> _TextMember | str:
+    """A ``txt`` or ``json`` file, read up to one byte over :data:`MAX_TEXT_BYTES`, or why it
+    cannot be read."""
+    try:
+        with _open(str(path)) as fh:
+            data = fh.read(MAX_TEXT_BYTES + 1)
+    except OSError as err:
+        return f"{fs.name(path)}: {type(err).__name__}: {err}"
+    return _TextMember(fs.name(path), len(data), lambda: data)
+
+
+# --------------------------------------------------------------------------- img2dataset's
+# metadata: {shard}.parquet beside each tar or shard folder, one row per input url
+
+
+def _metadata_path(shard: str) -> str | None:
+    """img2dataset's ``00000.parquet`` beside ``00000.tar`` or the ``00000/`` folder."""
+    name = fs.name(shard)
+    if name.lower().endswith(".tar"):
+        name = name[: -len(".tar")]
+    elif "." in name:
+        return None
+    return str(fs.join(fs.parent(shard), f"{name}.parquet"))
+
+
+def _downloader_rows(shard: str, seen: dict[str, str]) -> Iterator[Status]:
+    """A ``failed`` status for each url img2dataset's metadata beside ``shard`` lists and the
+    shard lacks: ``download-failed`` (its status is not ``success``; ``detail``: its status,
+    error_message and url), or ``missing-image`` (a success whose sample is not in the shard,
+    e.g. cut off a truncated tar). Nothing when there is no metadata file, or it lacks
+    img2dataset's ``key`` and ``status`` columns; a ``bad-shard`` when it cannot be read."""
+    meta = _metadata_path(shard)
+    if meta is None or not fs.isfile(meta):
+        return
+    pa, _ = _pyarrow()
+    try:
+        with _parquet(meta) as pf:
+            names = pf.schema_arrow.names
+            if "key" not in names or "status" not in names:
+                return
+            rows = pf.read(columns=[c for c in Origin.FIELDS if c in names]).to_pylist()
+    except FileNotFoundError:
+        return
+    except (OSError, pa.ArrowException) as err:
+        detail = f"img2dataset's metadata: {type(err).__name__}: {err}"
+        yield Status(meta, "failed", "bad-shard", detail)
+        return
+    for row in rows:
+        key = row.get("key")
+        if not isinstance(key, str) or not key or key in seen:
+            continue
+        seen[key] = meta
+        origin = Origin.from_mapping(row) or Origin(key=key)
+        if origin.status == "success":
+            detail = f"{fs.name(meta)} lists it as downloaded; {fs.name(shard)} has no such sample"
+            yield Status(key, "failed", "missing-image", detail)
+        else:
+            yield Status(key, "failed", "download-failed", download_detail(origin))
+
+
+def download_detail(origin: Origin) -> str:
+    """A failed download as a status row's ``detail``: ``STATUS: ERROR_MESSAGE (URL)``."""
+    detail = f"{origin.status or 'not downloaded'}: {origin.error_message or 'no error message'}"
+    return f"{detail} ({origin.url})" if origin.url else detail
 
 
 # --------------------------------------------------------------------------- Parquet and CSV
@@ -666,7 +941,12 @@ def _plan_table(
                 f"{path}: caption column {caption!r} has type {types[caption]}; expected string"
             )
     header_row = tuple(columns) if kind == "csv" else ()
-    table = TableLayout(caption, image, ident, holds, header_row, images)
+    origin = tuple(
+        c for c in Origin.FIELDS if c in columns and (kind == "csv" or _is_string(types[c]))
+    )
+    if not set(origin) - {"key"}:  # an id column alone is no origin
+        origin = ()
+    table = TableLayout(caption, image, ident, holds, header_row, images, origin)
     return _File(kind, path, index, table, rows, offset)
 
 
@@ -754,6 +1034,8 @@ class _InFile:
 
 _Cell = _InFile | str | None
 """An image cell: the picture in the table, a path, or nothing."""
+_Row = tuple[int, Any, Any, _Cell, Origin | None]
+"""A table row as read: row in file, id, caption, image cell, origin."""
 
 
 def _read_table_piece(
@@ -763,8 +1045,8 @@ def _read_table_piece(
     rows = _parquet_rows(piece, table) if piece.kind == "parquet" else _csv_rows(piece, table)
     stem = PurePosixPath(fs.name(piece.path)).stem
     try:
-        for row, ident, caption, cell in rows:
-            yield _table_row(piece, table, stem, root, row, ident, caption, cell, seen)
+        for row, ident, caption, cell, origin in rows:
+            yield _table_row(piece, table, stem, root, row, ident, caption, cell, origin, seen)
     except FileNotFoundError:
         yield Status(piece.path, "failed", "missing-file", f"no such {piece.kind}")
     except _BadShard as err:
@@ -780,6 +1062,7 @@ def _table_row(
     ident: Any,
     caption: Any,
     cell: _Cell,
+    origin: Origin | None,
     seen: dict[str, str],
 ) -> ImageRecord | Status:
     image_id = f"{stem}-{row:08d}" if ident is None or ident == "" else str(ident)
@@ -789,16 +1072,18 @@ def _table_row(
         return Status(image_id, "failed", "duplicate-key", detail)
     seen[image_id] = f"{piece.path}#{row}"
     if cell is None:
+        if origin is not None and origin.status not in (None, "success"):
+            return Status(image_id, "failed", "download-failed", download_detail(origin))
         return Status(image_id, "failed", "missing-image", f"{where}: {table.image!r} is empty")
     captions = _captions(caption if isinstance(caption, str) else "")
     kind = piece.kind
     if isinstance(cell, _InFile):
         source = ParquetCell(_absolute(piece.path), cell.row_group, cell.row, table.image)
-        return ImageRecord(image_id, where, 0, 0, (), captions, None, None, kind, source)
+        return ImageRecord(image_id, where, 0, 0, (), captions, None, None, kind, source, origin)
     file = _inside(cell, root)
     if file is None:
         return Status(image_id, "failed", "unsafe-path", repr(cell))
-    return ImageRecord(image_id, file, 0, 0, (), captions, root, None, kind)
+    return ImageRecord(image_id, file, 0, 0, (), captions, root, None, kind, None, origin)
 
 
 def _inside(cell: str, root: str | Path) -> str | None:
@@ -819,9 +1104,9 @@ def _inside(cell: str, root: str | Path) -> str | None:
     return safe_relative_path(cell)
 
 
-def _parquet_rows(piece: InputPiece, table: TableLayout) -> Iterator[tuple[int, Any, Any, _Cell]]:
-    """``(row in file, id, caption, image cell)`` for each row of the piece, one row group at a
-    time (a row group the piece only partly covers is read whole and sliced)."""
+def _parquet_rows(piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
+    """``(row in file, id, caption, image cell, origin)`` for each row of the piece, one row
+    group at a time (a row group the piece only partly covers is read whole and sliced)."""
     pa, _ = _pyarrow()
     try:
         with _parquet(piece.path) as pf:
@@ -844,23 +1129,32 @@ def _parquet_rows(piece: InputPiece, table: TableLayout) -> Iterator[tuple[int, 
 
 def _group_rows(
     pf: Any, table: TableLayout, group: int, first: int, lo: int, hi: int
-) -> Iterator[tuple[int, Any, Any, _Cell]]:
+) -> Iterator[_Row]:
     """Rows ``lo`` to ``hi`` (within the group) of row group ``group``, which starts at row
     ``first`` of the file."""
     leaf = f"{table.image}.bytes" if table.holds == "struct" else table.image
     read_image = table.holds == "path" or not _no_nulls(pf, group, leaf)
     wanted = [c for c in (table.id, table.caption, table.image if read_image else None) if c]
+    wanted += table.origin
     data = pf.read_row_group(group, columns=list(dict.fromkeys(wanted))).slice(lo, hi - lo)
     count = hi - lo
     ids = data.column(table.id).to_pylist() if table.id is not None else [None] * count
     captions = data.column(table.caption).to_pylist()
+    origins = _origins({c: data.column(c).to_pylist() for c in table.origin}, count)
     cells: list[_Cell]
     if not read_image:
         cells = [_InFile(group, lo + i) for i in range(count)]
     else:
         cells = _image_cells(data.column(table.image).combine_chunks(), table.holds, group, lo)
     for i in range(count):
-        yield first + lo + i, ids[i], captions[i], cells[i]
+        yield first + lo + i, ids[i], captions[i], cells[i], origins[i]
+
+
+def _origins(columns: dict[str, list[Any]], count: int) -> list[Origin | None]:
+    """Each row's :class:`Origin` from the origin columns' values."""
+    if not columns:
+        return [None] * count
+    return [Origin.from_mapping({c: v[i] for c, v in columns.items()}) for i in range(count)]
 
 
 def _no_nulls(pf: Any, group: int, leaf: str) -> bool:
@@ -1005,11 +1299,12 @@ class _Window(io.RawIOBase):
         return len(data)
 
 
-def _csv_rows(piece: InputPiece, table: TableLayout) -> Iterator[tuple[int, Any, Any, _Cell]]:
-    """``(row in file, id, caption, path)`` for each non-blank data row of the piece; empty
-    cells are ``None``."""
+def _csv_rows(piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
+    """``(row in file, id, caption, path, origin)`` for each non-blank data row of the piece;
+    empty cells are ``None``."""
     at = {name: table.header.index(name) for name in dict.fromkeys(table.header)}
     index = [None if name is None else at[name] for name in (table.id, table.caption, table.image)]
+    origin_at = {name: at[name] for name in table.origin}
     try:
         with _open(piece.path) as fh:
             fh.seek(piece.offset)
@@ -1024,7 +1319,8 @@ def _csv_rows(piece: InputPiece, table: TableLayout) -> Iterator[tuple[int, Any,
                     cells[i] if i is not None and i < len(cells) and cells[i] else None
                     for i in index
                 )
-                yield row, ident, caption, image
+                found = {c: cells[i] for c, i in origin_at.items() if i < len(cells)}
+                yield row, ident, caption, image, Origin.from_mapping(found) if found else None
                 row += 1
     except FileNotFoundError:
         raise
@@ -1127,16 +1423,21 @@ __all__ = [
     "CAPTION_COLUMNS",
     "ID_COLUMNS",
     "IMAGE_COLUMNS",
+    "KIND_SUFFIXES",
     "PICTURE_FIELDS",
     "PIECE_KINDS",
     "InputPiece",
     "TableLayout",
     "collect",
+    "download_detail",
     "expand_pattern",
+    "files_root",
+    "iter_files",
     "iter_table",
     "iter_wds",
     "member_key_field",
     "plan_pieces",
+    "read_files",
     "read_piece",
     "read_source",
     "read_table",

@@ -5,7 +5,9 @@ A :class:`DataSpec` names the dataset kind and its files (local paths or fsspec 
 under the root, ...), :func:`open_input` reads it into a :class:`~counterfactual.tasks.RunInput`:
 the records of an annotated dataset (read once, in the driver), or the pieces of a corpus
 (listed by the driver, read by the workers). ``counterfactual report`` and ``cooccurrence``
-read the spec back from ``manifest.json`` (``data``) instead of re-parsing the command line.
+read the spec back from ``manifest.json`` (``data``) instead of re-parsing the command line;
+it is recorded with absolute local paths (:meth:`DataSpec.absolute`), so it names the same
+files whatever the working directory of the reader.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from counterfactual.records import Dataset, Status
 from counterfactual.tasks import RunInput
 
 KINDS = DATASETS + CORPORA
+_PATH_FIELDS = ("root", "images", "instances", "captions", "split_file")
+"""The fields of a :class:`DataSpec` that name files or folders."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +32,9 @@ class DataSpec:
     """A dataset and its files. Paths are local paths or URLs, kept as strings.
 
     ``root``: the dataset folder (demo: where its pictures are written; wds, parquet, csv: the
-    file pattern, with brace ranges or globs). ``images``: the folder file names are relative
-    to. ``instances``/``captions``/``coco_set``: COCO's files. ``split_file``/``split``: the
+    file pattern, with brace ranges or globs, or their folder; files: the folder of shard
+    folders, or a pattern naming them). ``images``: the folder file names are relative to
+    (files: filled in by :meth:`resolved`, the folder holding the shard folders). ``instances``/``captions``/``coco_set``: COCO's files. ``split_file``/``split``: the
     Karpathy (or Flickr30k) split. ``*_column``: a table's columns. ``limit``: the first N
     images only.
     """
@@ -65,15 +70,44 @@ class DataSpec:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
+    def absolute(self, base: str | os.PathLike[str] | None = None) -> DataSpec:
+        """The spec with every relative local path (``root``, ``images``, ``instances``,
+        ``captions``, ``split_file``) made absolute against ``base`` (default: the working
+        directory), so that it names the same files from anywhere: the form the manifest
+        records. URLs, absolute paths and a corpus pattern that starts with a brace (whose
+        alternatives may differ) are kept as they are."""
+        base = os.fspath(base) if base is not None else os.getcwd()
+        changes: dict[str, str] = {}
+        for name in _PATH_FIELDS:
+            value = getattr(self, name)
+            if not value or fs.is_url(value) or os.path.isabs(value):
+                continue
+            if name == "root" and self.corpus:
+                if value.startswith("{"):
+                    continue
+                changes[name] = os.path.join(base, value)  # a pattern: braces and globs kept
+            else:
+                changes[name] = os.path.normpath(os.path.join(base, value))
+        return replace(self, **changes) if changes else self
+
     def resolved(self) -> DataSpec:
         """The spec with every default filled in, or ``ValueError`` naming what is missing."""
         if self.corpus:
             if self.root is None:
+                if self.kind == "files":
+                    raise ValueError(
+                        "--dataset files needs --root: img2dataset's output folder (its "
+                        "shard folders 00000/, 00001/, ...), e.g. 'data/cc3m'"
+                    )
                 ext = "tar" if self.kind == "wds" else self.kind
                 raise ValueError(
-                    f"--dataset {self.kind} needs --root: its files, e.g. "
-                    f"'data/{{00000..00009}}.{ext}'"
+                    f"--dataset {self.kind} needs --root: its files or their folder, e.g. "
+                    f"'data/{{00000..00009}}.{ext}' or 'data'"
                 )
+            if self.kind == "files" and self.images is None:
+                from counterfactual.readers.corpus import files_root
+
+                return replace(self, images=files_root(self.root))
             return self
         if self.kind == "demo":
             if self.root is None:
@@ -170,7 +204,7 @@ def open_input(spec: DataSpec, images_per_shard: int) -> RunInput:
     if not spec.corpus:
         dataset = read_dataset(spec)
         records = dataset.records if spec.limit is None else dataset.records[: max(spec.limit, 0)]
-        return RunInput(records, failures=dataset.failures, spec=spec.to_dict())
+        return RunInput(records, failures=dataset.failures, spec=spec.absolute().to_dict())
     check_inputs(spec)
     if spec.limit is not None:  # a few rows: the driver reads them and hands them out as records
         return _first_rows(spec)
@@ -188,15 +222,17 @@ def open_input(spec: DataSpec, images_per_shard: int) -> RunInput:
     pieces, failures = [], []
     for row in rows:
         (failures if isinstance(row, Status) else pieces).append(row)
-    return RunInput(pieces=pieces, failures=tuple(failures), spec=spec.to_dict())
+    return RunInput(pieces=pieces, failures=tuple(failures), spec=spec.absolute().to_dict())
 
 
 def _first_rows(spec: DataSpec) -> RunInput:
     """The first ``spec.limit`` records of a corpus (and the failures met on the way)."""
-    from counterfactual.readers.corpus import collect, iter_table, iter_wds
+    from counterfactual.readers.corpus import collect, iter_files, iter_table, iter_wds
 
     if spec.kind == "wds":
         rows = iter_wds(str(spec.root))
+    elif spec.kind == "files":
+        rows = iter_files(str(spec.root))
     else:
         rows = iter_table(
             str(spec.root),
@@ -207,4 +243,4 @@ def _first_rows(spec: DataSpec) -> RunInput:
             id_column=spec.id_column,
         )
     first = collect(spec.kind, rows, spec.limit)
-    return RunInput(first.records, failures=first.failures, spec=spec.to_dict())
+    return RunInput(first.records, failures=first.failures, spec=spec.absolute().to_dict())
