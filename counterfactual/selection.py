@@ -113,7 +113,15 @@ class RemovalPlan:
         return self.rejected_by is None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form, with each ratio next to the threshold it was compared with."""
+        """JSON-ready form, with each ratio next to the threshold it was compared with.
+
+        Per-class evidence is a list of records with a fixed set of keys, one per class in
+        the plan's class order (``co_removal``: ``class``, ``ratio``, ``alpha2``,
+        ``co_removed``; ``keep_overlap``: ``class``, ``ratio``, ``alpha1``, ``ok``;
+        ``pmi.with_kept``: ``class``, ``pmi``), never an object keyed by class name, so every
+        sample's json has one schema (Arrow, Hugging Face ``datasets``). Older shards hold
+        objects keyed by class name; :class:`counterfactual.samples.PlanMeta` reads both.
+        """
         out: dict[str, Any] = {
             "image_id": self.image_id,
             "target": self.target,
@@ -123,14 +131,14 @@ class RemovalPlan:
             "valid": self.valid,
             "rejected_by": self.rejected_by,
             "evidence": {
-                "co_removal": {
-                    c: {"ratio": r, "alpha2": self.alpha2, "co_removed": r > self.alpha2}
+                "co_removal": [
+                    {"class": c, "ratio": r, "alpha2": self.alpha2, "co_removed": r > self.alpha2}
                     for c, r in self.co_removal.items()
-                },
-                "keep_overlap": {
-                    k: {"ratio": r, "alpha1": self.alpha1, "ok": r < self.alpha1}
+                ],
+                "keep_overlap": [
+                    {"class": k, "ratio": r, "alpha1": self.alpha1, "ok": r < self.alpha1}
                     for k, r in self.keep_overlap.items()
-                },
+                ],
                 "removed_fraction": {
                     "ratio": self.removed_fraction,
                     "alpha3": self.alpha3,
@@ -141,7 +149,7 @@ class RemovalPlan:
         }
         if self.pmi is not None:
             out["evidence"]["pmi"] = {
-                "with_kept": dict(self.pmi),
+                "with_kept": [{"class": k, "pmi": v} for k, v in self.pmi.items()],
                 "score": spurious_score(self.pmi.values()),
                 "aggregate": "mean",
                 "smoothing": SPURIOUS_SMOOTHING,
@@ -328,13 +336,22 @@ def _evaluate_chunk(
         )
 
 
+def candidates_many(records: Sequence[ImageRecord], config: SelectionConfig) -> list[Selection]:
+    """Evaluate every class of each record as the removal target (no policy applied), the
+    records together."""
+    out = []
+    for record, ev in zip(records, _evaluate_many(records, config), strict=True):
+        if isinstance(ev, tuple):
+            out.append(Selection(record.image_id, (), ev[0], ev[1]))
+        else:
+            plans = tuple(ev.plan(r, config) for r in range(len(ev.names)))
+            out.append(Selection(record.image_id, plans, ev.ignored))
+    return out
+
+
 def candidates(record: ImageRecord, config: SelectionConfig) -> Selection:
     """Evaluate every class of ``record`` as the removal target (no policy applied)."""
-    (ev,) = _evaluate_many([record], config)
-    if isinstance(ev, tuple):
-        return Selection(record.image_id, (), ev[0], ev[1])
-    plans = tuple(ev.plan(r, config) for r in range(len(ev.names)))
-    return Selection(record.image_id, plans, ev.ignored)
+    return candidates_many([record], config)[0]
 
 
 def draw_index(seed: int, key: str, n: int) -> int:
@@ -461,6 +478,7 @@ __all__: Sequence[str] = (
     "Selection",
     "SelectionConfig",
     "candidates",
+    "candidates_many",
     "draw_index",
     "select",
     "select_many",

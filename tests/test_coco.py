@@ -5,6 +5,7 @@ import json
 import pytest
 
 from counterfactual.readers.coco import karpathy_ids, read_coco
+from counterfactual.records import RLE
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def files(tmp_path):
                 "category_id": 18,
                 "bbox": [10, 10, 5.5, 5],
                 "iscrowd": 1,
-                "segmentation": {"counts": "rle", "size": [80, 100]},
+                "segmentation": {"counts": "Zi05[2000000000fa6", "size": [80, 100]},
             },
             {"image_id": 4, "category_id": 77, "bbox": [1, 1, 1, 1]},
             {"image_id": 6, "category_id": 1, "bbox": [1, 1, -1, 1]},
@@ -64,7 +65,7 @@ def test_records_and_failures(files, tmp_path):
         ("dog", (10.0, 10.0, 5.5, 5.0), True),
     ]
     assert one.objects[0].segmentation == ((1.0, 2.0, 4.0, 2.0, 4.0, 6.0),)
-    assert one.objects[1].segmentation is None  # RLE is not a polygon: the box stands in
+    assert one.objects[1].segmentation == RLE(80, 100, "Zi05[2000000000fa6")  # crowd: its RLE
     assert [(c.caption_id, c.text) for c in one.captions] == [("11", "A man with a dog.")]
     assert by_id["2"].file == "sub/b.jpg" and by_id["2"].objects == ()
     failures = {f.image_id: (f.status, f.reason) for f in ds.failures}

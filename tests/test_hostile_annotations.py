@@ -20,6 +20,7 @@ from counterfactual.cli import main
 from counterfactual.generate import CocoFiles, generate_coco
 from counterfactual.readers.coco import AnnotationWarning, read_coco
 from counterfactual.readers.flickr30k import read_flickr30k
+from counterfactual.records import RLE
 from counterfactual.run import read_status
 
 N = 16
@@ -254,7 +255,7 @@ def test_reader_tables_every_malformed_field(tmp_path):
         {"image_id": 3, **good, "segmentation": [[1, 1, 2, 2, 3]]},  # odd
         {"image_id": 4, **good, "segmentation": "polygon"},
         {"image_id": 5, **good, "category_id": [1]},
-        {"image_id": 6, **good, "segmentation": {"counts": "x", "size": [10, 10]}},  # RLE: fine
+        {"image_id": 6, **good, "segmentation": {"counts": ";280U2", "size": [10, 10]}},  # RLE: fine
         {"image_id": 7, **good, "segmentation": [[1, 1, 2, 2]]},  # too short: dropped, fine
         {"image_id": 8, "id": 5, **good, "bbox": "1 1 2 2"},
     ]
@@ -266,7 +267,7 @@ def test_reader_tables_every_malformed_field(tmp_path):
     path.write_text(json.dumps(inst))
     ds = read_coco(path, None, tmp_path)
     assert sorted(r.image_id for r in ds.records) == ["6", "7", "ten"]
-    assert all(r.objects[0].segmentation is None for r in ds.records)
+    assert [r.objects[0].segmentation for r in ds.records] == [RLE(10, 10, ";280U2"), None, None]
     detail = {s.image_id: (s.reason, s.detail) for s in ds.failures}
     assert detail == {
         "1": ("bad-annotation", "inst.json annotations[0]: bbox [1, 1, True, 2] is not "

@@ -137,12 +137,13 @@ def test_multi_plan_removes_co_removed_boxes_and_evidence():
     assert person.removed_fraction == 0.25
     d = person.to_dict()
     assert d["kind"] == "multi" and d["valid"]
-    assert d["evidence"]["co_removal"]["frisbee"] == {
-        "ratio": 1.0,
-        "alpha2": 0.8,
-        "co_removed": True,
-    }
-    assert d["evidence"]["keep_overlap"]["dog"] == {"ratio": 0.0, "alpha1": 0.4, "ok": True}
+    assert d["evidence"]["co_removal"] == [
+        {"class": "frisbee", "ratio": 1.0, "alpha2": 0.8, "co_removed": True},
+        {"class": "dog", "ratio": 0.0, "alpha2": 0.8, "co_removed": False},
+    ]
+    assert d["evidence"]["keep_overlap"] == [
+        {"class": "dog", "ratio": 0.0, "alpha1": 0.4, "ok": True}
+    ]
     assert d["evidence"]["removed_fraction"] == {"ratio": 0.25, "alpha3": 0.7, "ok": True}
 
 
