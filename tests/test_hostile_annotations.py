@@ -255,7 +255,11 @@ def test_reader_tables_every_malformed_field(tmp_path):
         {"image_id": 3, **good, "segmentation": [[1, 1, 2, 2, 3]]},  # odd
         {"image_id": 4, **good, "segmentation": "polygon"},
         {"image_id": 5, **good, "category_id": [1]},
-        {"image_id": 6, **good, "segmentation": {"counts": ";280U2", "size": [10, 10]}},  # RLE: fine
+        {
+            "image_id": 6,
+            **good,
+            "segmentation": {"counts": ";280U2", "size": [10, 10]},
+        },  # RLE: fine
         {"image_id": 7, **good, "segmentation": [[1, 1, 2, 2]]},  # too short: dropped, fine
         {"image_id": 8, "id": 5, **good, "bbox": "1 1 2 2"},
     ]

@@ -276,7 +276,12 @@ def test_shipped_configs_are_valid(name):
     assert values["dataset"] == name and values["runner"] == "ray"
     sub.set_defaults(**values)
     config = build_config(sub.parse_args(["--out", "x"]))
-    if name in ("wds", "parquet", "csv", "files"):  # no boxes: the detector, caption-aware selection
+    if name in (
+        "wds",
+        "parquet",
+        "csv",
+        "files",
+    ):  # no boxes: the detector, caption-aware selection
         assert config.detect is not None and config.detect.device == "cuda"
         assert config.text.skip_unchanged
     else:
