@@ -164,7 +164,9 @@ class VerifyResult:
     retention_k: int
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON stored under ``verify`` in a sample's metadata."""
+        """The verdict as plain JSON, by class name; a sample's json stores it through
+        :class:`counterfactual.samples.VerifyMeta`, which writes the per-class checks as lists
+        of records."""
         return {
             "passed": self.passed,
             "failed": list(self.failed),
