@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from counterfactual.boxtable import BoxTable
 from counterfactual.records import ImageRecord
 from counterfactual.samples import iter_samples, shard_paths
 
@@ -89,25 +90,21 @@ class CooccurrenceStats:
     @classmethod
     def from_records(cls, records: Iterable[ImageRecord]) -> CooccurrenceStats:
         """Counts over ``records`` (every record is one image), by :func:`present_classes`."""
-        records = list(records)
-        sizes = [len(r.objects) for r in records]
-        boxes = np.array([o.bbox for r in records for o in r.objects], dtype=np.float64)
-        boxes = boxes.reshape(-1, 4)
-        owner = np.repeat(np.arange(len(records)), sizes)
-        width = np.array([r.width for r in records], dtype=np.float64)[owner]
-        height = np.array([r.height for r in records], dtype=np.float64)[owner]
-        x0, y0 = np.clip(boxes[:, 0], 0.0, width), np.clip(boxes[:, 1], 0.0, height)
-        x1 = np.clip(boxes[:, 0] + boxes[:, 2], 0.0, width)
-        y1 = np.clip(boxes[:, 1] + boxes[:, 3], 0.0, height)
-        visible = ((x1 > x0) & (y1 > y0)).tolist()
-        cats = [o.category for r in records for o in r.objects]
-        names = tuple(sorted({c for c, v in zip(cats, visible, strict=True) if v}))
+        return cls.from_table(BoxTable.from_records(list(records)))
+
+    @classmethod
+    def from_table(cls, table: BoxTable) -> CooccurrenceStats:
+        """Counts over the images of a :class:`BoxTable` (every entry is one image)."""
+        _, visible = table.clipped()
+        present = np.unique(table.category[visible])
+        names = tuple(sorted(table.classes[c] for c in present.tolist()))
         index = {c: i for i, c in enumerate(names)}
-        code = np.array([index.get(c, -1) for c in cats], dtype=np.intp)
-        keep = np.asarray(visible, dtype=bool)
-        presence = np.zeros((len(records), len(names)), dtype=bool)
-        presence[owner[keep], code[keep]] = True
-        return cls(names, _cooccurrence(presence), len(records))
+        code = np.full(len(table.classes), -1, dtype=np.intp)
+        for c in present.tolist():
+            code[c] = index[table.classes[c]]
+        presence = np.zeros((len(table), len(names)), dtype=bool)
+        presence[table.owner[visible], code[table.category[visible]]] = True
+        return cls(names, _cooccurrence(presence), len(table))
 
     @classmethod
     def streamed(cls, records: Iterable[ImageRecord], chunk: int = 4096) -> CooccurrenceStats:

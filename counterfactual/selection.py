@@ -20,12 +20,14 @@ import math
 import numbers
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress
 from typing import Any
 
 import numpy as np
 
+from counterfactual.boxtable import BoxTable
 from counterfactual.cooccurrence import CooccurrenceStats
-from counterfactual.geometry import box_cells
+from counterfactual.geometry import class_cells
 from counterfactual.records import ImageRecord
 
 POLICIES = ("uniform", "all", "spurious")
@@ -173,45 +175,32 @@ class Selection:
 
 
 @dataclass(frozen=True, slots=True)
-class _Evaluation:
-    """Every candidate of one image as arrays; plans are built only when wanted."""
+class _Chunk:
+    """The rules' arrays for images evaluated together (the same padded box count ``m``,
+    at most ``k`` classes): row ``j`` is image ``images[j]`` of the table."""
 
-    record: ImageRecord
-    names: list[str]
-    boxes: np.ndarray  # (n, 4) xyxy, clipped, positive area
-    group: list[int]  # class index of each box
-    co_ratio: np.ndarray  # [r, c] = area(B_r ∩ B_c) / area(B_c)
-    removed: np.ndarray  # [r, c]: c is removed when r is the target
-    keep_ratio: np.ndarray  # [r, k] = area(B_R ∩ B_k) / area(B_k)
-    fraction: np.ndarray  # [r] = area(B_R) / (W * H)
-    rejected: list[str | None]
-    ignored: int
+    images: list[int]
+    n_classes: list[int]
+    n_boxes: list[int]
+    classes: list[list[int]]  # class codes of each row, first-seen order (k entries, -1 pad)
+    boxes: np.ndarray  # (n, m, 4) visible boxes, xyxy, clipped; padding boxes are empty
+    group: np.ndarray  # (n, m) class slot of each box (k for padding)
+    co_ratio: np.ndarray  # (n, k, k) [r, c] = area(B_r ∩ B_c) / area(B_c)
+    removed: np.ndarray  # (n, k, k) [r, c]: c is removed when r is the target
+    keep_ratio: np.ndarray  # (n, k, k) [r, k'] = area(B_R ∩ B_k') / area(B_k')
+    fraction: np.ndarray  # (n, k) area(B_R) / (W * H)
+    code: list[list[int]]  # index in _REJECTIONS of each candidate (k entries)
 
-    def plan(self, r: int, config: SelectionConfig) -> RemovalPlan:
-        names = self.names
-        rem = self.removed[r].tolist()
-        co, keep = self.co_ratio[r].tolist(), self.keep_ratio[r].tolist()
-        boxes = self.boxes.tolist()
-        return RemovalPlan(
-            image_id=self.record.image_id,
-            target=names[r],
-            removed=(names[r], *[c for i, c in enumerate(names) if rem[i] and i != r]),
-            kept=tuple([c for i, c in enumerate(names) if not rem[i]]),
-            co_removal={c: co[i] for i, c in enumerate(names) if i != r},
-            keep_overlap={c: keep[i] for i, c in enumerate(names) if not rem[i]},
-            removed_fraction=float(self.fraction[r]),
-            mask_boxes=tuple(
-                [
-                    (x0, y0, x1 - x0, y1 - y0)
-                    for (x0, y0, x1, y1), g in zip(boxes, self.group, strict=True)
-                    if rem[g]
-                ]
-            ),
-            alpha1=config.alpha1,
-            alpha2=config.alpha2,
-            alpha3=config.alpha3,
-            rejected_by=self.rejected[r],
-        )
+
+@dataclass(frozen=True, slots=True)
+class _Evaluated:
+    """Every candidate of every image of a table."""
+
+    chunks: list[_Chunk]
+    where: list[tuple[int, int] | None]
+    """Per image, ``(chunk, row)``, or ``None`` when it has fewer than two visible classes."""
+    ignored: list[int]
+    """Per image, the objects whose clipped box has no area."""
 
 
 _REJECTIONS: tuple[str | None, ...] = (None, NOTHING_KEPT, KEEP_OVERLAP, TOO_LARGE)
@@ -227,66 +216,83 @@ def _bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-def _evaluate_many(
-    records: Sequence[ImageRecord], config: SelectionConfig
-) -> list[_Evaluation | tuple[int, str]]:
-    """Evaluate every candidate of every record, vectorised over images with similar box counts.
+def _ragged(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of ``counts[j]`` items from ``starts[j]`` on: ``(row, column, source index)``."""
+    total = int(counts.sum())
+    row = np.repeat(np.arange(len(counts)), counts)
+    column = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    return row, column, np.repeat(starts, counts) + column
 
-    Returns, per record, its evaluation or ``(ignored objects, reason)`` when it does not qualify.
-    """
-    out: list[_Evaluation | tuple[int, str]] = [(0, FEWER_THAN_TWO_CLASSES)] * len(records)
-    counts = [len(r.objects) for r in records]
-    flat = np.array([o.bbox for r in records for o in r.objects], dtype=np.float64).reshape(-1, 4)
-    owner = np.repeat(np.arange(len(records)), counts)
-    widths = np.array([r.width for r in records], dtype=np.float64)[owner]
-    heights = np.array([r.height for r in records], dtype=np.float64)[owner]
-    flat[:, 2:] += flat[:, :2]
-    flat[:, 0::2] = np.clip(flat[:, 0::2], 0.0, widths[:, None])
-    flat[:, 1::2] = np.clip(flat[:, 1::2], 0.0, heights[:, None])
-    visible = ((flat[:, 2] > flat[:, 0]) & (flat[:, 3] > flat[:, 1])).tolist()
-    buckets: dict[int, list[tuple[int, list[str], list[int], list[int]]]] = {}
-    offset = 0
-    for i, record in enumerate(records):
-        n = counts[i]
-        idx = [offset + j for j in range(n) if visible[offset + j]]
-        cats = [record.objects[j - offset].category for j in idx]
-        offset += n
-        names = list(dict.fromkeys(cats))
-        if len(names) < 2:
-            out[i] = (n - len(idx), FEWER_THAN_TWO_CLASSES)
-            continue
-        index = {c: k for k, c in enumerate(names)}
-        size = _bucket(len(idx))
-        buckets.setdefault(size, []).append((i, names, idx, [index[c] for c in cats]))
-    for size, items in buckets.items():
-        per_image = size * (2 * size - 1) ** 2
-        step = max(1, _CHUNK_CELLS // per_image)
-        for start in range(0, len(items), step):
-            _evaluate_chunk(records, flat, items[start : start + step], size, config, out)
-    return out
+
+def _evaluate(table: BoxTable, config: SelectionConfig) -> _Evaluated:
+    """Evaluate every candidate of every image of ``table``, vectorised over images with
+    similar box counts."""
+    n_images = len(table)
+    xyxy, visible = table.clipped()
+    vis = np.flatnonzero(visible)
+    owner, category = table.owner[vis], table.category[vis]
+    # (image, class) groups of the visible boxes in first-seen order within each image
+    key = owner * max(1, len(table.classes)) + category
+    unique, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    group_owner, group_class = owner[first[order]], category[first[order]]
+    n_classes = np.bincount(group_owner, minlength=n_images)
+    group_start = np.cumsum(n_classes) - n_classes
+    slot = np.empty(len(unique), dtype=np.intp)
+    slot[order] = np.arange(len(unique)) - group_start[group_owner]
+    box_slot = slot[inverse.reshape(-1)]
+    n_boxes = np.bincount(owner, minlength=n_images)
+    box_start = np.cumsum(n_boxes) - n_boxes
+    ignored = (np.bincount(table.owner, minlength=n_images) - n_boxes).tolist()
+    where: list[tuple[int, int] | None] = [None] * n_images
+    chunks: list[_Chunk] = []
+    qualified = np.flatnonzero(n_classes >= 2)
+    counts, back = np.unique(n_boxes[qualified], return_inverse=True)
+    padded = np.array([_bucket(c) for c in counts.tolist()], dtype=np.intp)[back.reshape(-1)]
+    layout = _Layout(xyxy[vis], box_slot, box_start, n_boxes, group_class, group_start, n_classes)
+    for size in np.unique(padded).tolist():
+        members = qualified[padded == size]
+        step = max(1, _CHUNK_CELLS // (size * (2 * size - 1) ** 2))
+        for start in range(0, len(members), step):
+            chunk = _evaluate_chunk(table, layout, members[start : start + step], size, config)
+            for j, i in enumerate(chunk.images):
+                where[i] = (len(chunks), j)
+            chunks.append(chunk)
+    return _Evaluated(chunks, where, ignored)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where each image's visible boxes and classes are: ``boxes`` (xyxy) and ``slot`` (the
+    class slot of each box) from ``box_start[i]``, ``n_boxes[i]`` of them; ``classes`` (class
+    codes in first-seen order) from ``class_start[i]``, ``n_classes[i]`` of them."""
+
+    boxes: np.ndarray
+    slot: np.ndarray
+    box_start: np.ndarray
+    n_boxes: np.ndarray
+    classes: np.ndarray
+    class_start: np.ndarray
+    n_classes: np.ndarray
 
 
 def _evaluate_chunk(
-    records: Sequence[ImageRecord],
-    flat: np.ndarray,
-    items: list[tuple[int, list[str], list[int], list[int]]],
-    size: int,
-    config: SelectionConfig,
-    out: list[_Evaluation | tuple[int, str]],
-) -> None:
-    n = len(items)
-    k_max = max(len(names) for _, names, _, _ in items)
+    table: BoxTable, layout: _Layout, images: np.ndarray, size: int, config: SelectionConfig
+) -> _Chunk:
+    n = len(images)
+    n_classes = layout.n_classes[images]
+    k_max = int(n_classes.max())
+    n_boxes = layout.n_boxes[images]
+    row, column, source = _ragged(layout.box_start[images], n_boxes)
     boxes = np.zeros((n, size, 4))
+    boxes[row, column] = layout.boxes[source]
     group = np.full((n, size), k_max)
-    n_classes = np.empty(n, dtype=np.intp)
-    for j, (_, names, idx, grp) in enumerate(items):
-        boxes[j, : len(idx)] = flat[idx]
-        group[j, : len(idx)] = grp
-        n_classes[j] = len(names)
+    group[row, column] = layout.slot[source]
+    row, column, source = _ragged(layout.class_start[images], n_classes)
+    classes = np.full((n, k_max), -1)
+    classes[row, column] = layout.classes[source]
     # The cell grid of each image (padding boxes are empty and cover no cell).
-    box_cover, cell_area = box_cells(boxes)
-    onehot = (group[:, None, :] == np.arange(k_max)[None, :, None]).astype(np.float32)
-    cover = np.minimum(onehot @ box_cover.astype(np.float32), 1.0).astype(np.float64)
+    cover, cell_area = class_cells(boxes, group, k_max)
     weighted = cover * cell_area[:, None, :]
     inter = cover @ weighted.transpose(0, 2, 1)  # [r, c] = area(B_r ∩ B_c)
     area = inter.diagonal(axis1=1, axis2=2)
@@ -295,7 +301,7 @@ def _evaluate_chunk(
     co_ratio = inter / safe_area
     removed = (co_ratio > config.alpha2) & real[:, None, :]
     removed |= np.eye(k_max, dtype=bool)[None]
-    image_area = np.array([records[i].width * records[i].height for i, *_ in items], float)
+    image_area = table.width[images] * table.height[images]
     # A single-class candidate removes B_r only: its keep ratios are its co-removal ratios and
     # its removed area is area(B_r). Only multi-class candidates need the union B_R.
     keep_ratio = co_ratio.copy()
@@ -318,35 +324,93 @@ def _evaluate_chunk(
         ~kept.any(axis=2),
         1,
         np.where(worst_keep >= config.alpha1, 2, np.where(fraction >= config.alpha3, 3, 0)),
-    ).tolist()
-    for j, (i, names, idx, grp) in enumerate(items):
-        k = len(names)
-        record = records[i]
-        out[i] = _Evaluation(
-            record=record,
-            names=names,
-            boxes=flat[idx],
-            group=grp,
-            co_ratio=co_ratio[j, :k, :k],
-            removed=removed[j, :k, :k],
-            keep_ratio=keep_ratio[j, :k, :k],
-            fraction=fraction[j, :k],
-            rejected=[_REJECTIONS[c] for c in code[j][:k]],
-            ignored=len(record.objects) - len(idx),
-        )
+    )
+    return _Chunk(
+        images=images.tolist(),
+        n_classes=n_classes.tolist(),
+        n_boxes=n_boxes.tolist(),
+        classes=classes.tolist(),
+        boxes=boxes,
+        group=group,
+        co_ratio=co_ratio,
+        removed=removed,
+        keep_ratio=keep_ratio,
+        fraction=fraction,
+        code=code.tolist(),
+    )
+
+
+def _plans(
+    table: BoxTable, ev: _Evaluated, picks: list[tuple[int, int]], config: SelectionConfig
+) -> list[RemovalPlan]:
+    """The plans of candidates ``(image, r)``, in the order given. The rows of each chunk are
+    taken from its arrays together, and what each plan lists (removed and kept classes, the
+    removed boxes) is decided there as masks, so a plan is a few ``compress`` calls."""
+    out: list[RemovalPlan | None] = [None] * len(picks)
+    by_chunk: dict[int, list[int]] = {}
+    for p, (i, _) in enumerate(picks):
+        by_chunk.setdefault(ev.where[i][0], []).append(p)  # type: ignore[index]
+    alphas = {"alpha1": config.alpha1, "alpha2": config.alpha2, "alpha3": config.alpha3}
+    for c, positions in by_chunk.items():
+        chunk = ev.chunks[c]
+        rows = np.array([ev.where[picks[p][0]][1] for p in positions])  # type: ignore[index]
+        targets = np.array([picks[p][1] for p in positions])
+        removed = chunk.removed[rows, targets]
+        other = np.arange(removed.shape[1])[None, :] != targets[:, None]
+        group = chunk.group[rows]
+        padded = np.concatenate([removed, np.zeros((len(rows), 1), bool)], axis=1)
+        erased = np.take_along_axis(padded, group, axis=1)  # each box: is its class removed
+        xywh = chunk.boxes[rows]
+        xywh[:, :, 2:] -= xywh[:, :, :2]
+        co, keep = chunk.co_ratio[rows, targets].tolist(), chunk.keep_ratio[rows, targets].tolist()
+        fraction = chunk.fraction[rows, targets].tolist()
+        also, kept, other_l = (removed & other).tolist(), (~removed).tolist(), other.tolist()
+        erased_l, xywh_l = erased.tolist(), xywh.tolist()
+        for q, p in enumerate(positions):
+            i, r = picks[p]
+            j = int(rows[q])
+            names = [table.classes[code] for code in chunk.classes[j][: chunk.n_classes[j]]]
+            out[p] = RemovalPlan(
+                image_id=table.image_ids[i],
+                target=names[r],
+                removed=(names[r], *compress(names, also[q])),
+                kept=tuple(compress(names, kept[q])),
+                co_removal=dict(compress(zip(names, co[q], strict=False), other_l[q])),
+                keep_overlap=dict(compress(zip(names, keep[q], strict=False), kept[q])),
+                removed_fraction=fraction[q],
+                mask_boxes=tuple(map(tuple, compress(xywh_l[q], erased_l[q]))),
+                rejected_by=_REJECTIONS[chunk.code[j][r]],
+                **alphas,
+            )
+    return out  # type: ignore[return-value]
+
+
+def candidates_table(table: BoxTable, config: SelectionConfig) -> list[Selection]:
+    """Evaluate every class of each image of ``table`` as the removal target (no policy
+    applied)."""
+    ev = _evaluate(table, config)
+    picks = [
+        (i, r)
+        for i, place in enumerate(ev.where)
+        if place is not None
+        for r in range(ev.chunks[place[0]].n_classes[place[1]])
+    ]
+    plans = iter(_plans(table, ev, picks, config))
+    out = []
+    for i, place in enumerate(ev.where):
+        ident = table.image_ids[i]
+        if place is None:
+            out.append(Selection(ident, (), ev.ignored[i], FEWER_THAN_TWO_CLASSES))
+        else:
+            k = ev.chunks[place[0]].n_classes[place[1]]
+            out.append(Selection(ident, tuple(next(plans) for _ in range(k)), ev.ignored[i]))
+    return out
 
 
 def candidates_many(records: Sequence[ImageRecord], config: SelectionConfig) -> list[Selection]:
     """Evaluate every class of each record as the removal target (no policy applied), the
     records together."""
-    out = []
-    for record, ev in zip(records, _evaluate_many(records, config), strict=True):
-        if isinstance(ev, tuple):
-            out.append(Selection(record.image_id, (), ev[0], ev[1]))
-        else:
-            plans = tuple(ev.plan(r, config) for r in range(len(ev.names)))
-            out.append(Selection(record.image_id, plans, ev.ignored))
-    return out
+    return candidates_table(BoxTable.from_records(records), config)
 
 
 def candidates(record: ImageRecord, config: SelectionConfig) -> Selection:
@@ -382,21 +446,79 @@ class _PMILookup:
 
 
 def _spurious_pick(
-    ev: _Evaluation, valid: list[int], pmi: _PMILookup, seed: int
+    image_id: str,
+    names: list[str],
+    removed: list[list[bool]],
+    valid: list[int],
+    pmi: _PMILookup,
+    seed: int,
 ) -> tuple[int, dict[str, float]]:
-    """The valid target with the highest score, a seeded draw among equal scores."""
+    """The valid target with the highest score, a seeded draw among equal scores
+    (``removed[r]``: the classes candidate ``r`` removes)."""
     evidence, scores = [], []
     for r in valid:
-        rem = ev.removed[r].tolist()
-        kept = [c for i, c in enumerate(ev.names) if not rem[i]]
-        values = {k: pmi(ev.names[r], k) for k in kept}
+        kept = [c for i, c in enumerate(names) if not removed[r][i]]
+        values = {k: pmi(names[r], k) for k in kept}
         evidence.append(values)
         scores.append(spurious_score(values.values()))
     best = max(scores)
     tol = 1e-12 * max(1.0, abs(best)) if math.isfinite(best) else 0.0
     ties = [n for n, score in enumerate(scores) if score >= best - tol]
-    n = ties[draw_index(seed, ev.record.image_id, len(ties))] if len(ties) > 1 else ties[0]
+    n = ties[draw_index(seed, image_id, len(ties))] if len(ties) > 1 else ties[0]
     return valid[n], evidence[n]
+
+
+def select_table(
+    table: BoxTable,
+    config: SelectionConfig,
+    stats: CooccurrenceStats | None = None,
+    targets: Sequence[Collection[str] | None] | None = None,
+) -> list[Selection]:
+    """:func:`select_many` on the images of a :class:`BoxTable` (one selection per image, in
+    table order)."""
+    pmi = None
+    if config.policy == "spurious":
+        pmi = _PMILookup(stats if stats is not None else CooccurrenceStats.from_table(table))
+    if targets is not None and len(targets) != len(table):
+        raise ValueError(f"{len(targets)} target limits for {len(table)} records")
+    ev = _evaluate(table, config)
+    done: list[Selection | None] = [None] * len(table)
+    chosen: list[tuple[int, list[int], tuple[str, ...], dict[str, float] | None]] = []
+    for i, place in enumerate(ev.where):
+        ident = table.image_ids[i]
+        if place is None:
+            done[i] = Selection(ident, (), ev.ignored[i], FEWER_THAN_TWO_CLASSES)
+            continue
+        chunk, j = ev.chunks[place[0]], place[1]
+        code = chunk.code[j]
+        valid = [r for r in range(chunk.n_classes[j]) if code[r] == 0]
+        if not valid:
+            done[i] = Selection(ident, (), ev.ignored[i], NO_REMOVABLE_CLASS)
+            continue
+        names = [table.classes[c] for c in chunk.classes[j][: chunk.n_classes[j]]]
+        allowed = None if targets is None else targets[i]
+        if allowed is not None:
+            if not (limited := [r for r in valid if names[r] in allowed]):
+                others = tuple(names[r] for r in valid)
+                done[i] = Selection(ident, (), ev.ignored[i], CAPTION_UNCHANGED, (), others)
+                continue
+            valid = limited
+        evidence, picked = None, valid
+        if config.policy == "uniform":
+            picked = [valid[draw_index(config.seed, ident, len(valid))]]
+        elif pmi is not None:
+            removed = chunk.removed[j].tolist()
+            pick, evidence = _spurious_pick(ident, names, removed, valid, pmi, config.seed)
+            picked = [pick]
+        others = tuple(names[r] for r in valid if r not in picked)
+        chosen.append((i, picked, others, evidence))
+    plans = iter(_plans(table, ev, [(i, r) for i, rs, _, _ in chosen for r in rs], config))
+    for i, rs, others, evidence in chosen:
+        mine = tuple(next(plans) for _ in rs)
+        if evidence is not None:
+            mine = (replace(mine[0], pmi=evidence),)
+        done[i] = Selection(table.image_ids[i], (), ev.ignored[i], None, mine, others)
+    return done  # type: ignore[return-value]
 
 
 def select_many(
@@ -426,41 +548,7 @@ def select_many(
     ``sum`` favours targets with many kept classes; the mean compares plans that keep different
     numbers of classes fairly. ``stats`` is ignored by the other policies.
     """
-    pmi = None
-    if config.policy == "spurious":
-        pmi = _PMILookup(stats if stats is not None else CooccurrenceStats.from_records(records))
-    if targets is not None and len(targets) != len(records):
-        raise ValueError(f"{len(targets)} target limits for {len(records)} records")
-    out = []
-    for i, (record, ev) in enumerate(zip(records, _evaluate_many(records, config), strict=True)):
-        if isinstance(ev, tuple):
-            out.append(Selection(record.image_id, (), ev[0], ev[1]))
-            continue
-        valid = [r for r, why in enumerate(ev.rejected) if why is None]
-        if not valid:
-            out.append(Selection(record.image_id, (), ev.ignored, NO_REMOVABLE_CLASS))
-            continue
-        allowed = None if targets is None else targets[i]
-        if allowed is not None:
-            if not (chosen := [r for r in valid if ev.names[r] in allowed]):
-                names = tuple(ev.names[r] for r in valid)
-                out.append(Selection(record.image_id, (), ev.ignored, CAPTION_UNCHANGED, (), names))
-                continue
-            valid = chosen
-        others: tuple[str, ...] = ()
-        if config.policy == "uniform":
-            pick = valid[draw_index(config.seed, record.image_id, len(valid))]
-            others = tuple(ev.names[r] for r in valid if r != pick)
-            valid = [pick]
-        elif pmi is not None:
-            pick, evidence = _spurious_pick(ev, valid, pmi, config.seed)
-            others = tuple(ev.names[r] for r in valid if r != pick)
-            plan = replace(ev.plan(pick, config), pmi=evidence)
-            out.append(Selection(record.image_id, (), ev.ignored, None, (plan,), others))
-            continue
-        plans = tuple(ev.plan(r, config) for r in valid)
-        out.append(Selection(record.image_id, (), ev.ignored, None, plans, others))
-    return out
+    return select_table(BoxTable.from_records(records), config, stats, targets)
 
 
 def select(
@@ -479,8 +567,10 @@ __all__: Sequence[str] = (
     "SelectionConfig",
     "candidates",
     "candidates_many",
+    "candidates_table",
     "draw_index",
     "select",
     "select_many",
+    "select_table",
     "spurious_score",
 )
