@@ -66,6 +66,12 @@ from counterfactual.records import Dataset  # noqa: E402
 from counterfactual.run import RunResult  # noqa: E402
 from counterfactual.selection import SelectionConfig, select, select_many  # noqa: E402
 from counterfactual.tasks import ShardDone  # noqa: E402
+from counterfactual.testing import (  # noqa: E402
+    build_tiny_owlv2,
+    write_clip_tokenizer_files,
+    write_owl_tokenizer_files,
+)
+from counterfactual.testing.corpora import write_wds  # noqa: E402
 from counterfactual.text import RewriteRequest, TextConfig, make_rewriter  # noqa: E402
 from counterfactual.vocab import coco_vocabulary  # noqa: E402
 
@@ -535,8 +541,6 @@ def bench_mentions(work: Path, n: int) -> dict[str, float]:
 
 
 def bench_verify(work: Path, n: int) -> dict[str, float]:
-    import sys
-
     import torch
     from diffusers import UNet2DConditionModel
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
@@ -545,10 +549,7 @@ def bench_verify(work: Path, n: int) -> dict[str, float]:
     from counterfactual.vocab import coco_vocabulary
 
     torch.set_num_threads(1)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_diffusion import _write_tokenizer_files  # a CLIP BPE vocabulary, offline
-
-    _write_tokenizer_files(work / "tok")
+    write_clip_tokenizer_files(work / "tok")  # a CLIP BPE vocabulary, offline
     tokenizer = CLIPTokenizer.from_pretrained(str(work / "tok"), model_max_length=77)
     config = CLIPConfig()  # the defaults are ViT-B/32's sizes
     config.text_config.vocab_size = len(tokenizer)
@@ -605,17 +606,6 @@ def bench_verify(work: Path, n: int) -> dict[str, float]:
     }
 
 
-def _tests_on_path() -> None:
-    """The tests' tiny-model builders import as ``tiny_owlv2`` (which imports
-    ``tests.tiny_diffusion``), so both the repository root and ``tests/`` go on the path."""
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    for folder in (root, root / "tests"):
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
-
-
 def _seconds(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -651,7 +641,6 @@ def _owlv2_base(folder: Path) -> Path:
     square, resize to 960), saved to ``folder`` as a user's checkpoint is. ``Owlv2Config()``'s
     vision default is 768 px, so the size is set to the checkpoint's 960."""
     import torch
-    from tiny_owlv2 import _write_owl_tokenizer_files
     from transformers import (
         CLIPTokenizer,
         Owlv2Config,
@@ -661,7 +650,7 @@ def _owlv2_base(folder: Path) -> Path:
     )
 
     source = folder.parent / f"{folder.name}-tokenizer-src"
-    _write_owl_tokenizer_files(source)
+    write_owl_tokenizer_files(source)
     tokenizer = CLIPTokenizer.from_pretrained(str(source), model_max_length=16)
     config = Owlv2Config(
         text_config={
@@ -728,8 +717,6 @@ def bench_detect(work: Path, n: int, n_base: int) -> dict[str, float]:
     import torch
 
     torch.set_num_threads(1)
-    _tests_on_path()
-    from tiny_owlv2 import build_tiny_owlv2
 
     (work / "detect").mkdir(exist_ok=True)
     paths, _ = real_photos(work / "detect", max(n, n_base))
@@ -774,9 +761,6 @@ def bench_corpus(work: Path, n: int, repeat: int = 2) -> dict[str, float]:
     from counterfactual.synth import SynthConfig
 
     torch.set_num_threads(1)
-    _tests_on_path()
-    from corpora import write_wds
-    from tiny_owlv2 import build_tiny_owlv2
 
     print(
         "corpus: one torch thread; the tests' tiny random OWLv2: a 32 px network, but its "
@@ -912,9 +896,6 @@ def _missing_pictures_csv(path: Path, rows: int) -> Path:
 def _run_layer_memory(work: Path, sizes: tuple[int, int]) -> dict[str, float]:
     """Peak RSS of the CLI's driver over two CSV sizes: ``--runner local`` from ``wait4``
     (the driver is the only process), ``--runner ray`` polled (the driver process only)."""
-    _tests_on_path()
-    from tiny_owlv2 import build_tiny_owlv2
-
     owl = build_tiny_owlv2(work / "rl-owl", grid_boxes=True)
     out: dict[str, float] = {}
     for rows in sizes:

@@ -121,7 +121,8 @@ def test_removal_scorer_prefers_the_candidate_without_the_removed_class():
 @pytest.mark.slow
 def test_a_run_with_candidates_records_the_pick(tmp_path):
     from tiny_clip import build_tiny_clip
-    from tiny_diffusion import build_tiny_inpaint_pipeline
+
+    from counterfactual.testing import build_tiny_inpaint_pipeline
 
     sd = build_tiny_inpaint_pipeline(tmp_path / "sd")
     clip = build_tiny_clip(tmp_path / "clip")

@@ -8,7 +8,6 @@ import tarfile
 
 import pytest
 from bad_coco import synth_args
-from corpora import write_csv, write_shard
 from sample_json import sample_json
 
 from counterfactual.cli import main
@@ -18,6 +17,7 @@ from counterfactual.readers.corpus import iter_table, iter_wds
 from counterfactual.records import Caption, ImageRecord
 from counterfactual.run import read_status
 from counterfactual.samples import SampleMeta
+from counterfactual.testing.corpora import write_csv, write_shard
 from counterfactual.text.clean import CleanText, clean_text
 
 FLAG = "🏴\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f"

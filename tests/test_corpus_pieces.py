@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from arrays import random_image
-from corpora import Sample, write_csv, write_parquet, write_pictures, write_wds
 
 from counterfactual.imageio import SampleError, encode_jpeg
 from counterfactual.readers.corpus import (
@@ -30,6 +29,13 @@ from counterfactual.readers.corpus import (
     read_source,
 )
 from counterfactual.records import ImageRecord, ParquetCell, Status, TarMember
+from counterfactual.testing.corpora import (
+    Sample,
+    write_csv,
+    write_parquet,
+    write_pictures,
+    write_wds,
+)
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from arrays import random_image
-from corpora import Sample, demo_samples, write_csv, write_parquet, write_shard, write_wds
 
 from counterfactual.imageio import SampleError, decode_rgb, encode_jpeg, load_rgb
 from counterfactual.readers.corpus import (
@@ -25,6 +24,14 @@ from counterfactual.readers.corpus import (
     read_wds,
 )
 from counterfactual.records import Caption, ImageRecord, ParquetCell, Status, TarMember
+from counterfactual.testing.corpora import (
+    Sample,
+    demo_samples,
+    write_csv,
+    write_parquet,
+    write_shard,
+    write_wds,
+)
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -9,11 +9,11 @@ import json
 
 import pytest
 import webdataset as wds
-from corpora import demo_samples, write_csv, write_parquet, write_wds
 from shard_files import shard_members
-from tiny_owlv2 import build_tiny_owlv2
 
 from counterfactual.cli import main
+from counterfactual.testing import build_tiny_owlv2
+from counterfactual.testing.corpora import demo_samples, write_csv, write_parquet, write_wds
 
 pytestmark = pytest.mark.slow
 

@@ -171,7 +171,7 @@ SMALL = ClassVocabulary({"dog": [], "cat": [], "bird": []})
 
 @pytest.fixture(scope="module")
 def tiny_owlv2(tmp_path_factory):
-    from tests.tiny_owlv2 import build_tiny_owlv2
+    from counterfactual.testing import build_tiny_owlv2
 
     return str(build_tiny_owlv2(tmp_path_factory.mktemp("owlv2") / "model"))
 

@@ -19,14 +19,13 @@ pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
-from tiny_diffusion import build_tiny_inpaint_pipeline  # noqa: E402
-
 from counterfactual.image import EditRequest, ImageConfig, make_editor  # noqa: E402
 from counterfactual.image.diffusion import (  # noqa: E402
     DiffusionInpainter,
     crop_box,
     work_size,
 )
+from counterfactual.testing import build_tiny_inpaint_pipeline  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

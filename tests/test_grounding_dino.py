@@ -198,9 +198,8 @@ def test_a_model_that_is_no_zero_shot_detector_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_synth_on_a_corpus_with_grounding_dino(tmp_path_factory, tmp_path):
-    from corpora import demo_samples, write_wds
-
     from counterfactual.cli import main
+    from counterfactual.testing.corpora import demo_samples, write_wds
     from tests.tiny_grounding_dino import build_tiny_grounding_dino
 
     model = build_tiny_grounding_dino(tmp_path_factory.mktemp("grid") / "dino", grid_boxes=True)

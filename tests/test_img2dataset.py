@@ -17,8 +17,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from corpora import demo_samples
-from tiny_owlv2 import build_tiny_owlv2
 
 from counterfactual.cli import main
 from counterfactual.readers.corpus import (
@@ -33,6 +31,8 @@ from counterfactual.readers.corpus import (
 from counterfactual.readers.spec import DataSpec
 from counterfactual.records import ImageRecord, Origin, Status
 from counterfactual.samples import SampleMeta, read_samples
+from counterfactual.testing import build_tiny_owlv2
+from counterfactual.testing.corpora import demo_samples
 
 img2dataset = pytest.importorskip("img2dataset")
 

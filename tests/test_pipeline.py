@@ -192,7 +192,7 @@ def _samples(out):
 def test_model_stage_runs_as_an_actor_pool(coco, cluster, tmp_path):
     """The diffusion stage on CPU with a tiny pipeline saved to disk: its own actor pool between
     a CPU stage that decodes and one that encodes, and the same bytes as in-process."""
-    from tiny_diffusion import build_tiny_inpaint_pipeline
+    from counterfactual.testing import build_tiny_inpaint_pipeline
 
     sd = build_tiny_inpaint_pipeline(tmp_path / "sd")
     extra = [

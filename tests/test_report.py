@@ -20,7 +20,7 @@ from PIL import Image
 
 from counterfactual.cli import main
 from counterfactual.readers.spec import DataSpec
-from counterfactual.run_report import (
+from counterfactual.report import (
     SampleRef,
     caption_segments,
     dataset_roots,
@@ -543,8 +543,8 @@ def test_missing_original_banner_counts_only_the_missing(bad, coco, tmp_path):
 def test_corpus_reports_find_originals_from_anywhere(tmp_path, monkeypatch):
     """WebDataset originals inside their tars, CSV ones beside the table: no banner, from
     another working directory, without --root."""
-    from corpora import demo_samples, write_csv, write_wds
-    from tiny_owlv2 import build_tiny_owlv2
+    from counterfactual.testing import build_tiny_owlv2
+    from counterfactual.testing.corpora import demo_samples, write_csv, write_wds
 
     owl = build_tiny_owlv2(tmp_path / "owl", grid_boxes=True)
     samples = demo_samples(tmp_path / "demo")

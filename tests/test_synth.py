@@ -237,7 +237,8 @@ def test_shard_writer_commits_the_tar_then_its_stats(tmp_path):
 def test_diffusers_inpainting_and_captioner_through_the_command(coco, tmp_path):
     """A user's model path goes through the same loading code: tiny random models saved to disk."""
     from tiny_captioner import build_tiny_blip
-    from tiny_diffusion import build_tiny_inpaint_pipeline
+
+    from counterfactual.testing import build_tiny_inpaint_pipeline
 
     sd = build_tiny_inpaint_pipeline(tmp_path / "sd")
     blip = build_tiny_blip(tmp_path / "blip")

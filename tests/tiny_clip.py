@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiny_diffusion import BOS, EOS, _write_tokenizer_files
+from counterfactual.testing import BOS, EOS, write_clip_tokenizer_files
 
 IMAGE_SIZE = 32
 
@@ -33,7 +33,7 @@ def build_tiny_clip(path: Path, seed: int = 0) -> Path:
 
     path = Path(path)
     tokenizer_dir = path.parent / f"{path.name}-tokenizer-src"
-    _write_tokenizer_files(tokenizer_dir)
+    write_clip_tokenizer_files(tokenizer_dir)
     tokenizer = CLIPTokenizer.from_pretrained(str(tokenizer_dir), model_max_length=77)
     text = CLIPTextConfig(
         bos_token_id=tokenizer.convert_tokens_to_ids(BOS),

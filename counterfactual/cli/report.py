@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from counterfactual.cli.common import nonnegative_int, positive_int
-from counterfactual.run_report import DEFAULT_N, write_report
+from counterfactual.report import DEFAULT_N, write_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

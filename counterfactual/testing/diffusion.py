@@ -1,4 +1,5 @@
-"""A tiny, seeded, randomly initialised Stable Diffusion inpainting pipeline for offline tests.
+"""A tiny, seeded, randomly initialised Stable Diffusion inpainting pipeline for offline tests,
+and the CLIP-style tokenizer files the tiny models here read.
 
 The weights are random, so the pictures mean nothing; what the tests exercise is the real loading
 code (``from_pretrained`` on a saved folder), the shapes, the batching and the seeding. The
@@ -15,7 +16,7 @@ BOS = "<|startoftext|>"
 EOS = "<|endoftext|>"
 
 
-def _write_tokenizer_files(folder: Path) -> None:
+def write_clip_tokenizer_files(folder: Path) -> None:
     """A byte-level BPE vocabulary of single characters plus a few merges, CLIP style.
 
     Every printable ASCII letter, digit and punctuation mark is a token, both inside a word and
@@ -51,7 +52,7 @@ def build_tiny_inpaint_pipeline(path: Path) -> Path:
 
     path = Path(path)
     tokenizer_dir = path.parent / f"{path.name}-tokenizer-src"
-    _write_tokenizer_files(tokenizer_dir)
+    write_clip_tokenizer_files(tokenizer_dir)
     # Load by folder: in transformers 5 the v4 keywords vocab_file=/merges_file= are not honoured.
     tokenizer = CLIPTokenizer.from_pretrained(str(tokenizer_dir), model_max_length=77)
 

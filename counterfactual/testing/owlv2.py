@@ -1,4 +1,4 @@
-"""A tiny, seeded, randomly initialised OWLv2 detector for offline tests.
+"""A tiny, seeded, randomly initialised OWLv2 detector for offline tests and benchmarks.
 
 The weights are random, so the boxes mean nothing; what the tests exercise is the real loading
 code (``AutoModelForZeroShotObjectDetection`` / ``AutoProcessor`` on a saved folder), the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.tiny_diffusion import BOS, EOS, _write_tokenizer_files
+from counterfactual.testing.diffusion import BOS, EOS, write_clip_tokenizer_files
 
 IMAGE_SIZE = 32
 """Side of the square the tiny image processor resizes every (padded) image to."""
@@ -18,16 +18,16 @@ PATCH_SIZE = 8
 MAX_TEXT_LENGTH = 16
 
 
-def _write_owl_tokenizer_files(folder: Path) -> None:
-    """The CLIP-style files of ``tests.tiny_diffusion`` with BOS and EOS given the two highest
-    ids, as in CLIP's own vocabulary (49406, 49407).
+def write_owl_tokenizer_files(folder: Path) -> None:
+    """The CLIP-style files of :func:`write_clip_tokenizer_files` with BOS and EOS given the two
+    highest ids, as in CLIP's own vocabulary (49406, 49407).
 
     OWLv2 relies on both: a query counts as real when its first token id is above 0
     (``input_ids[..., 0] > 0``), and the text embedding is the state at the highest id
     (``input_ids.argmax(-1)``, meant to find EOS). With BOS at id 0 every query is masked out;
     with BOS above EOS every query embeds to the same vector.
     """
-    _write_tokenizer_files(folder)
+    write_clip_tokenizer_files(folder)
     vocab_path = folder / "vocab.json"
     vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
     tokens = [t for t in sorted(vocab, key=vocab.__getitem__) if t not in (BOS, EOS)]
@@ -55,7 +55,7 @@ def build_tiny_owlv2(path: Path, seed: int = 0, grid_boxes: bool = False) -> Pat
 
     path = Path(path)
     tokenizer_dir = path.parent / f"{path.name}-tokenizer-src"
-    _write_owl_tokenizer_files(tokenizer_dir)
+    write_owl_tokenizer_files(tokenizer_dir)
     tokenizer = CLIPTokenizer.from_pretrained(str(tokenizer_dir), model_max_length=MAX_TEXT_LENGTH)
     image_processor = Owlv2ImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     processor = Owlv2Processor(image_processor=image_processor, tokenizer=tokenizer)

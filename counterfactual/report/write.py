@@ -1,0 +1,78 @@
+"""``counterfactual report``: index the run, draw a stratified sample, find the originals, render
+the rows, then write ``sheet-XX.png``, the thumbnails and ``index.html`` into the report
+folder."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from counterfactual.imageio import DEFAULT_MAX_PIXELS
+from counterfactual.records import ImageRecord
+from counterfactual.report.index import DEFAULT_N, SampleRef, read_run, stratify
+from counterfactual.report.originals import Originals, dataset_roots
+from counterfactual.report.page import page
+from counterfactual.report.sheets import ROWS_PER_SHEET, draw_sheet, render_row, write_png
+
+REPORT_DIR = "report"
+_OURS = re.compile(
+    r"^(sheet-\d+\.png|\d{3,}-[A-Za-z0-9_-]+-(original|mask|edited|full)\.(jpg|png))$"
+)
+"""Files an earlier report wrote: removed before writing (nothing else in the folder is)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What :func:`write_report` wrote: the page, the sheets and the samples shown."""
+
+    index: Path
+    sheets: tuple[Path, ...]
+    shown: tuple[SampleRef, ...]
+    missing_originals: int
+
+
+def write_report(
+    out_dir: Path,
+    report_dir: Path | None = None,
+    *,
+    n: int = DEFAULT_N,
+    seed: int = 0,
+    root: Path | None = None,
+    records: Mapping[str, ImageRecord] | None = None,
+) -> Report:
+    """Write the report of the run in ``out_dir`` into ``report_dir`` (default
+    ``out_dir/report``): ``index.html``, ``sheet-XX.png`` and ``samples/`` thumbnails. Originals
+    come from ``records`` when given, else from ``root`` or the folders the run's command names
+    (:func:`dataset_roots`); a sample whose original is not found is shown edited only."""
+    run = read_run(out_dir)
+    report_dir = Path(report_dir) if report_dir is not None else Path(out_dir) / REPORT_DIR
+    (report_dir / "samples").mkdir(parents=True, exist_ok=True)
+    for old in [*report_dir.glob("sheet-*.png"), *(report_dir / "samples").iterdir()]:
+        if _OURS.match(old.name) and old.is_file():
+            old.unlink()
+    config = run.manifest.get("config") or {}
+    max_pixels = int(config.get("max_pixels") or DEFAULT_MAX_PIXELS)
+    roots = dataset_roots(Path(out_dir), run.manifest, root)
+    originals = Originals(roots, records, max_pixels)
+    mask = config.get("mask") or {}
+    shown = stratify(run.samples, n, seed) if run.samples else []
+    rows = []
+    for i, sample in enumerate(shown):
+        meta = sample.load_meta()
+        original = originals.load(meta)
+        rows.append(render_row(i, sample, meta, sample.read_jpg(), original, mask))
+    for row in rows:
+        row.save(report_dir)
+    sheets = []
+    for k in range(math.ceil(len(rows) / ROWS_PER_SHEET)):
+        chunk = rows[k * ROWS_PER_SHEET : (k + 1) * ROWS_PER_SHEET]
+        sheets.append(Path(write_png(draw_sheet(chunk), report_dir / f"sheet-{k:02d}.png")))
+    text = page(run, rows, [s.name for s in sheets], roots)
+    tmp = report_dir / "index.html.tmp"
+    tmp.write_text(text, encoding="utf-8", errors="replace")
+    index = tmp.replace(report_dir / "index.html")
+    missing = sum(r.original.image is None for r in rows)
+    return Report(index, tuple(sheets), tuple(shown), missing)
