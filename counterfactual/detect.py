@@ -57,7 +57,8 @@ class DetectConfig:
     ``nms_iou``: within one class, a box whose IoU with a better box is above this is dropped
     (``1.0`` keeps everything). ``max_detections``: most boxes kept per image, best first.
     ``device``/``dtype``: ``None`` is CUDA when available (float16 there), else CPU float32.
-    ``batch_size``: images per model call.
+    ``batch_size``: images per model call. In a synthesis run these three are the
+    :class:`~counterfactual.synth.Runtime`'s.
     """
 
     model: str = "google/owlv2-base-patch16-ensemble"

@@ -4,14 +4,16 @@ The input is cut into shard tasks (:mod:`counterfactual.tasks`); workers make an
 shards. The driver only streams tasks out and counts back, so it holds O(shards), not
 O(samples). :func:`run_shards` is the driver's loop, shared by both runners, which differ only
 in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), writes
-``run.json`` (the config fingerprint and format) on the first run and refuses a rerun with
-another config, finds the committed shards (their stats file exists; a rerun over other input
-is refused shard by shard) and removes unfinished temporary files. :func:`finish_run` streams
-``status.jsonl`` (every input image and every item, with reasons) together from the reader's
-failures and the shards' stats files, and writes ``manifest.json`` (config, data spec,
-package versions, git revision, counts, items per node, timings, the history of every run into
-this OUT and, when samples were verified, a summary of the verdicts) and the dataset card
-``README.md`` (:mod:`counterfactual.card`: ``datasets.load_dataset(OUT)`` reads it).
+``run.json`` (the format and the config's fingerprint: the options that decide the output,
+:func:`~counterfactual.synth.fingerprint_of`) on the first run and refuses a rerun with another
+config (the runtime may change), finds the committed shards (their stats file exists; a rerun
+over other input is refused shard by shard) and removes unfinished temporary files.
+:func:`finish_run` streams ``status.jsonl`` (every input image and every item, with reasons)
+together from the reader's failures and the shards' stats files, and writes ``manifest.json``
+(config and runtime, data spec, package versions, git revision, counts, items per node,
+timings, the history of every run into this OUT and, when samples were verified, a summary of
+the verdicts) and the dataset card ``README.md`` (:mod:`counterfactual.card`:
+``datasets.load_dataset(OUT)`` reads it).
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ from counterfactual.records import Status, outcome
 from counterfactual.runlock import RunLock
 from counterfactual.samples import verify_summary_from_samples
 from counterfactual.shards import committed_names, iter_stats, shard_name, stats_name
-from counterfactual.stages import MODEL_OPTIONS, STAGE_NAMES, SetupError
-from counterfactual.synth import SynthConfig
+from counterfactual.stages import SetupError, plan_steps
+from counterfactual.synth import Runtime, SynthConfig, fingerprint_of
 from counterfactual.tasks import RunInput, ShardDone, ShardTask, shard_tasks
 
 RUN_FILE = "run.json"
@@ -64,27 +66,24 @@ PACKAGES = (
 )
 
 
-def preflight(config: SynthConfig) -> None:
-    """Cheap checks in the driver before anything starts: a model named by a path that does not
-    exist, a CUDA device on a machine without one (checked when torch is already imported)."""
-    models = {
-        "edit": config.image.model
-        if config.image.method == "inpaint" and config.image.backend != "opencv"
-        else None,
-        "rewrite": config.text.model if config.text.method == "captioner" else None,
-        "detect": config.detect.model if config.detect is not None else None,
-        "verify": config.verify.model if config.verify.enabled else None,
-    }
-    for step, model in models.items():
-        if model is None:
+def preflight(config: SynthConfig, runtime: Runtime | None = None) -> None:
+    """Cheap checks in the driver before anything starts: a part of the config that sets a
+    runtime field itself (:meth:`Runtime.check`), a model named by a path that does not
+    exist."""
+    runtime = runtime or Runtime()
+    runtime.check(config)
+    for spec in plan_steps(config, runtime):
+        res = spec.resources
+        if res is None:
             continue
+        model = res.model
         path = model.split(":", 1)[1] if model.startswith(("hf-clip:", "blip:")) else model
         if path.startswith(("/", "./", "../", "~")) and not os.path.exists(
             os.path.expanduser(path)
         ):
             raise SetupError(
-                f"{STAGE_NAMES[step]}: the model {path} does not exist; pass "
-                f"{MODEL_OPTIONS[step]} a hub id or an existing folder or file"
+                f"{res.stage}: the model {path} does not exist; pass "
+                f"{res.option} a hub id or an existing folder or file"
             )
 
 
@@ -110,12 +109,14 @@ def check_out_dir(out_dir: fs.PathLike) -> None:
 
 @dataclass
 class RunPlan:
-    """What a run has to do: its folder, config, and the shards already committed there."""
+    """What a run has to do: its folder, config and runtime, and the shards already committed
+    there."""
 
     out_dir: fs.PathLike
     config: SynthConfig
     committed: dict[int, ShardDone]
     started: float = field(default_factory=time.time)
+    runtime: Runtime = field(default_factory=Runtime)
 
     def todo(
         self,
@@ -142,9 +143,13 @@ class RunPlan:
                 on_resumed(done)
 
 
-def prepare_run(out_dir: fs.PathLike, config: SynthConfig) -> RunPlan:
+def prepare_run(
+    out_dir: fs.PathLike, config: SynthConfig, runtime: Runtime | None = None
+) -> RunPlan:
     """Check ``out_dir`` against this run and find what is left to do (see the module doc).
-    The caller holds the OUT's lock, so unfinished temporary files are nobody's."""
+    A run resumes when the fingerprint ``run.json`` recorded (:func:`fingerprint_of`, which
+    also reads the fuller fingerprints runs recorded before it) equals this config's. The
+    caller holds the OUT's lock, so unfinished temporary files are nobody's."""
     out_dir = fs.as_path(out_dir)
     fs.makedirs(out_dir)
     identity = {"format": RUN_FORMAT, "config": config.fingerprint()}
@@ -164,17 +169,17 @@ def prepare_run(out_dir: fs.PathLike, config: SynthConfig) -> RunPlan:
                 f"{out_dir} holds a run of an earlier version of counterfactual, whose shards "
                 "hold other images; use another --out, or delete the folder to start over"
             )
-        if previous != json.loads(json.dumps(identity)):
-            changed = sorted(k for k in identity if previous.get(k) != identity[k])
+        recorded = previous.get("config")
+        if not isinstance(recorded, dict) or fingerprint_of(recorded) != identity["config"]:
             raise ValueError(
-                f"{out_dir} holds a run with different {', '.join(changed)}; resuming it would "
-                "mix two runs. Use another --out, or delete the folder to start over"
+                f"{out_dir} holds a run with different config; resuming it would mix two runs. "
+                "Use another --out, or delete the folder to start over"
             )
     else:
         fs.write_text(run_file, json.dumps(identity, indent=1))
     _remove_temporary(out_dir, fs.listdir(out_dir))
     committed = {i: ShardDone.of(i, s) for i, s in iter_stats(out_dir)}
-    return RunPlan(out_dir, config, committed)
+    return RunPlan(out_dir, config, committed, runtime=runtime or Runtime())
 
 
 Execute = Callable[[Iterator[ShardTask]], Iterable[ShardDone]]
@@ -191,6 +196,7 @@ def run_shards(
     on_shard: Callable[[ShardDone], None] | None = None,
     progress: Progress | None = None,
     extra: Callable[[], dict[str, Any]] | None = None,
+    runtime: Runtime | None = None,
 ) -> RunResult:
     """The driver's loop: tasks out, counts back, records at the end (see the module doc).
 
@@ -203,7 +209,7 @@ def run_shards(
     with RunLock(out_dir, runner=runner) as lock:
         if lock.message:
             print(lock.message, file=sys.stderr)
-        run = prepare_run(out_dir, config)
+        run = prepare_run(out_dir, config, runtime)
         seen: list[int] = []
         finished: dict[int, ShardDone] = {}
         if progress is not None and inputs.failures:
@@ -340,7 +346,7 @@ def finish_run(
         counts=result.status_counts,
         inputs=result.images,
         unit=result.unit,
-        config=run.config.to_dict(),
+        config=run.config.record(run.runtime),
         data=inputs.spec or {},
     )
     write_card(run.out_dir, card)
@@ -399,7 +405,7 @@ def write_manifest(
         "stages": stage_table(result),
         **({"verify": result.verify} if result.verify is not None else {}),
         "data": inputs.spec,
-        "config": run.config.to_dict(),
+        "config": run.config.record(run.runtime),
         "versions": package_versions(),
         "python": platform.python_version(),
         "git_revision": git_revision(),

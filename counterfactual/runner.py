@@ -17,7 +17,7 @@ from counterfactual.progress import Progress
 from counterfactual.records import ImageRecord, Status
 from counterfactual.run import RunResult, preflight, run_shards
 from counterfactual.stages import Staged, start_steps
-from counterfactual.synth import SynthConfig
+from counterfactual.synth import Runtime, SynthConfig
 from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask
 from counterfactual.text import TextRewriter
 
@@ -33,23 +33,29 @@ def run_local(
     on_batch: Callable[[int], None] | None = None,
     on_shard: Callable[[ShardDone], None] | None = None,
     progress: Progress | None = None,
+    runtime: Runtime | None = None,
 ) -> RunResult:
     """Make the shards of ``inputs`` in ``out_dir``, resuming a run of the same config there.
 
     ``inputs``: a :class:`RunInput`, or records (``failures``: images the reader could not
     turn into records join the status record). ``on_batch(items)`` is called after every batch
     of items, ``on_shard(done)`` after every shard; ``progress`` counts every shard.
+    ``runtime``: device, dtype and batch sizes (default: :class:`Runtime`'s, CPU).
     """
+    runtime = runtime or Runtime()
     node = socket.gethostname()
 
     def execute(tasks: Iterator[ShardTask]) -> Iterator[ShardDone]:
         maker: ShardMaker | None = None
         for task in tasks:
             if maker is None:  # models load only when there is work left
-                steps = start_steps(config, None, editor, rewriter, detector)
-                maker = ShardMaker(config, out_dir, Staged.local(config, steps), node, on_batch)
+                steps = start_steps(config, None, editor, rewriter, detector, runtime)
+                staged = Staged.local(config, steps, runtime)
+                maker = ShardMaker(config, out_dir, staged, node, on_batch, runtime.batch_size)
             yield maker(task)
 
-    preflight(config)
+    preflight(config, runtime)
     inputs = RunInput.of(inputs, failures)
-    return run_shards(inputs, out_dir, config, execute, "local", on_shard, progress)
+    return run_shards(
+        inputs, out_dir, config, execute, "local", on_shard, progress, runtime=runtime
+    )

@@ -9,14 +9,19 @@ step's ``__init__`` loads what it needs once (models, spaCy); ``__call__`` trans
 and returns it. A job that fails keeps its place in the batch with a :class:`Status` saying why,
 and later steps pass it through, so every item reaches the writer exactly once.
 
-The in-process runner chains the steps in one process; the Ray pipeline puts consecutive steps
-that load no learned model into one CPU stage and each model step into its own actor pool.
+Each step declares itself (:meth:`declare`, a :class:`StepSpec`, read from the config without
+loading anything): the job fields it needs, makes and drops (:data:`JOB_FIELDS`), and the
+learned model it runs, if any, with its device and batch size (:class:`Resources`). The run's
+order follows from the needs (:func:`step_order`), a :class:`Chain` checks its order when it is
+built, and both runners group the steps from the declarations alone (:func:`plan_stages`): the
+in-process runner chains them in one process; the Ray pipeline puts consecutive steps that load
+no learned model into one CPU stage and each model step into its own actor pool.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -39,7 +44,7 @@ from counterfactual.samples import (
 )
 from counterfactual.selection import CAPTION_UNCHANGED, RemovalPlan, select_many
 from counterfactual.shards import Sample
-from counterfactual.synth import SynthConfig, WorkItem, load_record_image
+from counterfactual.synth import Runtime, SynthConfig, WorkItem, load_record_image
 from counterfactual.text import RewriteRequest, RewriteResult, TextRewriter, make_rewriter
 from counterfactual.verify import (
     RemovalScorer,
@@ -129,10 +134,64 @@ class Job:
         return self.item.plan
 
 
-class Step(Protocol):
+JOB_FIELDS = ("image", "objects", "plan", "mask", "edited", "caption", "verify", "sample")
+"""What a step may need from a job or make for it: the :class:`Job` attributes of those names,
+``objects`` the record's boxes and ``plan`` the item's :class:`RemovalPlan`."""
+PLANNED = frozenset({"objects", "plan"})
+"""What a job holds when it starts from annotated boxes (:func:`counterfactual.synth.plan`
+made its plan); with detected boxes it starts with nothing (:func:`planned_fields`)."""
+
+
+def planned_fields(config: SynthConfig) -> frozenset[str]:
+    """The fields a run's jobs hold before the first step."""
+    return frozenset() if config.detect is not None else PLANNED
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What a model step runs on: ``stage``, the name of its stage (a Ray actor pool of that
+    name runs it on GPUs), the ``model`` it loads and the command-line ``option`` that names it
+    (for setup errors), its torch ``device`` and ``batch_size`` (items per model call)."""
+
+    stage: str
+    model: str
+    option: str
+    device: str
+    batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpec:
+    """A step as it declares itself, before anything loads: the job fields (:data:`JOB_FIELDS`)
+    it ``needs``, ``makes`` and ``drops`` (pixels freed once no later step reads them), and the
+    learned model it runs (``resources``; ``None``: a CPU step, run on the run's batches)."""
+
     name: str
-    uses_model: bool
-    """True when the step runs a learned model (GPU-capable, worth an actor pool of its own)."""
+    needs: frozenset[str] = frozenset()
+    makes: frozenset[str] = frozenset()
+    drops: frozenset[str] = frozenset()
+    resources: Resources | None = None
+
+    def __post_init__(self) -> None:
+        unknown = (self.needs | self.makes | self.drops) - set(JOB_FIELDS)
+        if unknown:
+            raise ValueError(f"step {self.name}: unknown job fields {sorted(unknown)}")
+
+    @property
+    def uses_model(self) -> bool:
+        """True when the step runs a learned model (GPU-capable, worth an actor pool)."""
+        return self.resources is not None
+
+
+def _fields(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+class Step(Protocol):
+    """A step: ``spec`` is its :meth:`declare` under the config and runtime it was built with."""
+
+    name: str
+    spec: StepSpec
 
     def __call__(self, jobs: list[Job]) -> list[Job]: ...
 
@@ -151,7 +210,8 @@ def _batch_or_each(
 ) -> list[Any]:
     """``call(requests)`` as one batch; when that raises a ``SampleError`` (one bad request) or
     a model error, each request alone, and the ones that still fail become ``Status`` rows
-    (their reason, or ``model-error`` with ``model_detail`` before the exception)."""
+    (their reason, or ``model-error`` with ``model_detail`` before the exception). Every step
+    that calls a backend on a batch goes through here."""
     if not requests:
         return []
     try:
@@ -174,9 +234,19 @@ class Decode:
     """Load each job's picture (EXIF-upright RGB), checked against the annotation."""
 
     name = "decode"
-    uses_model = False
 
-    def __init__(self, config: SynthConfig) -> None:
+    @classmethod
+    def applies(cls, config: SynthConfig) -> bool:
+        return True
+
+    @classmethod
+    def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
+        return StepSpec(cls.name, makes=_fields("image"))
+
+    def __init__(
+        self, config: SynthConfig, backend: None = None, runtime: Runtime | None = None
+    ) -> None:
+        self.spec = self.declare(config)
         self.max_pixels = config.max_pixels
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
@@ -193,19 +263,51 @@ class Decode:
 
 
 class Edit:
-    """Erase each job's plan: mask from the plan, then the configured image backend."""
+    """Erase each job's plan: mask from the plan, then the configured image backend. The
+    original picture is dropped here unless ``Verify`` compares it with the edit."""
 
     name = "edit"
 
-    def __init__(self, config: SynthConfig, editor: ImageEditor | None = None) -> None:
+    @classmethod
+    def applies(cls, config: SynthConfig) -> bool:
+        return True
+
+    @classmethod
+    def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
+        image, runtime = config.image, runtime or Runtime()
+        resources = None
+        if image.method == "inpaint" and image.backend != "opencv":
+            resources = Resources(
+                "Inpaint",
+                image.model,
+                "--inpaint-model",
+                runtime.device,
+                runtime.inpaint_batch_size,
+            )
+        return StepSpec(
+            cls.name,
+            needs=_fields("image", "plan"),
+            makes=_fields("mask", "edited"),
+            drops=frozenset() if config.verify.enabled else _fields("image"),
+            resources=resources,
+        )
+
+    def __init__(
+        self,
+        config: SynthConfig,
+        editor: ImageEditor | None = None,
+        runtime: Runtime | None = None,
+    ) -> None:
+        runtime = runtime or Runtime()
+        self.spec = self.declare(config, runtime)
         self.config = config
-        self.uses_model = uses_model(config, self.name)
-        self.editor = editor or make_editor(config.image)
+        self.editor = editor or make_editor(runtime.part("image", config.image))
         if config.image.candidates > 1 and not isinstance(self.editor, BestOfN):
-            verifier = Verifier(config.verify, load_vocabulary(config.text.vocabulary))
+            vocabulary = load_vocabulary(config.vocabulary)
+            verifier = Verifier(runtime.part("verify", config.verify), vocabulary)
             self.editor = BestOfN(self.editor, config.image.candidates, RemovalScorer(verifier))
         self.info = self.editor.describe()
-        self.keep_original = config.verify.enabled  # Verify compares it with the edit
+        self.keep_original = "image" not in self.spec.drops  # Verify compares it with the edit
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         start = time.perf_counter()
@@ -259,10 +361,36 @@ class Rewrite:
 
     name = "rewrite"
 
-    def __init__(self, config: SynthConfig, rewriter: TextRewriter | None = None) -> None:
-        self.needs_image = config.text.method == "captioner"
-        self.uses_model = uses_model(config, self.name)
-        self.rewriter = rewriter or make_rewriter(config.text)
+    @classmethod
+    def applies(cls, config: SynthConfig) -> bool:
+        return True
+
+    @classmethod
+    def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
+        text, runtime = config.text, runtime or Runtime()
+        if text.method != "captioner":
+            return StepSpec(cls.name, needs=_fields("plan"), makes=_fields("caption"))
+        resources = Resources(
+            "Caption", text.model, "--captioner-model", runtime.device, runtime.text_batch_size
+        )
+        return StepSpec(
+            cls.name,
+            needs=_fields("plan", "edited"),
+            makes=_fields("caption"),
+            resources=resources,
+        )
+
+    def __init__(
+        self,
+        config: SynthConfig,
+        rewriter: TextRewriter | None = None,
+        runtime: Runtime | None = None,
+    ) -> None:
+        runtime = runtime or Runtime()
+        self.spec = self.declare(config, runtime)
+        self.needs_image = "edited" in self.spec.needs
+        text = replace(runtime.part("text", config.text), vocabulary=config.vocabulary)
+        self.rewriter = rewriter or make_rewriter(text)
         self.info = self.rewriter.describe()
         self.skip_unchanged = config.text.skip_unchanged
 
@@ -284,8 +412,10 @@ class Rewrite:
                     seed=it.seed,
                 )
             )
-        for job, result in zip(todo, self._rewrite(requests), strict=True):
-            if result.text is None:
+        for job, result in zip(todo, _batch_or_each(self.rewriter, todo, requests), strict=True):
+            if isinstance(result, Status):
+                job.fail(result.reason, result.detail)
+            elif result.text is None:
                 job.fail(result.reason)
             elif self.skip_unchanged and not result.removed_phrases:
                 job.fail(CAPTION_UNCHANGED, "the caption mentions no removed class", "skipped")
@@ -294,22 +424,6 @@ class Rewrite:
                 job.methods["text_method"] = self.info
         _timed(self.name, jobs, start)
         return jobs
-
-    def _rewrite(self, requests: list[RewriteRequest]) -> list[RewriteResult]:
-        if not requests:
-            return []
-        try:
-            return list(self.rewriter(requests))
-        except MODEL_ERRORS:
-            if len(requests) == 1:
-                return [RewriteResult(None, (), "model-error")]
-        out = []
-        for request in requests:
-            try:
-                out.extend(self.rewriter([request]))
-            except MODEL_ERRORS:
-                out.append(RewriteResult(None, (), "model-error"))
-        return out
 
 
 def sample_meta(job: Job, seed: int) -> dict[str, Any]:
@@ -367,14 +481,39 @@ class Detect:
     also becomes the record's size."""
 
     name = "detect"
-    uses_model = True
 
-    def __init__(
-        self, config: SynthConfig, detector: Callable[..., list[list[Detection]]] | None = None
-    ) -> None:
+    @classmethod
+    def applies(cls, config: SynthConfig) -> bool:
+        return config.detect is not None
+
+    @classmethod
+    def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
         if config.detect is None:
             raise ValueError("the detect step needs SynthConfig.detect")
-        self.detector = detector or Detector(config.detect, load_vocabulary(config.text.vocabulary))
+        runtime = runtime or Runtime()
+        resources = Resources(
+            "Detect",
+            config.detect.model,
+            "--detector-model",
+            runtime.device,
+            runtime.detect_batch_size,
+        )
+        return StepSpec(
+            cls.name, needs=_fields("image"), makes=_fields("objects"), resources=resources
+        )
+
+    def __init__(
+        self,
+        config: SynthConfig,
+        detector: Callable[..., list[list[Detection]]] | None = None,
+        runtime: Runtime | None = None,
+    ) -> None:
+        runtime = runtime or Runtime()
+        self.spec = self.declare(config, runtime)
+        assert config.detect is not None  # declare refused it
+        self.detector = detector or Detector(
+            runtime.part("detect", config.detect), load_vocabulary(config.vocabulary)
+        )
         describe = getattr(self.detector, "describe", None)
         self.info = describe() if describe is not None else {"model": config.detect.model}
 
@@ -411,13 +550,23 @@ class Select:
     with valid plans but none mentioned is skipped with ``caption-unchanged``."""
 
     name = "select"
-    uses_model = False
 
-    def __init__(self, config: SynthConfig) -> None:
+    @classmethod
+    def applies(cls, config: SynthConfig) -> bool:
+        return config.detect is not None
+
+    @classmethod
+    def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
+        return StepSpec(cls.name, needs=_fields("objects"), makes=_fields("plan"))
+
+    def __init__(
+        self, config: SynthConfig, backend: None = None, runtime: Runtime | None = None
+    ) -> None:
+        self.spec = self.declare(config)
         self.config = config.selection
         self.vocabulary = None
         if config.text.skip_unchanged:
-            self.vocabulary = load_vocabulary(config.text.vocabulary)
+            self.vocabulary = load_vocabulary(config.vocabulary)
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         start = time.perf_counter()
@@ -450,14 +599,40 @@ class Verify:
 
     name = "verify"
 
-    def __init__(self, config: SynthConfig, verifier: Verifier | None = None) -> None:
+    @classmethod
+    def applies(cls, config: SynthConfig) -> bool:
+        return config.verify.enabled
+
+    @classmethod
+    def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
+        verify, runtime = config.verify, runtime or Runtime()
+        if not verify.enabled:
+            return StepSpec(cls.name)
+        resources = Resources(
+            "Verify", verify.model, "--verify-model", runtime.device, runtime.verify_batch_size
+        )
+        return StepSpec(
+            cls.name,
+            needs=_fields("image", "edited", "caption", "plan"),
+            makes=_fields("verify"),
+            drops=_fields("image"),
+            resources=resources,
+        )
+
+    def __init__(
+        self,
+        config: SynthConfig,
+        verifier: Verifier | None = None,
+        runtime: Runtime | None = None,
+    ) -> None:
+        runtime = runtime or Runtime()
+        self.spec = self.declare(config, runtime)
         self.config = config.verify
-        self.uses_model = uses_model(config, self.name)
         self.text_method = config.text.method
         self.verifier: Verifier | None = None
         if self.config.enabled:
             self.verifier = verifier or Verifier(
-                self.config, load_vocabulary(config.text.vocabulary)
+                runtime.part("verify", self.config), load_vocabulary(config.vocabulary)
             )
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
@@ -500,9 +675,24 @@ class Encode:
     arrays, so only bytes travel to the writer."""
 
     name = "encode"
-    uses_model = False
 
-    def __init__(self, config: SynthConfig) -> None:
+    @classmethod
+    def applies(cls, config: SynthConfig) -> bool:
+        return True
+
+    @classmethod
+    def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
+        return StepSpec(
+            cls.name,
+            needs=_fields("plan", "mask", "edited", "caption"),
+            makes=_fields("sample"),
+            drops=_fields("image", "mask", "edited"),
+        )
+
+    def __init__(
+        self, config: SynthConfig, backend: None = None, runtime: Runtime | None = None
+    ) -> None:
+        self.spec = self.declare(config)
         self.quality = config.jpeg_quality
         self.seed = config.seed
 
@@ -526,72 +716,81 @@ class Encode:
         return jobs
 
 
+class StepType(Protocol):
+    """A step class: whether it runs under a config, what it declares, and building it
+    (``backend``: a model object to use instead of the one the config names)."""
+
+    name: str
+
+    def applies(self, config: SynthConfig) -> bool: ...
+
+    def declare(self, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec: ...
+
+    def __call__(
+        self, config: SynthConfig, backend: Any = None, runtime: Runtime | None = None
+    ) -> Step: ...
+
+
+STEPS: tuple[StepType, ...] = (Rewrite, Decode, Detect, Select, Edit, Verify, Encode)
+"""Every step, in the order a run prefers: each runs as early as the fields it needs allow
+(:func:`step_order`), so a rewriter that needs no picture runs first and the CPU steps after
+it go from file to JPEG in one place, without shipping pixels around."""
+STEP_CLASSES: dict[str, StepType] = {cls.name: cls for cls in STEPS}
+
+
 class SetupError(ValueError):
     """The run cannot start (a model that does not load, a stage the cluster cannot place); the
     message names the stage, the cause and the fix, on one line."""
-
-
-STAGE_NAMES = {"edit": "Inpaint", "rewrite": "Caption", "detect": "Detect", "verify": "Verify"}
-"""The name of each model step's stage (a Ray actor class of that name runs it on GPUs)."""
-MODEL_OPTIONS = {
-    "edit": "--inpaint-model",
-    "rewrite": "--captioner-model",
-    "detect": "--detector-model",
-    "verify": "--verify-model",
-}
 
 
 def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def setup_failure(step: str, err: BaseException) -> SetupError:
+def setup_failure(spec: StepSpec, err: BaseException) -> SetupError:
     """The error for a step that could not start: its stage, the cause, the option to fix."""
-    stage = STAGE_NAMES.get(step, step)
-    fix = f"; check {MODEL_OPTIONS[step]} and --device" if step in MODEL_OPTIONS else ""
+    res = spec.resources
+    stage = res.stage if res is not None else spec.name
+    fix = f"; check {res.option} and --device" if res is not None else ""
     return SetupError(f"{stage} could not start: {type(err).__name__}: {one_line(err)}{fix}")
 
 
-def start_steps(
-    config: SynthConfig,
-    names: Sequence[str] | None = None,
-    editor: ImageEditor | None = None,
-    rewriter: TextRewriter | None = None,
-    detector: Callable[..., list[list[Detection]]] | None = None,
-) -> list[Step]:
-    """:func:`build_steps`, one step at a time, with a step that cannot start (a model that
-    does not load) reported as a one-line :class:`SetupError` naming its stage and the fix."""
-    steps: list[Step] = []
-    for name in names or step_order(config):
-        try:
-            steps += build_steps(config, [name], editor, rewriter, None, detector)
-        except (OSError, RuntimeError, ImportError, ValueError) as err:
-            raise setup_failure(name, err) from err
-    return steps
+def check_order(specs: Sequence[StepSpec], given: Iterable[str]) -> frozenset[str]:
+    """The fields jobs holding ``given`` hold after ``specs`` ran in this order; a
+    ``ValueError`` naming the first step that needs a field no step before it leaves."""
+    have = frozenset(given)
+    for i, spec in enumerate(specs):
+        missing = spec.needs - have
+        if missing:
+            before = " -> ".join(s.name for s in specs[:i]) or "none"
+            raise ValueError(
+                f"step {spec.name} needs {', '.join(sorted(missing))}, which the steps before "
+                f"it ({before}) do not make"
+            )
+        have = (have - spec.drops) | spec.makes
+    return have
+
+
+def plan_steps(config: SynthConfig, runtime: Runtime | None = None) -> tuple[StepSpec, ...]:
+    """The run's steps as they declare themselves, in run order: among the steps whose needs
+    are met, the first of :data:`STEPS` runs next."""
+    todo = [cls.declare(config, runtime) for cls in STEPS if cls.applies(config)]
+    have = planned_fields(config)
+    order: list[StepSpec] = []
+    while todo:
+        ready = next((spec for spec in todo if spec.needs <= have), None)
+        if ready is None:
+            names = ", ".join(f"{s.name} ({', '.join(sorted(s.needs - have))})" for s in todo)
+            raise ValueError(f"no step of this run makes what these need: {names}")
+        todo.remove(ready)
+        order.append(ready)
+        have = (have - ready.drops) | ready.makes
+    return tuple(order)
 
 
 def step_order(config: SynthConfig) -> tuple[str, ...]:
-    """The step names in run order: a rewriter that needs no picture runs first, so the CPU
-    steps after it can go from file to JPEG in one place without shipping pixels around."""
-    verify = ("verify",) if config.verify.enabled else ()
-    if config.detect is not None:  # no plan before the objects are detected
-        if config.text.method == "captioner":
-            return ("decode", "detect", "select", "edit", "rewrite", *verify, "encode")
-        return ("decode", "detect", "select", "rewrite", "edit", *verify, "encode")
-    if config.text.method == "captioner":
-        return ("decode", "edit", "rewrite", *verify, "encode")
-    return ("rewrite", "decode", "edit", *verify, "encode")
-
-
-STEPS: dict[str, type] = {
-    "decode": Decode,
-    "detect": Detect,
-    "select": Select,
-    "edit": Edit,
-    "rewrite": Rewrite,
-    "verify": Verify,
-    "encode": Encode,
-}
+    """The step names in run order (:func:`plan_steps`)."""
+    return tuple(spec.name for spec in plan_steps(config))
 
 
 def build_steps(
@@ -601,61 +800,54 @@ def build_steps(
     rewriter: TextRewriter | None = None,
     verifier: Verifier | None = None,
     detector: Callable[..., list[list[Detection]]] | None = None,
+    runtime: Runtime | None = None,
 ) -> list[Step]:
-    """Instantiate the named steps (default: all, in :func:`step_order`)."""
+    """Instantiate the named steps (default: the run's, in :func:`step_order`) to run under
+    ``runtime``; ``editor``, ``rewriter``, ``verifier`` and ``detector`` replace the backend
+    the config names."""
+    backends: dict[str, Any] = {
+        Edit.name: editor,
+        Rewrite.name: rewriter,
+        Verify.name: verifier,
+        Detect.name: detector,
+    }
     steps: list[Step] = []
     for name in names or step_order(config):
-        if name == "detect":
-            steps.append(Detect(config, detector))
-        elif name == "edit":
-            steps.append(Edit(config, editor))
-        elif name == "rewrite":
-            steps.append(Rewrite(config, rewriter))
-        elif name == "verify":
-            steps.append(Verify(config, verifier))
-        elif name in STEPS:
-            steps.append(STEPS[name](config))
-        else:
-            raise ValueError(f"unknown step {name!r}; steps are {tuple(STEPS)}")
+        if name not in STEP_CLASSES:
+            raise ValueError(f"unknown step {name!r}; steps are {tuple(STEP_CLASSES)}")
+        steps.append(STEP_CLASSES[name](config, backends.get(name), runtime))
     return steps
 
 
-def uses_model(config: SynthConfig, name: str) -> bool:
-    """Whether step ``name`` runs a learned model under ``config``, without loading it."""
-    if name == "edit":
-        return config.image.method == "inpaint" and config.image.backend != "opencv"
-    if name == "rewrite":
-        return config.text.method == "captioner"
-    if name == "verify":
-        return config.verify.enabled
-    if name == "detect":
-        return config.detect is not None
-    return False
-
-
-_MODEL_PART = {"edit": "image", "rewrite": "text", "verify": "verify", "detect": "detect"}
-"""The part of :class:`SynthConfig` that holds a model step's device and batch size."""
-
-
-def step_device(config: SynthConfig, name: str) -> str:
-    """The torch device of a model step (``cpu`` for the others)."""
-    if uses_model(config, name):
-        return getattr(config, _MODEL_PART[name]).device or "cpu"
-    return "cpu"
-
-
-def step_batch_size(config: SynthConfig, name: str) -> int:
-    """Items per call of step ``name``: the model's batch size, or the run's for CPU steps."""
-    if uses_model(config, name):
-        return getattr(config, _MODEL_PART[name]).batch_size
-    return config.batch_size
+def start_steps(
+    config: SynthConfig,
+    names: Sequence[str] | None = None,
+    editor: ImageEditor | None = None,
+    rewriter: TextRewriter | None = None,
+    detector: Callable[..., list[list[Detection]]] | None = None,
+    runtime: Runtime | None = None,
+) -> list[Step]:
+    """:func:`build_steps`, one step at a time, with a step that cannot start (a model that
+    does not load) reported as a one-line :class:`SetupError` naming its stage and the fix."""
+    steps: list[Step] = []
+    for name in names or step_order(config):
+        try:
+            steps += build_steps(config, [name], editor, rewriter, None, detector, runtime)
+        except (OSError, RuntimeError, ImportError, ValueError) as err:
+            if name not in STEP_CLASSES:
+                raise
+            raise setup_failure(STEP_CLASSES[name].declare(config, runtime), err) from err
+    return steps
 
 
 class Chain:
-    """Several steps applied in order to one batch: one stage of a pipeline."""
+    """Several steps applied in order to one batch: one stage of a pipeline. ``given``: the
+    fields its jobs hold when they arrive; an order in which a step would need a field no step
+    before it makes is a ``ValueError`` here, when the chain is built."""
 
-    def __init__(self, steps: Sequence[Step]) -> None:
+    def __init__(self, steps: Sequence[Step], given: Iterable[str]) -> None:
         self.steps = list(steps)
+        check_order([step.spec for step in self.steps], given)
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         for step in self.steps:
@@ -666,22 +858,44 @@ class Chain:
 @dataclass(frozen=True, slots=True)
 class Stage:
     """Consecutive steps run in one place: a model step alone, the CPU steps between them
-    together."""
+    together. ``given``: the job fields the stage receives."""
 
-    steps: tuple[str, ...]
-    uses_model: bool
+    specs: tuple[StepSpec, ...]
+    given: frozenset[str] = frozenset()
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.specs)
+
+    @property
+    def resources(self) -> Resources | None:
+        """The model step's resources (a model stage holds that one step), else ``None``."""
+        return self.specs[0].resources
+
+    @property
+    def uses_model(self) -> bool:
+        return self.resources is not None
 
 
-def plan_stages(config: SynthConfig) -> list[Stage]:
-    """Group the steps: each model step alone, the CPU steps between them together."""
+def group_stages(specs: Sequence[StepSpec], given: Iterable[str]) -> list[Stage]:
+    """Group steps in run order by what they declare: each model step alone, the CPU steps
+    between them together; each stage knows the fields it receives."""
+    check_order(specs, given)
+    have = frozenset(given)
     stages: list[Stage] = []
-    for name in step_order(config):
-        model = uses_model(config, name)
-        if not model and stages and not stages[-1].uses_model:
-            stages[-1] = Stage((*stages[-1].steps, name), False)
+    for spec in specs:
+        if not spec.uses_model and stages and not stages[-1].uses_model:
+            last = stages[-1]
+            stages[-1] = Stage((*last.specs, spec), last.given)
         else:
-            stages.append(Stage((name,), model))
+            stages.append(Stage((spec,), have))
+        have = (have - spec.drops) | spec.makes
     return stages
+
+
+def plan_stages(config: SynthConfig, runtime: Runtime | None = None) -> list[Stage]:
+    """The run's stages (:func:`group_stages` over :func:`plan_steps`)."""
+    return group_stages(plan_steps(config, runtime), planned_fields(config))
 
 
 def in_chunks(call: Callable[[list[Job]], list[Job]], jobs: list[Job], size: int) -> list[Job]:
@@ -708,18 +922,17 @@ class Staged:
         self.parts = list(parts)
 
     @classmethod
-    def local(cls, config: SynthConfig, steps: Sequence[Step]) -> Staged:
+    def local(
+        cls, config: SynthConfig, steps: Sequence[Step], runtime: Runtime | None = None
+    ) -> Staged:
         """Every stage in this process (the in-process runner's ``process``)."""
         by_name = {step.name: step for step in steps}
-        return cls(
-            [
-                (
-                    Chain([by_name[name] for name in stage.steps]),
-                    step_batch_size(config, stage.steps[0]) if stage.uses_model else None,
-                )
-                for stage in plan_stages(config)
-            ]
-        )
+        parts: list[tuple[Process, int | None]] = []
+        for stage in plan_stages(config, runtime):
+            chain = Chain([by_name[name] for name in stage.steps], stage.given)
+            res = stage.resources
+            parts.append((chain, None if res is None else res.batch_size))
+        return cls(parts)
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         for process, size in self.parts:

@@ -1,19 +1,23 @@
 """What a synthesis run does to a record before any pixel is touched.
 
-:class:`SynthConfig` holds every option of a run; :func:`plan` turns records into work items
-(one per chosen plan and caption, with a stable key and seed) or the status saying why a record
-yields none; :func:`load_record_image` decodes a record's picture and checks it against the
-annotation. The per-item steps live in :mod:`counterfactual.stages`, the runs in
+:class:`SynthConfig` holds the options that decide a run's output and :class:`Runtime` beside
+it those that do not (device, dtype, batch sizes): only the first are in the run's fingerprint
+(:func:`fingerprint_of`), which a rerun must match to resume. :func:`plan` turns records into
+work items (one per chosen plan and caption, with a stable key and seed) or the status saying
+why a record yields none; :func:`load_record_image` decodes a record's picture and checks it
+against the annotation. The per-item steps live in :mod:`counterfactual.stages`, the runs in
 :mod:`counterfactual.runner` (in-process) and ``pipelines/`` (Ray).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import numbers
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from functools import cache
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -31,16 +35,98 @@ from counterfactual.masks import MaskConfig
 from counterfactual.records import Caption, ImageRecord, Status
 from counterfactual.selection import RemovalPlan, SelectionConfig, draw_index, select_many
 from counterfactual.shards import sample_key
-from counterfactual.text import (
-    TextConfig,
-)
+from counterfactual.text import TextConfig
 from counterfactual.verify import VerifyConfig
 
 CAPTION_CHOICES = ("one", "all")
+DTYPES = ("float32", "float16", "bfloat16")
+RUNTIME_FIELDS: dict[str, dict[str, str]] = {
+    "image": {"device": "device", "dtype": "dtype", "batch_size": "inpaint_batch_size"},
+    "text": {"device": "device", "dtype": "dtype", "batch_size": "text_batch_size"},
+    "verify": {"device": "device", "batch_size": "verify_batch_size"},
+    "detect": {"device": "device", "dtype": "dtype", "batch_size": "detect_batch_size"},
+}
+"""Per part of a :class:`SynthConfig`: the fields its backend reads its runtime from, and the
+:class:`Runtime` field that sets them in a run. The manifest records them there (as it always
+did); the fingerprint leaves them out."""
+
+Part = TypeVar("Part", ImageConfig, TextConfig, VerifyConfig, DetectConfig)
+
+
+def _whole(name: str, value: Any, low: int, high: int | None = None) -> None:
+    """``ValueError`` unless ``value`` is an int in ``[low, high]``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        where = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be a whole number {where}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """Where and in what sizes a run computes: none of it decides what a sample is, so none of
+    it is in the fingerprint and a rerun may change it. Like the device, the dtype changes the
+    floats a model computes, not what is removed or written (each sample's json records the
+    dtype its models ran in)."""
+
+    device: str = "cpu"
+    """torch device of every model step: detector, inpainter, captioner, verifier."""
+    dtype: str = "float32"
+    """Weights dtype of the detector, inpainter and captioner (the verifier stays float32)."""
+    batch_size: int = 16
+    """Items per batch of the CPU steps (decode, select, fills, encode)."""
+    inpaint_batch_size: int = 1
+    text_batch_size: int = 256
+    """Captions per captioner call (and per spaCy batch of np-removal)."""
+    detect_batch_size: int = 8
+    verify_batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, str) or not self.device.strip():
+            raise ValueError(f"device must be a torch device name, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        for name in (
+            "batch_size",
+            "inpaint_batch_size",
+            "text_batch_size",
+            "detect_batch_size",
+            "verify_batch_size",
+        ):
+            _whole(name, getattr(self, name), 1)
+
+    def part(self, name: str, part: Part) -> Part:
+        """``part``, the :class:`SynthConfig`'s part ``name``, as its backend reads it in a run:
+        with this runtime's device, dtype and batch size. ``ValueError`` when the part sets one
+        of them itself to another value: in a run they are set here only."""
+        values = {}
+        default = type(part)()
+        for own, mine in RUNTIME_FIELDS[name].items():
+            value, given = getattr(self, mine), getattr(part, own)
+            if given != getattr(default, own) and given != value:
+                raise ValueError(
+                    f"{type(part).__name__}.{own} is {given!r} but a run takes it from "
+                    f"Runtime.{mine} ({value!r}); set it there"
+                )
+            values[own] = value
+        return replace(part, **values)
+
+    def check(self, config: SynthConfig) -> None:
+        """``ValueError`` when a part of ``config`` sets a runtime field itself (see
+        :meth:`part`)."""
+        for name in RUNTIME_FIELDS:
+            part = getattr(config, name)
+            if part is not None:
+                self.part(name, part)
 
 
 @dataclass(frozen=True, slots=True)
 class SynthConfig:
+    """The options that decide a run's output (its runtime is :class:`Runtime`)."""
+
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     mask: MaskConfig = field(default_factory=MaskConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
@@ -50,29 +136,34 @@ class SynthConfig:
     detect: DetectConfig | None = None
     """Boxes from an open-vocabulary detector instead of the dataset (corpora without boxes):
     each item is then one image and caption, planned by the workers after detection."""
+    vocabulary: str | None = None
+    """Class word-list file (one class per line, first entry the class name; ``None``: COCO),
+    read by every step that names classes: np-removal, detection, caption-aware selection,
+    verification, best-of-n. A ``TextConfig.vocabulary`` given here moves to this field."""
     captions: str = "one"
     """``one``: one caption per image, drawn with the seed (as the paper); ``all``: each."""
     seed: int = 0
     images_per_shard: int = 1000
     max_pixels: int = DEFAULT_MAX_PIXELS
     jpeg_quality: int = 95
-    batch_size: int = 16
-    """Records handled together by the in-process runner."""
 
     def __post_init__(self) -> None:
         if self.captions not in CAPTION_CHOICES:
             raise ValueError(f"captions {self.captions!r} is not one of {CAPTION_CHOICES}")
-        for name in ("seed", "images_per_shard", "max_pixels", "jpeg_quality", "batch_size"):
-            value = getattr(self, name)
-            low, high = (0 if name == "seed" else 1), (100 if name == "jpeg_quality" else None)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, numbers.Integral)
-                or value < low
-                or (high is not None and value > high)
-            ):
-                where = f"in [{low}, {high}]" if high is not None else f">= {low}"
-                raise ValueError(f"{name} must be a whole number {where}, got {value!r}")
+        _whole("seed", self.seed, 0)
+        _whole("images_per_shard", self.images_per_shard, 1)
+        _whole("max_pixels", self.max_pixels, 1)
+        _whole("jpeg_quality", self.jpeg_quality, 1, 100)
+        if self.text.vocabulary is not None:  # the standalone rewriter's option, moved here
+            if self.vocabulary not in (None, self.text.vocabulary):
+                raise ValueError(
+                    f"two vocabularies: {self.vocabulary!r} and TextConfig.vocabulary "
+                    f"{self.text.vocabulary!r}; set SynthConfig.vocabulary only"
+                )
+            object.__setattr__(self, "vocabulary", self.text.vocabulary)
+            object.__setattr__(self, "text", replace(self.text, vocabulary=None))
+        if self.vocabulary is not None and not isinstance(self.vocabulary, str):
+            raise ValueError(f"vocabulary must be a file path, got {self.vocabulary!r}")
         if self.detect is not None and self.selection.policy != "uniform":
             raise ValueError(
                 f"policy {self.selection.policy!r} needs the boxes of every image before any is "
@@ -83,31 +174,75 @@ class SynthConfig:
             raise ValueError("detected objects have no segmentation; use mask source 'box'")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The options as runs record them (the vocabulary under ``text``), without the
+        runtime fields of the parts."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "vocabulary":
+                continue
+            if f.name == "text":
+                value = replace(value, vocabulary=self.vocabulary)
+            if is_dataclass(value):
+                skip = RUNTIME_FIELDS.get(f.name, {})
+                value = {k: v for k, v in asdict(value).items() if k not in skip}
+            out[f.name] = value
+        return out
+
+    def record(self, runtime: Runtime | None = None) -> dict[str, Any]:
+        """The run's config as ``manifest.json`` and the dataset card hold it: :meth:`to_dict`
+        with ``runtime`` where the backends read it (:data:`RUNTIME_FIELDS`) and its CPU batch
+        size as ``batch_size``."""
+        runtime = runtime or Runtime()
+        out = self.to_dict()
+        for name in RUNTIME_FIELDS:
+            part = getattr(self, name)
+            if part is not None:
+                run = asdict(runtime.part(name, part))
+                out[name] = {
+                    k: v if k in RUNTIME_FIELDS[name] else out[name][k] for k, v in run.items()
+                }
+        out["batch_size"] = runtime.batch_size
+        return out
 
     def fingerprint(self) -> dict[str, Any]:
-        """The options that decide a run's output; batch sizes and devices do not, nor do the
-        verification options while verification is off, nor options added later while at their
-        defaults (so runs made before they existed resume)."""
-        d = self.to_dict()
-        d.pop("batch_size")
-        if not self.verify.enabled:
-            d.pop("verify")
-        if self.detect is None:
-            d.pop("detect")
-        # options added later, left out at their defaults for the same reason
-        if not self.text.repair:
-            d["text"].pop("repair")
-        if not self.text.skip_unchanged:
-            d["text"].pop("skip_unchanged")
-        if self.image.lama_max_side == 0:
-            d["image"].pop("lama_max_side")
-        if self.image.candidates == 1:
-            d["image"].pop("candidates")
-        for part in ("image", "text", "verify", "detect"):
-            for name in ("batch_size", "device"):
-                (d.get(part) or {}).pop(name, None)
-        return d
+        """The options that decide a run's output and differ from their defaults
+        (:func:`fingerprint_of`): an option added with a default leaves it as it was."""
+        return fingerprint_of(self.to_dict())
+
+
+def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """The fingerprint of a config as a run recorded it (:meth:`SynthConfig.to_dict`,
+    :meth:`~SynthConfig.record`, or the ``run.json`` of any run since format 2, whose
+    fingerprint kept more): the runtime fields and every option at its default left out, the
+    verification options while verification is off and the detector's while there is none.
+    Two configs make the same output when their fingerprints are equal."""
+    recorded = json.loads(json.dumps(recorded))
+    defaults = _defaults()
+    out: dict[str, Any] = {}
+    for key, value in recorded.items():
+        if key == "batch_size":  # the runtime's CPU batch size, recorded at the top
+            continue
+        if key == "verify" and isinstance(value, dict) and value.get("mode", "off") == "off":
+            continue
+        if key == "detect" and value is None:
+            continue
+        if isinstance(value, dict):
+            base, skip = defaults.get(key) or {}, RUNTIME_FIELDS.get(key, {})
+            out[key] = {
+                k: v for k, v in value.items() if k not in skip and (k not in base or v != base[k])
+            }
+        elif key not in defaults or value != defaults[key]:
+            out[key] = value
+    return out
+
+
+@cache
+def _defaults() -> dict[str, Any]:
+    """:meth:`SynthConfig.to_dict` of the defaults, a default detector's options included."""
+    out = json.loads(json.dumps(SynthConfig().to_dict()))
+    out["detect"] = json.loads(json.dumps(asdict(DetectConfig())))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from counterfactual.cooccurrence import CooccurrenceStats
 from counterfactual.records import ImageRecord, Status
 from counterfactual.shards import ShardStats, ShardWriter
 from counterfactual.stages import Job, Process
-from counterfactual.synth import SynthConfig, plan
+from counterfactual.synth import Runtime, SynthConfig, plan
 
 if TYPE_CHECKING:
     from counterfactual.readers.corpus import InputPiece
@@ -204,8 +204,9 @@ class ShardMaker:
     """Make one shard from its task: read, plan, process in batches, write.
 
     ``process`` runs the steps on one batch of jobs (a :class:`~counterfactual.stages.Chain`
-    in process; on Ray the CPU steps here and the model steps on their actors).
-    ``on_batch(items)`` is called after each batch (progress).
+    in process; on Ray the CPU steps here and the model steps on their actors), of
+    ``batch_size`` jobs (:attr:`Runtime.batch_size`). ``on_batch(items)`` is called after each
+    batch (progress).
     """
 
     config: SynthConfig
@@ -213,6 +214,7 @@ class ShardMaker:
     process: Process
     node: str = ""
     on_batch: Callable[[int], None] | None = None
+    batch_size: int = Runtime().batch_size
 
     def __call__(self, task: ShardTask) -> ShardDone:
         rows = task.rows if task.piece is None else tuple(_read_piece(task.piece))
@@ -232,7 +234,7 @@ class ShardMaker:
         for row in not_drawn:
             writer.add(None, row, item=False)
         try:
-            for batch in batched(jobs, self.config.batch_size):
+            for batch in batched(jobs, self.batch_size):
                 for job in self.process(batch):
                     done = job.done()
                     writer.add(done.sample, done.status, done.seconds)

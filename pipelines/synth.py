@@ -7,9 +7,10 @@ itself), plans it, runs the steps batch by batch and writes the shard's tar and 
 file straight into OUT (a folder every node sees, or an object store), exactly as the
 in-process runner does (:class:`counterfactual.tasks.ShardMaker`): img2dataset's model.
 
-Steps that run a learned model on a GPU (diffusion inpainting, the captioner, the detector, the
-CLIP verifier) are actor pools of their own (:class:`Inpaint`, :class:`Caption`,
-:class:`Detect`, :class:`Verify`, with ``num_gpus``); the workers send them batches of decoded
+Steps that declare a learned model (:class:`~counterfactual.stages.Resources`: diffusion
+inpainting, the captioner, the detector, the CLIP verifier) on a GPU are actor pools of their
+own, one actor class per declared stage (``Inpaint``, ``Caption``, ``Detect``, ``Verify``, with
+``num_gpus``: :func:`actor_class`); the workers send them batches of decoded
 pictures through Ray's object store and go on with the CPU steps, so several workers keep a GPU
 fed. On CPU a worker runs every step itself (``--model-actors N`` makes model pools on CPU too).
 
@@ -21,6 +22,7 @@ local Ray, or joins the cluster named by ``RAY_ADDRESS`` (or ``--ray-address``);
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -47,10 +49,8 @@ from counterfactual.stages import (
     in_chunks,
     plan_stages,
     start_steps,
-    step_batch_size,
-    step_device,
 )
-from counterfactual.synth import SynthConfig
+from counterfactual.synth import Runtime, SynthConfig
 from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask
 
 
@@ -86,15 +86,16 @@ class RayOptions:
             raise ValueError(f"gpus_per_actor must be in (0, 8], got {self.gpus_per_actor}")
 
 
-def pooled(stage: Stage, config: SynthConfig, options: RayOptions) -> bool:
+def pooled(stage: Stage, options: RayOptions) -> bool:
     """Whether a stage runs on an actor pool of its own (a model on a GPU, or asked for)."""
     if not stage.uses_model:
         return False
-    return options.model_actors is not None or on_gpu(stage, config)
+    return options.model_actors is not None or on_gpu(stage)
 
 
-def on_gpu(stage: Stage, config: SynthConfig) -> bool:
-    return step_device(config, stage.steps[0]).startswith("cuda")
+def on_gpu(stage: Stage) -> bool:
+    """Whether the stage's model step declares a CUDA device."""
+    return stage.resources is not None and stage.resources.device.startswith("cuda")
 
 
 # ------------------------------------------------------------------------------ actors
@@ -104,8 +105,8 @@ class _ModelStep:
     """A model step's actor: loads its model once, runs one batch per call. A model that does
     not load is reported by :meth:`ready` (one line), not as a crash of the actor."""
 
-    def __init__(self, config: SynthConfig, steps: Sequence[str]) -> None:
-        self.chain, self.error = _build(config, steps)
+    def __init__(self, config: SynthConfig, runtime: Runtime, stage: Stage) -> None:
+        self.chain, self.error = _build(config, runtime, stage)
 
     def ready(self) -> str | None:
         return self.error
@@ -114,38 +115,20 @@ class _ModelStep:
         return self.chain(jobs)
 
 
-# One class per role, so the dashboard names them.
-class Inpaint(_ModelStep):
-    """The learned inpainter (diffusion, LaMa), one model per actor."""
+@functools.cache
+def actor_class(stage: str) -> type[_ModelStep]:
+    """The actor class of a model stage, named as the step declares it (``Inpaint``,
+    ``Caption``, ``Detect``, ``Verify``), so the dashboard names each pool."""
+    return type(stage, (_ModelStep,), {"__doc__": f"The {stage} model, one per actor."})
 
 
-class Caption(_ModelStep):
-    """The learned captioner, one model per actor."""
-
-
-class Detect(_ModelStep):
-    """The open-vocabulary detector (boxes for a corpus without them), one model per actor."""
-
-
-class Verify(_ModelStep):
-    """The counterfactual check (CLIP on the removed and kept boxes), one model per actor."""
-
-
-def _build(config: SynthConfig, names: Sequence[str]) -> tuple[Chain, str | None]:
-    """The steps ``names`` as a chain, or the one-line error of the first that cannot start
+def _build(config: SynthConfig, runtime: Runtime, stage: Stage) -> tuple[Chain, str | None]:
+    """The stage's steps as a chain, or the one-line error of the first that cannot start
     (reported by ``ready``, so the driver ends the run with it instead of a crashed actor)."""
     try:
-        return Chain(start_steps(config, names)), None
+        return Chain(start_steps(config, stage.steps, runtime=runtime), stage.given), None
     except SetupError as err:
-        return Chain([]), str(err)
-
-
-MODEL_ACTORS: dict[str, type[_ModelStep]] = {
-    "edit": Inpaint,
-    "rewrite": Caption,
-    "detect": Detect,
-    "verify": Verify,
-}
+        return Chain([], ()), str(err)
 
 
 class _RemoteStep:
@@ -181,10 +164,11 @@ class ShardWorker:
     def __init__(
         self,
         config: SynthConfig,
+        runtime: Runtime,
         out_dir: str,
         stages: Sequence[Stage],
         pools: Sequence[Sequence[str] | None],
-        batch_sizes: Sequence[int],
+        batch_sizes: Sequence[int | None],
         position: int,
     ) -> None:
         import ray
@@ -197,14 +181,16 @@ class ShardWorker:
             cv2.setNumThreads(1)
         parts: list[tuple[Process, int | None]] = []
         for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
-            if pool:  # cut into the model's batches and spread over the pool by _RemoteStep
+            if pool and size:  # cut into the model's batches, spread over the pool
                 parts.append((_RemoteStep(pool, size, position), None))
                 continue
-            chain, self.error = _build(config, stage.steps)
+            chain, self.error = _build(config, runtime, stage)
             if self.error:
                 break
-            parts.append((chain, size if stage.uses_model else None))
-        self.maker = ShardMaker(config, out_dir, Staged(parts), self.node)
+            parts.append((chain, size))
+        self.maker = ShardMaker(
+            config, out_dir, Staged(parts), self.node, batch_size=runtime.batch_size
+        )
 
     def ready(self) -> str | None:
         return self.error
@@ -280,24 +266,23 @@ class Layout:
     workers: int
 
 
-def layout_actors(
-    stages: Sequence[Stage], config: SynthConfig, options: RayOptions, cpus: float, gpus: float
-) -> Layout:
-    """Share the cluster out, or :class:`SetupError` when a stage cannot be placed."""
-    gpu_stages = [s for s in stages if pooled(s, config, options) and on_gpu(s, config)]
+def layout_actors(stages: Sequence[Stage], options: RayOptions, cpus: float, gpus: float) -> Layout:
+    """Share the cluster out, or :class:`SetupError` when a stage cannot be placed; what each
+    stage needs is what its steps declare (:class:`~counterfactual.stages.Resources`)."""
+    gpu_stages = [s for s in stages if pooled(s, options) and on_gpu(s)]
     actors, per_actor = [], []
     for stage in stages:
-        if not pooled(stage, config, options):
+        res = stage.resources
+        if res is None or not pooled(stage, options):
             actors.append(0)
             per_actor.append(0.0)
             continue
-        need = options.gpus_per_actor if on_gpu(stage, config) else 0.0
+        need = options.gpus_per_actor if on_gpu(stage) else 0.0
         if need and gpus < need:
-            device = step_device(config, stage.steps[0])
             raise SetupError(
-                f"stage {MODEL_ACTORS[stage.steps[0]].__name__} ({stage.steps[0]} on {device}) "
-                f"needs {need:g} GPU per actor but the cluster has {gpus:g} GPUs; run it with "
-                "--device cpu, or join a cluster with GPUs (RAY_ADDRESS)"
+                f"stage {res.stage} ({stage.steps[0]} on {res.device}) needs {need:g} GPU per "
+                f"actor but the cluster has {gpus:g} GPUs; run it with --device cpu, or join a "
+                "cluster with GPUs (RAY_ADDRESS)"
             )
         if options.model_actors:
             n = options.model_actors
@@ -307,8 +292,8 @@ def layout_actors(
             n = 1
         if need and n * need > gpus + 1e-9:
             raise SetupError(
-                f"stage {MODEL_ACTORS[stage.steps[0]].__name__}: {n} actors x {need:g} GPU "
-                f"exceed the cluster's {gpus:g} GPUs; lower --model-actors or --gpus-per-actor"
+                f"stage {res.stage}: {n} actors x {need:g} GPU exceed the cluster's {gpus:g} "
+                "GPUs; lower --model-actors or --gpus-per-actor"
             )
         actors.append(n)
         per_actor.append(need)
@@ -324,6 +309,7 @@ def layout_actors(
 
 def _start(
     config: SynthConfig,
+    runtime: Runtime,
     out_dir: str,
     stages: Sequence[Stage],
     layout: Layout,
@@ -336,22 +322,22 @@ def _start(
     run = uuid.uuid4().hex[:8]
     pools: list[list[Any] | None] = []
     names: list[list[str] | None] = []
-    sizes: list[int] = []
+    sizes: list[int | None] = []
     for stage, n, gpus in zip(stages, layout.model_actors, layout.gpus, strict=True):
-        step = stage.steps[0]
-        sizes.append(options.model_batch_size or step_batch_size(config, step))
-        if not n:
+        res = stage.resources
+        sizes.append(None if res is None else options.model_batch_size or res.batch_size)
+        if not n or res is None:
             pools.append(None)
             names.append(None)
             continue
-        cls = ray.remote(MODEL_ACTORS[step])
-        named = [f"cf-{run}-{step}-{i}" for i in range(n)]
+        cls = ray.remote(actor_class(res.stage))
+        named = [f"cf-{run}-{stage.steps[0]}-{i}" for i in range(n)]
         names.append(named)
         pools.append(
             [
                 cls.options(
                     name=name, num_cpus=1, num_gpus=gpus, max_restarts=3, max_task_retries=3
-                ).remote(config, stage.steps)
+                ).remote(config, runtime, stage)
                 for name in named
             ]
         )
@@ -361,7 +347,8 @@ def _start(
         num_cpus=1, max_restarts=3, max_task_retries=3, scheduling_strategy="SPREAD"
     )
     workers = [
-        worker.remote(config, out_dir, stages, names, sizes, i) for i in range(layout.workers)
+        worker.remote(config, runtime, out_dir, stages, names, sizes, i)
+        for i in range(layout.workers)
     ]
     _wait_ready(workers)
     return model_actors, workers
@@ -430,18 +417,20 @@ def run_ray(
     on_shard: Callable[[ShardDone], None] | None = None,
     progress: Progress | None = None,
     on_start: Callable[[dict[str, Any]], None] | None = None,
+    runtime: Runtime | None = None,
 ) -> RunResult:
     """Make the shards of ``inputs`` in ``out_dir`` on Ray, resuming a run of the same config.
 
     Same contract and same bytes as :func:`counterfactual.runner.run_local`. ``on_start(info)``
     hears where the run goes (address, dashboard, CPUs, GPUs, nodes) once Ray is up; a run
-    whose shards are all committed starts no Ray.
+    whose shards are all committed starts no Ray. ``runtime``: device, dtype and batch sizes,
+    as for ``run_local``.
     """
     import ray
 
-    options = options or RayOptions()
-    preflight(config)
-    stages = plan_stages(config)
+    options, runtime = options or RayOptions(), runtime or Runtime()
+    preflight(config, runtime)
+    stages = plan_stages(config, runtime)
     info: dict[str, Any] = {"skipped": "every shard was committed"}
     out = str(fs.as_path(out_dir)) if fs.is_url(out_dir) else str(Path(out_dir).resolve())
 
@@ -452,14 +441,14 @@ def run_ray(
         info.clear()
         start = time.perf_counter()
         info.update(init_ray(out_dir, options))
-        layout = layout_actors(stages, config, options, info["cpus"], info["gpus"])
+        layout = layout_actors(stages, options, info["cpus"], info["gpus"])
         info["layout"] = asdict(layout)
         info["seconds"] = {"init": round(time.perf_counter() - start, 3)}
         if on_start is not None:
             on_start(info)
         actors: list[Any] = []
         try:
-            models, workers = _start(config, out, stages, layout, options)
+            models, workers = _start(config, runtime, out, stages, layout, options)
             actors = [*models, *workers]
             info["seconds"]["actors_ready"] = round(time.perf_counter() - start, 3)
             yield from _map_unordered(workers, itertools.chain([first], tasks), options.in_flight)
@@ -478,5 +467,13 @@ def run_ray(
         }
 
     return run_shards(
-        RunInput.of(inputs, failures), out_dir, config, execute, "ray", on_shard, progress, extra
+        RunInput.of(inputs, failures),
+        out_dir,
+        config,
+        execute,
+        "ray",
+        on_shard,
+        progress,
+        extra,
+        runtime,
     )

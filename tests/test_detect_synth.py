@@ -29,7 +29,7 @@ from counterfactual.selection import (
     select_many,
 )
 from counterfactual.stages import step_order
-from counterfactual.synth import SynthConfig, load_record_image
+from counterfactual.synth import Runtime, SynthConfig, load_record_image
 from counterfactual.text import TextConfig
 from counterfactual.vocab import coco_vocabulary
 from pipelines.synth import plan_stages
@@ -173,8 +173,14 @@ def test_every_input_is_accounted_for(coco, tmp_path):
     records[1] = replace(records[1], file="gone.jpg")
     records[2] = replace(records[2], captions=())
     detector = ScriptedDetector(records[:1] + records[3:], fail_on={records[3].image_id})
-    config = SynthConfig(image=BLUR, detect=DETECT, batch_size=4)
-    result = run_local(_boxless(records), tmp_path / "out", config, detector=detector)
+    config = SynthConfig(image=BLUR, detect=DETECT)
+    result = run_local(
+        _boxless(records),
+        tmp_path / "out",
+        config,
+        detector=detector,
+        runtime=Runtime(batch_size=4),
+    )
     rows = {s.image_id: s for s in result.statuses}
     assert len(result.statuses) == len(records) == len(rows)
     assert (rows[records[1].image_id].status, rows[records[1].image_id].reason) == (
@@ -200,7 +206,15 @@ def test_rerun_resumes_and_another_detector_config_is_refused(coco, tmp_path):
     other = replace(config, detect=replace(DETECT, score_threshold=0.5))
     with pytest.raises(ValueError, match="different config"):
         run_local(_boxless(records), tmp_path / "out", other, detector=detector)
-    # the device and batch size do not change the output, so they may differ on a rerun
+    # the runtime does not change the output, so it may differ on a rerun
+    again = run_local(
+        _boxless(records),
+        tmp_path / "out",
+        config,
+        detector=detector,
+        runtime=Runtime(batch_size=2, detect_batch_size=2),
+    )
+    assert again.resumed == len(first.shards) and detector.calls == calls
     moved = replace(config, detect=replace(DETECT, device="cuda:1", batch_size=2))
     assert moved.fingerprint() == config.fingerprint()
 

@@ -303,7 +303,6 @@ def test_selection_config_ranges(field, value, message):
     [
         ({"images_per_shard": 0}, "images_per_shard must be a whole number >= 1, got 0"),
         ({"max_pixels": -5}, "max_pixels must be a whole number >= 1, got -5"),
-        ({"batch_size": 2.5}, "batch_size must be a whole number >= 1, got 2.5"),
         ({"jpeg_quality": 101}, "jpeg_quality must be a whole number in [1, 100], got 101"),
         ({"seed": -1}, "seed must be a whole number >= 0, got -1"),
     ],

@@ -268,21 +268,22 @@ def test_yaml_config_with_command_line_overrides(coco, tmp_path, capsys):
 def test_shipped_configs_are_valid(name):
     from counterfactual.cli import build_parser
     from counterfactual.cli.config import load_config
-    from counterfactual.cli.synth import build_config
+    from counterfactual.cli.synth import build_config, build_runtime
 
     path = Path(__file__).parent.parent / "pipelines" / "configs" / f"{name}.yaml"
     sub = build_parser().parse_args(["synth"]).__dict__["_subcommands"]["synth"]
     values = load_config(path, sub)
     assert values["dataset"] == name and values["runner"] == "ray"
     sub.set_defaults(**values)
-    config = build_config(sub.parse_args(["--out", "x"]))
+    args = sub.parse_args(["--out", "x"])
+    config = build_config(args)
     if name in (
         "wds",
         "parquet",
         "csv",
         "files",
     ):  # no boxes: the detector, caption-aware selection
-        assert config.detect is not None and config.detect.device == "cuda"
+        assert config.detect is not None and build_runtime(args).device == "cuda"
         assert config.text.skip_unchanged
     else:
         assert config.detect is None and not config.text.skip_unchanged
@@ -343,22 +344,23 @@ def test_stages_and_their_resources(image, text, device, expected):
     anything starts, naming the stage and the fix."""
     from counterfactual.detect import DetectConfig
     from counterfactual.image import ImageConfig
-    from counterfactual.synth import SynthConfig
+    from counterfactual.synth import Runtime, SynthConfig
     from counterfactual.text import TextConfig
-    from pipelines.synth import MODEL_ACTORS, RayOptions, SetupError, layout_actors, plan_stages
+    from pipelines.synth import RayOptions, SetupError, layout_actors, plan_stages
 
     method = ("inpaint", "diffusers") if image == "diffusers" else (image, "opencv")
-    detect = DetectConfig(device=device, batch_size=4) if text == "detector" else None
+    detect = DetectConfig() if text == "detector" else None
     config = SynthConfig(
-        image=ImageConfig(method=method[0], backend=method[1], device=device, batch_size=4),
-        text=TextConfig(method="np-removal" if detect else text, device=device),
+        image=ImageConfig(method=method[0], backend=method[1]),
+        text=TextConfig(method="np-removal" if detect else text),
         detect=detect,
     )
-    stages = plan_stages(config)
+    runtime = Runtime(device=device, inpaint_batch_size=4, detect_batch_size=4)
+    stages = plan_stages(config, runtime)
     options = RayOptions(gpus_per_actor=0.5)
-    layout = layout_actors(stages, config, options, cpus=16, gpus=4)
+    layout = layout_actors(stages, options, cpus=16, gpus=4)
     got = [
-        (MODEL_ACTORS[s.steps[0]].__name__ if n else "ShardWorker", s.steps)
+        (s.resources.stage if n else "ShardWorker", s.steps)
         for s, n in zip(stages, layout.model_actors, strict=True)
     ]
     assert got == expected
@@ -371,8 +373,8 @@ def test_stages_and_their_resources(image, text, device, expected):
     assert layout.workers == 16 - sum(layout.model_actors)  # the CPUs left, one per actor
     if models:
         with pytest.raises(SetupError, match=r"needs 0.5 GPU per actor .* 0 GPUs.*--device cpu"):
-            layout_actors(stages, config, options, cpus=16, gpus=0)
+            layout_actors(stages, options, cpus=16, gpus=0)
         with pytest.raises(SetupError, match="leave none for a shard worker"):
-            layout_actors(stages, config, RayOptions(model_actors=8), cpus=8, gpus=8)
+            layout_actors(stages, RayOptions(model_actors=8), cpus=8, gpus=8)
     with pytest.raises(ValueError, match="gpus_per_actor"):
         RayOptions(gpus_per_actor=0)

@@ -7,7 +7,7 @@ import numpy as np
 from counterfactual.image import EditRequest, ImageConfig
 from counterfactual.records import Caption, ImageRecord, ObjectAnnotation
 from counterfactual.runner import run_local
-from counterfactual.synth import SynthConfig
+from counterfactual.synth import Runtime, SynthConfig
 from counterfactual.text import RewriteRequest, RewriteResult
 
 
@@ -57,13 +57,20 @@ def records(tmp_path: Path, n: int) -> list[ImageRecord]:
 
 def test_a_model_failure_is_one_status_row_not_a_crash(tmp_path):
     recs = records(tmp_path, 5)
-    config = SynthConfig(image=ImageConfig(method="zero"), batch_size=5)
+    config = SynthConfig(image=ImageConfig(method="zero"))
     # find the seed of record 1's item, to fail exactly that one
     from counterfactual.synth import plan
 
     bad = plan(recs[1:2], config)[0][0].seed
     editor = FailingEditor(bad)
-    result = run_local(recs, tmp_path / "out", config, editor=editor, rewriter=FailingRewriter())
+    result = run_local(
+        recs,
+        tmp_path / "out",
+        config,
+        editor=editor,
+        rewriter=FailingRewriter(),
+        runtime=Runtime(batch_size=5),
+    )
     by_image = {s.image_id: (s.status, s.reason) for s in result.statuses if s.key}
     assert sum(s.reason == "not-drawn" for s in result.statuses) == 5  # dog or frisbee
     assert by_image["1"] == ("failed", "model-error")  # the editor failed on it

@@ -16,15 +16,14 @@ from counterfactual.imageio import SampleError
 from counterfactual.records import Caption, ImageRecord, ObjectAnnotation
 from counterfactual.selection import SelectionConfig
 from counterfactual.stages import (
+    PLANNED,
     Chain,
     Job,
+    Verify,
     build_steps,
-    step_batch_size,
-    step_device,
     step_order,
-    uses_model,
 )
-from counterfactual.synth import SynthConfig, plan
+from counterfactual.synth import Runtime, SynthConfig, plan
 from counterfactual.text import TextConfig
 from counterfactual.verify import (
     REMOVAL,
@@ -368,23 +367,27 @@ def test_config_fingerprint_and_step_wiring():
     assert "verify" not in off.fingerprint()  # runs made before verification existed resume
     assert SynthConfig(verify=VerifyConfig(k=3)).fingerprint() == off.fingerprint()
     rec = SynthConfig(verify=VerifyConfig(mode="record", device="cuda", batch_size=7))
-    assert rec.fingerprint()["verify"]["mode"] == "record"
-    assert "device" not in rec.fingerprint()["verify"]
+    assert rec.fingerprint() == {**off.fingerprint(), "verify": {"mode": "record"}}
     assert rec.fingerprint() == SynthConfig(verify=VerifyConfig(mode="record")).fingerprint()
     assert rec.fingerprint() != SynthConfig(verify=VerifyConfig(mode="filter")).fingerprint()
     assert step_order(off) == ("rewrite", "decode", "edit", "encode")
     assert step_order(rec) == ("rewrite", "decode", "edit", "verify", "encode")
     cap = SynthConfig(text=TextConfig(method="captioner"), verify=VerifyConfig(mode="filter"))
     assert step_order(cap) == ("decode", "edit", "rewrite", "verify", "encode")
-    assert uses_model(rec, "verify") and not uses_model(off, "verify")
-    assert step_device(rec, "verify") == "cuda" and step_device(off, "verify") == "cpu"
-    assert step_batch_size(rec, "verify") == 7
+    runtime = Runtime(device="cuda", verify_batch_size=7)
+    spec = Verify.declare(rec, runtime)
+    assert spec.uses_model and not Verify.declare(off, runtime).uses_model
+    assert (spec.resources.device, spec.resources.batch_size) == ("cuda", 7)
+    assert spec.needs == {"image", "edited", "caption", "plan"} and spec.drops == {"image"}
+    with pytest.raises(ValueError, match=r"VerifyConfig.device is 'cuda' but .* Runtime.device"):
+        Runtime().check(rec)  # in a run the device is the runtime's only
+    Runtime(device="cuda", verify_batch_size=7).check(rec)
 
     from pipelines.synth import RayOptions, layout_actors, plan_stages
 
-    stages = plan_stages(rec)
+    stages = plan_stages(rec, runtime)
     assert [s.steps for s in stages] == [("rewrite", "decode", "edit"), ("verify",), ("encode",)]
-    layout = layout_actors(stages, rec, RayOptions(), cpus=8, gpus=2)
+    layout = layout_actors(stages, RayOptions(), cpus=8, gpus=2)
     assert layout.model_actors == (0, 2, 0)  # the verifier's own pool on the GPUs
 
 
@@ -405,7 +408,7 @@ def records(tmp_path: Path, n: int, codes=None) -> list[ImageRecord]:
 def run_jobs(recs, config, verifier):
     items = [i for p in plan(recs, config) if isinstance(p, list) for i in p]
     jobs = [Job(0, k, item) for k, item in enumerate(items)]
-    return Chain(build_steps(config, verifier=verifier))(jobs)
+    return Chain(build_steps(config, verifier=verifier), PLANNED)(jobs)
 
 
 def step_config(mode, policy="all"):

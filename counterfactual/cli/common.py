@@ -52,39 +52,41 @@ gpu_share = _ranged(float, lambda v: 0 < v <= 8, "a number in (0, 8]")
 
 
 def add_selection_args(parser: argparse.ArgumentParser) -> None:
+    """The alpha rules, the policy and the seed, defaults from :class:`SelectionConfig`."""
+    default = SelectionConfig()
     g = parser.add_argument_group("selection (SPEC 1.1)")
     g.add_argument(
         "--alpha1",
         type=positive_fraction,
-        default=0.4,
+        default=default.alpha1,
         help="keep rule: a kept class's box may lie less than this fraction inside the removed "
-        "area, in (0, 1], at most alpha2 (default 0.4)",
+        f"area, in (0, 1], at most alpha2 (default {default.alpha1})",
     )
     g.add_argument(
         "--alpha2",
         type=positive_fraction,
-        default=0.8,
+        default=default.alpha2,
         help="co-removal: a class whose box lies more than this fraction inside the target's "
-        "is removed with it, in (0, 1] (default 0.8)",
+        f"is removed with it, in (0, 1] (default {default.alpha2})",
     )
     g.add_argument(
         "--alpha3",
         type=open_unit_interval,
-        default=0.7,
+        default=default.alpha3,
         help="size rule: the removed area must be less than this fraction of the picture, in "
-        "(0, 1) (default 0.7)",
+        f"(0, 1) (default {default.alpha3})",
     )
     g.add_argument(
         "--policy",
         choices=POLICIES,
-        default="uniform",
+        default=default.policy,
         help="plans kept per image: uniform (one, seeded draw), all, or spurious (the target "
         "with the highest mean PMI with the kept classes over the dataset) (default: %(default)s)",
     )
     g.add_argument(
         "--seed",
         type=nonnegative_int,
-        default=0,
+        default=default.seed,
         help="seed of every random choice, >= 0 (default: %(default)s)",
     )
 
@@ -105,12 +107,16 @@ def add_data_args(
     """The dataset options of ``synth`` (read by ``counterfactual.cli.synth.load_dataset``,
     which also needs an ``out`` attribute: the demo is written to ``OUT/demo-data``, named
     ``demo_root`` in the help). ``corpora``: also offer the box-less corpora (WebDataset,
-    Parquet, CSV, img2dataset's files) and their column options."""
+    Parquet, CSV, img2dataset's files) and their column options. Defaults: :class:`DataSpec`'s.
+    """
+    from counterfactual.readers.spec import DataSpec
+
+    default = DataSpec()
     d = parser.add_argument_group("data")
     d.add_argument(
         "--dataset",
         choices=DATASETS + CORPORA if corpora else DATASETS,
-        default="demo",
+        default=default.kind,
         help="what to read: demo (scikit-image photos with boxes, offline), coco, flickr30k"
         + (
             "; corpora without boxes: wds (WebDataset tars), parquet, csv, files "
@@ -148,7 +154,7 @@ def add_data_args(
             )
     d.add_argument(
         "--coco-set",
-        default="train2017",
+        default=default.coco_set,
         help="COCO: the image folder and annotation files' set under ROOT, e.g. val2014 "
         "(default: %(default)s)",
     )

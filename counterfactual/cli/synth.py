@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from counterfactual import fs
 from counterfactual.cli.common import (
@@ -27,12 +28,18 @@ from counterfactual.progress import Progress
 from counterfactual.readers import CORPORA
 from counterfactual.readers.spec import open_input
 from counterfactual.records import ImageRecord
-from counterfactual.synth import CAPTION_CHOICES, SynthConfig
+from counterfactual.synth import CAPTION_CHOICES, DTYPES, Runtime, SynthConfig
 from counterfactual.text import TEXT_METHODS, TextConfig
 from counterfactual.verify import VerifyConfig
 
+if TYPE_CHECKING:
+    from counterfactual.readers.spec import DataSpec
+    from counterfactual.tasks import RunInput
+    from pipelines.synth import RayOptions
+
 _IMAGE, _TEXT, _SYNTH, _VERIFY = ImageConfig(), TextConfig(), SynthConfig(), VerifyConfig()
-_DETECT = DetectConfig()
+_DETECT, _MASK, _RUNTIME = DetectConfig(), MaskConfig(), Runtime()
+"""The defaults every option below shows and falls back to."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,6 +70,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out", default=None, help="output folder or URL, e.g. s3://bucket/run (required)"
     )
     add_selection_args(p)
+    _add_box_args(p)
+    _add_image_args(p)
+    _add_text_args(p)
+    _add_verify_args(p)
+    _add_output_args(p)
+    _add_ray_args(p)
+    p.set_defaults(func=run)
+
+
+def _add_box_args(p: argparse.ArgumentParser) -> None:
     b = p.add_argument_group("boxes (an open-vocabulary detector for corpora without them)")
     b.add_argument(
         "--boxes",
@@ -112,21 +129,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--detect-batch-size",
         type=positive_int,
-        default=_DETECT.batch_size,
+        default=_RUNTIME.detect_batch_size,
         help="images per detector call (default: %(default)s)",
     )
+
+
+def _add_image_args(p: argparse.ArgumentParser) -> None:
     i = p.add_argument_group("image")
     i.add_argument(
         "--image-method",
         choices=IMAGE_METHODS,
-        default="inpaint",
+        default=_IMAGE.method,
         help="how the removed area is erased: inpaint (with --inpaint-backend), or filled with "
         "zero (black), mean (the picture's mean colour) or blur (default: %(default)s)",
     )
     i.add_argument(
         "--inpaint-backend",
         choices=INPAINT_BACKENDS,
-        default="opencv",
+        default=_IMAGE.backend,
         help="inpainter of --image-method inpaint: opencv (Telea, CPU), diffusers (a Stable "
         "Diffusion inpainting model) or lama (a TorchScript LaMa) (default: %(default)s)",
     )
@@ -145,14 +165,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     i.add_argument(
         "--device",
-        default="cpu",
+        default=_RUNTIME.device,
         help="torch device of every model step: detector, inpainter, captioner, verifier "
         "(e.g. cuda, cuda:1; default: %(default)s)",
     )
     i.add_argument(
         "--dtype",
-        default="float32",
-        choices=("float32", "float16", "bfloat16"),
+        default=_RUNTIME.dtype,
+        choices=DTYPES,
         help="weights dtype of the detector, inpainter and captioner (the verifier stays "
         "float32; default: %(default)s)",
     )
@@ -172,7 +192,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i.add_argument(
         "--inpaint-batch-size",
         type=positive_int,
-        default=_IMAGE.batch_size,
+        default=_RUNTIME.inpaint_batch_size,
         help="diffusers, lama: crops per inpainter call (default: %(default)s)",
     )
     i.add_argument(
@@ -198,14 +218,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i.add_argument(
         "--mask-source",
         choices=MASK_SOURCES,
-        default="box",
+        default=_MASK.source,
         help="box: the removed boxes; segmentation: the removed objects' polygons where the "
         "dataset has them, boxes otherwise (default: %(default)s)",
     )
     i.add_argument(
         "--dilate",
         type=nonnegative_int,
-        default=0,
+        default=_MASK.dilate,
         help="grow the mask by N pixels, >= 0; helps inpainters erase edges (default: %(default)s)",
     )
     i.add_argument(
@@ -214,11 +234,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=_IMAGE.blur_sigma,
         help="blur: Gaussian sigma in px, > 0 (default: %(default)s)",
     )
+
+
+def _add_text_args(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("text")
     t.add_argument(
         "--text-method",
         choices=TEXT_METHODS,
-        default="np-removal",
+        default=_TEXT.method,
         help="np-removal: cut the noun phrases naming removed classes; prompt: a CLIP template "
         "of the kept classes; captioner: a new caption of the edited picture; shuffle, "
         "nouns-adj: perturbed captions (default: %(default)s)",
@@ -228,8 +251,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=_TEXT.model,
         help="captioner: a Hugging Face hub id or folder (default: %(default)s)",
     )
-    t.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
-    t.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
+    t.add_argument("--spacy-model", default=_TEXT.spacy_model, help="spaCy pipeline name or path")
+    t.add_argument(
+        "--vocabulary", default=_SYNTH.vocabulary, help="class word-list file (default: COCO)"
+    )
     t.add_argument(
         "--skip-unchanged-captions",
         action=argparse.BooleanOptionalAction,
@@ -248,10 +273,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--captions-per-image",
         choices=CAPTION_CHOICES,
-        default="one",
+        default=_SYNTH.captions,
         help="one: one caption per image, drawn with --seed; all: an item per caption "
         "(default: %(default)s)",
     )
+
+
+def _add_verify_args(p: argparse.ArgumentParser) -> None:
     v = p.add_argument_group("verification (CLIP@k on the boxes, class names in the caption)")
     v.add_argument(
         "--verify",
@@ -293,9 +321,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--verify-batch-size",
         type=positive_int,
-        default=_VERIFY.batch_size,
+        default=_RUNTIME.verify_batch_size,
         help="samples per verify call, and crops per model forward pass (default: %(default)s)",
     )
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument(
         "--images-per-shard",
@@ -321,10 +352,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument(
         "--batch-size",
         type=positive_int,
-        default=_SYNTH.batch_size,
+        default=_RUNTIME.batch_size,
         help="items per batch of the CPU steps (decode, select, fills, encode) (default: "
         "%(default)s)",
     )
+
+
+def _add_ray_args(p: argparse.ArgumentParser) -> None:
+    from pipelines.synth import RayOptions  # no Ray: its options' defaults only
+
+    ray = RayOptions()
     r = p.add_argument_group("ray (with --runner ray)")
     r.add_argument("--ray-address", default=None, help="cluster to join (default: RAY_ADDRESS)")
     r.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs of a local Ray")
@@ -344,7 +381,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--gpus-per-actor",
         type=gpu_share,
-        default=1.0,
+        default=ray.gpus_per_actor,
         help="GPUs per model actor, in (0, 8]; a fraction shares one GPU (default: %(default)s)",
     )
     r.add_argument(
@@ -353,8 +390,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--in-flight",
         type=positive_int,
-        default=2,
-        help="shard tasks queued per worker (default 2)",
+        default=ray.in_flight,
+        help=f"shard tasks queued per worker (default {ray.in_flight})",
     )
     r.add_argument(
         "-v",
@@ -368,7 +405,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="do not start the Ray dashboard (local Ray)",
     )
-    p.set_defaults(func=run)
 
 
 def demo_root(args: argparse.Namespace) -> str:
@@ -394,65 +430,99 @@ def detected_boxes(args: argparse.Namespace) -> bool:
 
 
 def build_config(args: argparse.Namespace) -> SynthConfig:
-    detect = None
-    if detected_boxes(args):
-        detect = DetectConfig(
-            model=args.detector_model,
-            score_threshold=args.detect_threshold,
-            nms_iou=args.detect_nms_iou,
-            queries=args.detect_queries,
-            template=args.detect_template,
-            max_detections=args.detect_max,
-            device=args.device,
-            dtype=args.dtype,
-            batch_size=args.detect_batch_size,
-        )
-    skip_unchanged = args.skip_unchanged_captions
-    if skip_unchanged is None:
-        skip_unchanged = detect is not None and args.text_method == "np-removal"
+    """The options that decide the output (:class:`SynthConfig`)."""
+    detect = _detect_config(args) if detected_boxes(args) else None
     return SynthConfig(
         selection=selection_config(args),
         mask=MaskConfig(source=args.mask_source, dilate=args.dilate),
-        image=ImageConfig(
-            method=args.image_method,
-            backend=args.inpaint_backend,
-            model=args.inpaint_model,
-            device=args.device,
-            dtype=args.dtype,
-            steps=args.steps,
-            resolution=args.resolution,
-            batch_size=args.inpaint_batch_size,
-            prompt=args.prompt,
-            negative_prompt=args.negative_prompt,
-            blur_sigma=args.blur_sigma,
-            lama_max_side=args.lama_max_side,
-            candidates=args.candidates,
-        ),
-        text=TextConfig(
-            method=args.text_method,
-            spacy_model=args.spacy_model,
-            repair=args.repair_captions,
-            skip_unchanged=skip_unchanged,
-            vocabulary=default_vocabulary(args),
-            model=args.captioner_model,
-            device=args.device,
-            dtype=args.dtype,
-        ),
-        verify=VerifyConfig(
-            mode="filter" if args.filter else "record" if args.verify else "off",
-            model=args.verify_model,
-            k=args.verify_k,
-            retention_k=args.verify_retention_k,
-            text_check=args.verify_text,
-            device=args.device,
-            batch_size=args.verify_batch_size,
-        ),
+        image=_image_config(args),
+        text=_text_config(args, detect),
+        verify=_verify_config(args),
         detect=detect,
+        vocabulary=default_vocabulary(args),
         captions=args.captions_per_image,
         seed=args.seed,
         images_per_shard=args.images_per_shard,
         max_pixels=args.max_pixels,
+    )
+
+
+def build_runtime(args: argparse.Namespace) -> Runtime:
+    """Where and in what sizes the run computes (:class:`Runtime`): none of it changes the
+    output."""
+    return Runtime(
+        device=args.device,
+        dtype=args.dtype,
         batch_size=args.batch_size,
+        inpaint_batch_size=args.inpaint_batch_size,
+        detect_batch_size=args.detect_batch_size,
+        verify_batch_size=args.verify_batch_size,
+    )
+
+
+def _detect_config(args: argparse.Namespace) -> DetectConfig:
+    return DetectConfig(
+        model=args.detector_model,
+        score_threshold=args.detect_threshold,
+        nms_iou=args.detect_nms_iou,
+        queries=args.detect_queries,
+        template=args.detect_template,
+        max_detections=args.detect_max,
+    )
+
+
+def _image_config(args: argparse.Namespace) -> ImageConfig:
+    return ImageConfig(
+        method=args.image_method,
+        backend=args.inpaint_backend,
+        model=args.inpaint_model,
+        steps=args.steps,
+        resolution=args.resolution,
+        prompt=args.prompt,
+        negative_prompt=args.negative_prompt,
+        blur_sigma=args.blur_sigma,
+        lama_max_side=args.lama_max_side,
+        candidates=args.candidates,
+    )
+
+
+def _text_config(args: argparse.Namespace, detect: DetectConfig | None) -> TextConfig:
+    skip_unchanged = args.skip_unchanged_captions
+    if skip_unchanged is None:  # on for corpora, whose caption is the only text
+        skip_unchanged = detect is not None and args.text_method == "np-removal"
+    return TextConfig(
+        method=args.text_method,
+        spacy_model=args.spacy_model,
+        repair=args.repair_captions,
+        skip_unchanged=skip_unchanged,
+        model=args.captioner_model,
+    )
+
+
+def _verify_config(args: argparse.Namespace) -> VerifyConfig:
+    return VerifyConfig(
+        mode="filter" if args.filter else "record" if args.verify else "off",
+        model=args.verify_model,
+        k=args.verify_k,
+        retention_k=args.verify_retention_k,
+        text_check=args.verify_text,
+    )
+
+
+def ray_options(args: argparse.Namespace) -> RayOptions:
+    """How ``--runner ray`` spreads the work (:class:`pipelines.synth.RayOptions`)."""
+    from pipelines.synth import RayOptions
+
+    return RayOptions(
+        cpu_actors=args.cpu_actors,
+        model_actors=args.model_actors,
+        gpus_per_actor=args.gpus_per_actor,
+        model_batch_size=args.model_batch_size,
+        address=args.ray_address,
+        num_cpus=args.num_cpus,
+        dashboard=args.dashboard,
+        in_flight=args.in_flight,
+        verbose=args.verbose,
     )
 
 
@@ -473,7 +543,7 @@ def check_vocabulary(records: Sequence[ImageRecord], vocabulary: str | None) -> 
 def run(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ValueError("--out is required (on the command line or in --config)")
-    config = build_config(args)
+    config, runtime = build_config(args), build_runtime(args)
     from counterfactual.run import check_out_dir
 
     check_out_dir(args.out)  # before the input is read: a bad OUT fails in a second
@@ -481,46 +551,52 @@ def run(args: argparse.Namespace) -> int:
     inputs = open_input(spec, config.images_per_shard)
     records = inputs.records if isinstance(inputs.records, Sequence) else ()
     if config.verify.enabled and records:
-        check_vocabulary(records, config.text.vocabulary)
+        check_vocabulary(records, config.vocabulary)
+    print(f"{spec.kind}: {_describe(inputs, spec)} -> {args.out} ({args.runner})", file=sys.stderr)
+    progress = Progress(inputs.image_count(), inputs.shard_count(config) or 0, unit=inputs.unit)
+    if args.runner == "ray":
+        from pipelines.synth import run_ray
+
+        result = run_ray(
+            inputs,
+            args.out,
+            config,
+            ray_options(args),
+            progress=progress,
+            on_start=_started,
+            runtime=runtime,
+        )
+    else:
+        from counterfactual.runner import run_local
+
+        result = run_local(inputs, args.out, config, progress=progress, runtime=runtime)
+    if args.contact_sheet:
+        _write_contact_sheet(args.out, records, args.contact_sheet)
+    from counterfactual.run import summary_table
+
+    print(summary_table(result))
+    return 0
+
+
+def _describe(inputs: RunInput, spec: DataSpec) -> str:
+    """What the run reads, for the line printed before it starts."""
     total, failed = inputs.image_count(), len(inputs.failures)
     what = f"{total:,} {inputs.unit}" if total is not None else f"{inputs.unit} to be counted"
     if inputs.pieces is not None:
         what += f" in {len(inputs.pieces):,} pieces of {spec.root}"
     if failed:
         what += f" ({failed:,} failed already in the reader: see status.jsonl)"
-    print(f"{spec.kind}: {what} -> {args.out} ({args.runner})", file=sys.stderr)
-    progress = Progress(total, inputs.shard_count(config) or 0, unit=inputs.unit)
-    if args.runner == "ray":
-        from pipelines.synth import RayOptions, run_ray
+    return what
 
-        options = RayOptions(
-            cpu_actors=args.cpu_actors,
-            model_actors=args.model_actors,
-            gpus_per_actor=args.gpus_per_actor,
-            model_batch_size=args.model_batch_size,
-            address=args.ray_address,
-            num_cpus=args.num_cpus,
-            dashboard=args.dashboard,
-            in_flight=args.in_flight,
-            verbose=args.verbose,
-        )
-        result = run_ray(inputs, args.out, config, options, progress=progress, on_start=_started)
-    else:
-        from counterfactual.runner import run_local
 
-        result = run_local(inputs, args.out, config, progress=progress)
-    if args.contact_sheet:
-        from counterfactual.contact_sheet import contact_sheet, sheet_rows
+def _write_contact_sheet(out: str, records: Sequence[ImageRecord], rows: int) -> None:
+    from counterfactual.contact_sheet import contact_sheet, sheet_rows
 
-        by_id = {r.image_id: r for r in records}
-        rows = sheet_rows(args.out, by_id, args.contact_sheet)
-        if rows:
-            sheet = contact_sheet(rows, fs.join(args.out, "contact_sheet.png"))
-            print(f"contact sheet: {sheet}", file=sys.stderr)
-    from counterfactual.run import summary_table
-
-    print(summary_table(result))
-    return 0
+    by_id = {r.image_id: r for r in records}
+    found = sheet_rows(out, by_id, rows)
+    if found:
+        sheet = contact_sheet(found, fs.join(out, "contact_sheet.png"))
+        print(f"contact sheet: {sheet}", file=sys.stderr)
 
 
 def _started(info: dict) -> None:

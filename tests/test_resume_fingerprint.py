@@ -1,0 +1,187 @@
+"""Settings split from the runtime: the fingerprint holds only the options that decide the output
+and differ from their defaults, the manifest still records the whole config as before, and runs
+made before the split still resume.
+
+``format2_configs.json`` was written by the code before the split (commit cdbd644) for the
+configs below: each one's ``run.json`` fingerprint and its ``manifest.json`` config."""
+
+import json
+from pathlib import Path
+
+import pytest
+from test_stages import records
+
+from counterfactual.cli import build_parser
+from counterfactual.cli.synth import build_config, build_runtime
+from counterfactual.detect import DetectConfig
+from counterfactual.image import ImageConfig
+from counterfactual.run import RUN_FILE
+from counterfactual.runner import run_local
+from counterfactual.synth import Runtime, SynthConfig, fingerprint_of
+from counterfactual.text import TextConfig
+from counterfactual.verify import VerifyConfig
+
+OLD = json.loads((Path(__file__).parent / "format2_configs.json").read_text())["cases"]
+ROOT = ["--dataset", "coco", "--root", "/tmp/r"]
+CLI = {
+    "cli-coco-defaults": ROOT,
+    "cli-blur-prompt": [
+        *ROOT,
+        *("--image-method", "blur", "--text-method", "prompt", "--captions-per-image", "all"),
+        *("--seed", "3", "--batch-size", "4"),
+    ],
+    "cli-verify": [
+        *ROOT,
+        *("--verify", "--verify-k", "3", "--device", "cuda", "--verify-batch-size", "7"),
+    ],
+    "cli-wds-detect": [
+        *("--dataset", "wds", "--root", "/tmp/r", "--detector-model", "owl"),
+        *("--detect-threshold", "0.3"),
+    ],
+    "cli-repair": [
+        *ROOT,
+        *("--repair-captions", "--vocabulary", "words.txt", "--skip-unchanged-captions"),
+    ],
+    "cli-diffusers": [
+        *ROOT,
+        *("--inpaint-backend", "diffusers", "--candidates", "3", "--dtype", "float16"),
+        *("--device", "cuda", "--steps", "20", "--inpaint-batch-size", "4"),
+    ],
+    "cli-lama": [
+        *ROOT,
+        *("--inpaint-backend", "lama", "--inpaint-model", "big-lama.pt"),
+        *("--lama-max-side", "512"),
+    ],
+    "cli-selection": [
+        *ROOT,
+        *("--policy", "spurious", "--alpha1", "0.3", "--mask-source", "segmentation"),
+        *("--dilate", "4", "--images-per-shard", "10", "--max-pixels", "1000", "--filter"),
+    ],
+}
+LIBRARY = {
+    "library-defaults": (SynthConfig(), Runtime()),
+    "library-mixed": (
+        SynthConfig(
+            image=ImageConfig(method="zero"),
+            text=TextConfig(method="captioner", model="blip"),
+            verify=VerifyConfig(mode="record"),
+            jpeg_quality=90,
+        ),
+        Runtime(device="cuda", inpaint_batch_size=3, verify_batch_size=7, batch_size=5),
+    ),
+}
+SAME = {"library-defaults": "cli-coco-defaults", "cli-coco-defaults": "library-defaults"}
+"""Cases that are one config (the CLI's defaults are the library's)."""
+
+
+def now(name: str) -> tuple[SynthConfig, Runtime]:
+    """The case's config and runtime as this code builds them."""
+    if name in LIBRARY:
+        return LIBRARY[name]
+    args = build_parser().parse_args(["synth", "--out", "/tmp/x", *CLI[name]])
+    return build_config(args), build_runtime(args)
+
+
+def test_every_case_is_covered():
+    assert set(OLD) == set(CLI) | set(LIBRARY)
+
+
+@pytest.mark.parametrize("name", sorted(OLD))
+def test_the_manifest_records_the_config_as_before(name):
+    config, runtime = now(name)
+    recorded = config.record(runtime)
+    assert json.dumps(recorded) == json.dumps(OLD[name]["recorded"])  # same keys, same order
+
+
+@pytest.mark.parametrize("name", sorted(OLD))
+def test_an_old_fingerprint_is_recognised_and_only_by_its_config(name):
+    old = OLD[name]["fingerprint"]
+    assert old["format"] == 2
+    for other in OLD:
+        config, _ = now(other)
+        same = fingerprint_of(old["config"]) == config.fingerprint()
+        assert same == (other in (name, SAME.get(name))), other
+
+
+def test_the_fingerprint_holds_only_what_differs_from_the_defaults():
+    assert SynthConfig().fingerprint() == {"selection": {}, "mask": {}, "image": {}, "text": {}}
+    config, runtime = now("cli-diffusers")
+    assert config.fingerprint()["image"] == {"backend": "diffusers", "steps": 20, "candidates": 3}
+    wds, _ = now("cli-wds-detect")
+    assert wds.fingerprint()["detect"] == {"model": "owl", "score_threshold": 0.3}
+    assert wds.fingerprint()["text"] == {"skip_unchanged": True}
+    # a detector at its defaults is still a detector
+    assert SynthConfig(detect=DetectConfig()).fingerprint()["detect"] == {}
+    # the runtime is nowhere in it, and the record and the fingerprint agree
+    assert fingerprint_of(config.record(runtime)) == config.fingerprint()
+    assert fingerprint_of(config.record(Runtime())) == config.fingerprint()
+
+
+def test_an_option_added_with_its_default_leaves_old_fingerprints_as_they_were():
+    """What the hand-kept pop-list did for repair, skip_unchanged, lama_max_side and
+    candidates, the defaults do for any option: an old record that lacks a key reads as its
+    default."""
+    old = OLD["cli-coco-defaults"]["fingerprint"]["config"]
+    for part, key in (("text", "repair"), ("text", "skip_unchanged"), ("image", "candidates")):
+        assert key not in old[part]
+    assert fingerprint_of(old) == SynthConfig().fingerprint()
+    trimmed = {k: v for k, v in old.items() if k != "image"}
+    assert fingerprint_of({**trimmed, "image": {}}) == SynthConfig().fingerprint()
+    assert fingerprint_of({**old, "image": {"new_option": 1}}) != SynthConfig().fingerprint()
+
+
+def test_the_vocabulary_is_one_setting():
+    moved = SynthConfig(text=TextConfig(vocabulary="words.txt"))
+    assert moved == SynthConfig(vocabulary="words.txt") and moved.text.vocabulary is None
+    assert moved.record()["text"]["vocabulary"] == "words.txt"  # where the manifest kept it
+    with pytest.raises(ValueError, match="two vocabularies"):
+        SynthConfig(vocabulary="a.txt", text=TextConfig(vocabulary="b.txt"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 2.5}, "batch_size must be a whole number >= 1, got 2.5"),
+        ({"inpaint_batch_size": 0}, "inpaint_batch_size must be a whole number >= 1, got 0"),
+        ({"verify_batch_size": True}, "verify_batch_size must be a whole number >= 1"),
+        ({"dtype": "float64"}, "dtype 'float64' is not one of float32, float16, bfloat16"),
+        ({"device": " "}, "device must be a torch device name"),
+    ],
+)
+def test_runtime_ranges(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        Runtime(**kwargs)
+    assert str(err.value).startswith(message)
+
+
+def test_a_part_that_sets_its_own_runtime_is_refused_in_a_run(tmp_path):
+    config = SynthConfig(image=ImageConfig(method="blur", device="cuda"))
+    with pytest.raises(ValueError, match=r"ImageConfig.device is 'cuda' .* Runtime.device"):
+        run_local(records(tmp_path, 1), tmp_path / "out", config)
+    # the same value as the runtime's is no conflict (a detector config written for a run)
+    Runtime(device="cuda").check(config)
+    Runtime().check(SynthConfig(detect=DetectConfig(device="cpu", dtype="float32")))
+
+
+def _run(tmp_path: Path, config: SynthConfig, runtime: Runtime | None = None):
+    return run_local(records(tmp_path, 4), tmp_path / "out", config, runtime=runtime)
+
+
+def test_a_run_made_before_the_split_resumes(tmp_path):
+    """A run whose run.json holds the fingerprint the code before the split wrote: the rerun
+    keeps its shards, and one with another config is refused as before."""
+    config, runtime = now("cli-blur-prompt")
+    first = _run(tmp_path, config, runtime)
+    run_file = tmp_path / "out" / RUN_FILE
+    assert json.loads(run_file.read_text()) == {"format": 2, "config": config.fingerprint()}
+    run_file.write_text(json.dumps(OLD["cli-blur-prompt"]["fingerprint"], indent=1))
+    status = (tmp_path / "out" / "status.jsonl").read_text()
+    again = _run(tmp_path, config, Runtime(batch_size=3))  # the runtime may change
+    assert again.resumed == len(first.shards) == 1 and again.items_run == 0
+    assert (tmp_path / "out" / "status.jsonl").read_text() == status
+    assert json.loads(run_file.read_text()) == OLD["cli-blur-prompt"]["fingerprint"]  # kept
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["config"]["batch_size"] == 3 and len(manifest["runs"]) == 2
+    other = SynthConfig(image=config.image, text=config.text, captions="all", seed=4)
+    with pytest.raises(ValueError, match="different config"):
+        _run(tmp_path, other, runtime)
