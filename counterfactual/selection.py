@@ -15,7 +15,6 @@ class does not count towards ``C``) and is listed in ``ignored``.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
 from collections.abc import Collection, Iterable, Sequence
@@ -27,6 +26,7 @@ import numpy as np
 
 from counterfactual.boxtable import BoxTable
 from counterfactual.cooccurrence import CooccurrenceStats
+from counterfactual.draws import draw_index
 from counterfactual.geometry import class_cells
 from counterfactual.records import ImageRecord
 
@@ -50,10 +50,10 @@ class SelectionConfig:
     alpha2: float = 0.8
     alpha3: float = 0.7
     policy: str = "uniform"
-    """``uniform``: one valid plan per image, drawn with ``seed``; ``all``: every valid plan;
+    """``uniform``: one valid plan per image, drawn with the seed; ``all``: every valid plan;
     ``spurious``: the valid plan whose target co-occurs most over-proportionally with its kept
-    classes over the dataset (see :func:`select_many`), ties drawn with ``seed``."""
-    seed: int = 0
+    classes over the dataset (see :func:`select_many`), ties drawn with the seed. The seed is
+    the run's (``SynthConfig.seed``), passed to :func:`select_many`."""
 
     def __post_init__(self) -> None:
         # alpha1 = 0 or alpha3 = 0 refuse every plan, alpha3 >= 1 switches the size rule off
@@ -71,12 +71,6 @@ class SelectionConfig:
             raise ValueError(f"alpha1 ({self.alpha1}) must not exceed alpha2 ({self.alpha2})")
         if self.policy not in POLICIES:
             raise ValueError(f"policy {self.policy!r} is not one of {POLICIES}")
-        if (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, numbers.Integral)
-            or self.seed < 0
-        ):
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,13 +412,6 @@ def candidates(record: ImageRecord, config: SelectionConfig) -> Selection:
     return candidates_many([record], config)[0]
 
 
-def draw_index(seed: int, key: str, n: int) -> int:
-    """A reproducible uniform draw in ``range(n)`` from ``seed`` and ``key``, independent of
-    the order or process in which images are handled."""
-    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % n
-
-
 def spurious_score(pmis: Iterable[float]) -> float:
     """The ``spurious`` policy's score of a plan: the mean PMI of its target with each kept
     class (``-inf`` when there are none, which a valid plan never has)."""
@@ -473,9 +460,12 @@ def select_table(
     config: SelectionConfig,
     stats: CooccurrenceStats | None = None,
     targets: Sequence[Collection[str] | None] | None = None,
+    seed: int = 0,
 ) -> list[Selection]:
     """:func:`select_many` on the images of a :class:`BoxTable` (one selection per image, in
     table order)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     pmi = None
     if config.policy == "spurious":
         pmi = _PMILookup(stats if stats is not None else CooccurrenceStats.from_table(table))
@@ -505,10 +495,10 @@ def select_table(
             valid = limited
         evidence, picked = None, valid
         if config.policy == "uniform":
-            picked = [valid[draw_index(config.seed, ident, len(valid))]]
+            picked = [valid[draw_index(seed, ident, len(valid))]]
         elif pmi is not None:
             removed = chunk.removed[j].tolist()
-            pick, evidence = _spurious_pick(ident, names, removed, valid, pmi, config.seed)
+            pick, evidence = _spurious_pick(ident, names, removed, valid, pmi, seed)
             picked = [pick]
         others = tuple(names[r] for r in valid if r not in picked)
         chosen.append((i, picked, others, evidence))
@@ -526,8 +516,10 @@ def select_many(
     config: SelectionConfig,
     stats: CooccurrenceStats | None = None,
     targets: Sequence[Collection[str] | None] | None = None,
+    seed: int = 0,
 ) -> list[Selection]:
-    """Apply the rules and the policy to each record: ``plans`` holds the chosen valid plans.
+    """Apply the rules and the policy to each record: ``plans`` holds the chosen valid plans;
+    ``seed`` (the run's) keys the draws.
 
     Only chosen plans are built (use :func:`candidates` for the evidence of every candidate).
     Images are evaluated together, so a batch is much faster than one call per image.
@@ -548,14 +540,17 @@ def select_many(
     ``sum`` favours targets with many kept classes; the mean compares plans that keep different
     numbers of classes fairly. ``stats`` is ignored by the other policies.
     """
-    return select_table(BoxTable.from_records(records), config, stats, targets)
+    return select_table(BoxTable.from_records(records), config, stats, targets, seed)
 
 
 def select(
-    record: ImageRecord, config: SelectionConfig, stats: CooccurrenceStats | None = None
+    record: ImageRecord,
+    config: SelectionConfig,
+    stats: CooccurrenceStats | None = None,
+    seed: int = 0,
 ) -> Selection:
     """:func:`select_many` for one record (pass the dataset's ``stats`` for ``spurious``)."""
-    return select_many([record], config, stats)[0]
+    return select_many([record], config, stats, seed=seed)[0]
 
 
 __all__: Sequence[str] = (

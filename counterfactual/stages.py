@@ -563,7 +563,7 @@ class Select:
         self, config: SynthConfig, backend: None = None, runtime: Runtime | None = None
     ) -> None:
         self.spec = self.declare(config)
-        self.config = config.selection
+        self.config, self.seed = config.selection, config.seed
         self.vocabulary = None
         if config.text.skip_unchanged:
             self.vocabulary = load_vocabulary(config.vocabulary)
@@ -576,7 +576,7 @@ class Select:
             targets = [self.vocabulary.mentioned(job.item.caption.text) for job in todo]
         records = [job.item.record for job in todo]
         for job, chosen in zip(
-            todo, select_many(records, self.config, targets=targets), strict=True
+            todo, select_many(records, self.config, targets=targets, seed=self.seed), strict=True
         ):
             if not chosen.plans:
                 detail = ""

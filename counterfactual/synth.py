@@ -11,7 +11,6 @@ against the annotation. The per-item steps live in :mod:`counterfactual.stages`,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import numbers
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ import numpy as np
 
 from counterfactual.cooccurrence import CooccurrenceStats
 from counterfactual.detect import DetectConfig
+from counterfactual.draws import draw_index, item_seed
 from counterfactual.image import ImageConfig
 from counterfactual.imageio import (
     DEFAULT_MAX_PIXELS,
@@ -33,7 +33,7 @@ from counterfactual.imageio import (
 )
 from counterfactual.masks import MaskConfig
 from counterfactual.records import Caption, ImageRecord, Status
-from counterfactual.selection import RemovalPlan, SelectionConfig, draw_index, select_many
+from counterfactual.selection import RemovalPlan, SelectionConfig, select_many
 from counterfactual.shards import sample_key
 from counterfactual.text import TextConfig
 from counterfactual.verify import VerifyConfig
@@ -186,6 +186,8 @@ class SynthConfig:
             if is_dataclass(value):
                 skip = RUNTIME_FIELDS.get(f.name, {})
                 value = {k: v for k, v in asdict(value).items() if k not in skip}
+            if f.name == "selection":  # runs recorded the seed that drew targets here
+                value["seed"] = self.seed
             out[f.name] = value
         return out
 
@@ -263,11 +265,6 @@ class WorkItem:
 NO_CAPTION = Caption("none", "")
 
 
-def item_seed(seed: int, key: str) -> int:
-    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
 def plan(
     records: Sequence[ImageRecord],
     config: SynthConfig,
@@ -284,7 +281,7 @@ def plan(
         return [_unplanned_items(record, config) for record in records]
     out: list[list[WorkItem] | Status] = []
     for record, selection in zip(
-        records, select_many(records, config.selection, stats), strict=True
+        records, select_many(records, config.selection, stats, seed=config.seed), strict=True
     ):
         if not_drawn is not None:
             not_drawn.extend(

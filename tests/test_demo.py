@@ -203,7 +203,7 @@ def test_multi_plan_removes_what_lies_inside_the_target(dataset: Dataset) -> Non
 
 def test_select_keeps_one_valid_plan_per_image(dataset: Dataset) -> None:
     for r in dataset.records:
-        sel = select(r, SelectionConfig(seed=3))
+        sel = select(r, SelectionConfig(), seed=3)
         if r.file in ("chelsea.jpg", "rocket.jpg"):
             assert sel.plans == () and sel.reason == "fewer-than-two-classes"
         else:

@@ -287,7 +287,6 @@ def test_unknown_option_names_the_subcommand(capsys):
         ("alpha3", 1.0, "alpha3 must be in (0, 1), got 1.0"),
         ("alpha3", float("nan"), "alpha3 must be in (0, 1), got nan"),
         ("alpha1", "high", "alpha1 must be a number in (0, 1], got 'high'"),
-        ("seed", -1, "seed must be an int >= 0, got -1"),
     ],
 )
 def test_selection_config_ranges(field, value, message):
@@ -296,6 +295,13 @@ def test_selection_config_ranges(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         SelectionConfig(**{field: value})
     SelectionConfig(alpha1=1.0, alpha2=1.0, alpha3=0.999)  # the edges that stay meaningful
+
+
+def test_selection_seed_range():
+    from counterfactual.selection import SelectionConfig, select_many
+
+    with pytest.raises(ValueError, match=r"seed must be an int >= 0, got -1"):
+        select_many([], SelectionConfig(), seed=-1)
 
 
 @pytest.mark.parametrize(

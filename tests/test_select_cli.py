@@ -36,13 +36,13 @@ def instances(path, n=300, seed=0, string_ids=()):
     return path
 
 
-def one_at_a_time(path, config, rejected):
+def one_at_a_time(path, config, rejected, seed=0):
     """What `select` wrote before it used the batched rules (ids then were strings)."""
     records = read_coco(path, None, path.parent).records
     stats = CooccurrenceStats.from_records(records)  # spurious: PMI over the whole file
     rows = []
     for record in records:
-        rows += [p.to_dict() for p in select(record, config, stats).plans]
+        rows += [p.to_dict() for p in select(record, config, stats, seed=seed).plans]
         if rejected:
             rows += [c.to_dict() for c in candidates(record, config).candidates if not c.valid]
     return rows
@@ -61,11 +61,8 @@ def test_same_plans_as_one_image_at_a_time_with_integer_ids(tmp_path, capsys, mo
     out = tmp_path / "plans.jsonl"
     assert main(["select", "--annotations", str(path), "--out", str(out), *args]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    config = SelectionConfig(
-        policy=args[1] if args[:1] == ["--policy"] else "uniform",
-        seed=2 if "--seed" in args else 0,
-    )
-    expected = one_at_a_time(path, config, "--rejected" in args)
+    config = SelectionConfig(policy=args[1] if args[:1] == ["--policy"] else "uniform")
+    expected = one_at_a_time(path, config, "--rejected" in args, seed=2 if "--seed" in args else 0)
     assert rows and all(type(r["image_id"]) is int for r in rows)
     for row in expected:
         row["image_id"] = int(row["image_id"])

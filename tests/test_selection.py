@@ -182,21 +182,21 @@ def test_policy_all_and_uniform():
         "c",
     ]
     counts = Counter(
-        select(rec(objects, image_id=str(i)), SelectionConfig(seed=3)).plans[0].target
+        select(rec(objects, image_id=str(i)), SelectionConfig(), seed=3).plans[0].target
         for i in range(3000)
     )
     assert set(counts) == {"a", "b", "c"} and all(900 < n < 1100 for n in counts.values())
     # reproducible, and the seed matters
     first = [
-        select(rec(objects, image_id=str(i)), SelectionConfig(seed=3)).plans[0].target
+        select(rec(objects, image_id=str(i)), SelectionConfig(), seed=3).plans[0].target
         for i in range(50)
     ]
     again = [
-        select(rec(objects, image_id=str(i)), SelectionConfig(seed=3)).plans[0].target
+        select(rec(objects, image_id=str(i)), SelectionConfig(), seed=3).plans[0].target
         for i in range(50)
     ]
     other = [
-        select(rec(objects, image_id=str(i)), SelectionConfig(seed=4)).plans[0].target
+        select(rec(objects, image_id=str(i)), SelectionConfig(), seed=4).plans[0].target
         for i in range(50)
     ]
     assert first == again and first != other

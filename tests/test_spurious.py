@@ -103,10 +103,10 @@ def test_ties_are_a_seeded_draw_among_the_tied_plans():
     pair = [rec(str(i), ["cat", "dog"]) for i in range(12)] + [rec("x", ["cat", "bird"])]
     seen = set()
     for seed in range(4):
-        config = SelectionConfig(policy="spurious", seed=seed)
-        picks = [s.plans[0].target for s in select_many(pair, config)]
+        config = SelectionConfig(policy="spurious")
+        picks = [s.plans[0].target for s in select_many(pair, config, seed=seed)]
         assert picks[:12] == [["cat", "dog"][draw_index(seed, str(i), 2)] for i in range(12)]
-        assert picks == [s.plans[0].target for s in select_many(pair, config)]  # stable
+        assert picks == [s.plans[0].target for s in select_many(pair, config, seed=seed)]
         seen.update(picks[:12])
     assert seen == {"cat", "dog"}
 

@@ -289,3 +289,27 @@ def test_every_valid_plan_has_a_row_even_when_not_drawn(coco, tmp_path, run):
     uniform = read_status(tmp_path)
     assert any(r["reason"] == "not-drawn" for r in uniform)
     assert plan_rows(uniform, {"not-drawn"}) == plan_rows(read_status(run), set())
+
+
+def test_one_seed_draws_the_targets_and_the_rest(tmp_path):
+    """`SynthConfig.seed` alone decides the draws: the targets (the selection takes it), the
+    captions and each sample's seed; and the manifest still records it under `selection`."""
+    from counterfactual.generate import generate_coco
+    from counterfactual.readers.coco import read_coco
+    from counterfactual.selection import SelectionConfig, select_many
+    from counterfactual.synth import SynthConfig, plan
+
+    files = generate_coco(tmp_path / "coco", 60, seed=2, write_images=False)
+    records = read_coco(files.instances, files.captions, files.images).records
+
+    def targets(seed):
+        items = [
+            i for row in plan(records, SynthConfig(seed=seed)) if isinstance(row, list) for i in row
+        ]
+        return [(i.record.image_id, i.plan.target) for i in items]
+
+    for seed in (0, 7):
+        drawn = select_many(records, SelectionConfig(), seed=seed)
+        assert targets(seed) == [(s.image_id, s.plans[0].target) for s in drawn if s.plans]
+    assert targets(7) != targets(0)
+    assert SynthConfig(seed=7).to_dict()["selection"]["seed"] == 7

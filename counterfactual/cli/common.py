@@ -52,7 +52,10 @@ gpu_share = _ranged(float, lambda v: 0 < v <= 8, "a number in (0, 8]")
 
 
 def add_selection_args(parser: argparse.ArgumentParser) -> None:
-    """The alpha rules, the policy and the seed, defaults from :class:`SelectionConfig`."""
+    """The alpha rules, the policy and the seed, defaults from :class:`SelectionConfig` and
+    (the seed) :class:`~counterfactual.synth.SynthConfig`."""
+    from counterfactual.synth import SynthConfig
+
     default = SelectionConfig()
     g = parser.add_argument_group("selection (SPEC 1.1)")
     g.add_argument(
@@ -86,7 +89,7 @@ def add_selection_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--seed",
         type=nonnegative_int,
-        default=default.seed,
+        default=SynthConfig().seed,
         help="seed of every random choice, >= 0 (default: %(default)s)",
     )
 
@@ -97,7 +100,6 @@ def selection_config(args: argparse.Namespace) -> SelectionConfig:
         alpha2=args.alpha2,
         alpha3=args.alpha3,
         policy=args.policy,
-        seed=args.seed,
     )
 
 

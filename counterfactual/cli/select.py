@@ -67,6 +67,7 @@ class _Job:
     table: BoxTable
     ids: Sequence[int | str]
     config: SelectionConfig
+    seed: int
     stats: CooccurrenceStats | None
     rejected: bool
 
@@ -84,7 +85,7 @@ def _select(job: _Job) -> _Done:
     enabled = gc.isenabled()
     gc.disable()  # see run()
     try:
-        chosen = select_table(job.table, job.config, job.stats)
+        chosen = select_table(job.table, job.config, job.stats, seed=job.seed)
         every = candidates_table(job.table, job.config) if job.rejected else None
         rows = []
         plans = refused = 0
@@ -120,13 +121,14 @@ def write_plans(
     stats: CooccurrenceStats | None = None,
     rejected: bool = False,
     workers: int = 1,
+    seed: int = 0,
 ) -> tuple[int, int]:
     """Write each image's chosen plans (and with ``rejected`` then its refused candidates) as
     one JSON object per line, in table order; ``image_id`` is ``ids[image]``, the id as the
     input file has it. ``workers`` processes select chunks of :data:`CHUNK` images (1: this
     process; 0: one per usable core). Returns ``(plans, rejected candidates)``."""
     jobs = (
-        _Job(table.images(s, s + CHUNK), ids[s : s + CHUNK], config, stats, rejected)
+        _Job(table.images(s, s + CHUNK), ids[s : s + CHUNK], config, seed, stats, rejected)
         for s in range(0, len(table), CHUNK)
     )
     chunks = -(-len(table) // CHUNK)
@@ -179,10 +181,10 @@ def _run(args: argparse.Namespace) -> int:
     todo = (table, ids, config)
     if args.out:
         with open(args.out, "wb") as fh:
-            plans, rejected = write_plans(*todo, fh, stats, args.rejected, args.workers)
+            plans, rejected = write_plans(*todo, fh, stats, args.rejected, args.workers, args.seed)
     else:
         out = sys.stdout.buffer
-        plans, rejected = write_plans(*todo, out, stats, args.rejected, args.workers)
+        plans, rejected = write_plans(*todo, out, stats, args.rejected, args.workers, args.seed)
         out.flush()
     print(
         f"{len(table)} images, {plans} plans"

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from counterfactual.selection import draw_index
+from counterfactual.draws import draw_index
 from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
 
 # The 80 templates of CLIP's ImageNet prompt ensemble (Radford et al. 2021), verbatim.
