@@ -246,6 +246,23 @@ class Status:
     detail: str = ""
     key: str | None = None
     target: str | None = None
+    url: str | None = None
+    """Where the picture was downloaded from, when its downloader recorded it (img2dataset),
+    so a row joins with the downloader's own records; absent from :meth:`to_dict` otherwise."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as ``status.jsonl`` holds it."""
+        out = {
+            "image_id": self.image_id,
+            "status": self.status,
+            "reason": self.reason,
+            "detail": self.detail,
+            "key": self.key,
+            "target": self.target,
+        }
+        if self.url is not None:
+            out["url"] = self.url
+        return out
 
     @property
     def outcome(self) -> str:

@@ -28,7 +28,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
@@ -306,7 +306,7 @@ def finish_run(
         """Every status row as the stats files hold it (plain dicts: this loop is most of the
         driver's CPU per image), one stats file at a time."""
         nonlocal images, items
-        yield from map(asdict, inputs.failures)
+        yield from (s.to_dict() for s in inputs.failures)
         for i in range(shards):
             stats = json.loads(fs.read_text(fs.join(run.out_dir, stats_name("shard", i))))
             images, items = images + int(stats.get("images", 0)), items + int(stats["items"])

@@ -19,7 +19,7 @@ import re
 import tarfile
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from counterfactual import fs
@@ -88,7 +88,7 @@ class ShardStats:
             "count": self.count,
             "items": self.items,
             "keys": list(self.keys),
-            "status": [asdict(s) for s in self.status],
+            "status": [s.to_dict() for s in self.status],
             "seconds": {k: round(v, 6) for k, v in sorted(self.seconds.items())},
             "input": self.input,
             "node": self.node,

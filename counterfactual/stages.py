@@ -105,6 +105,7 @@ class Job:
             detail,
             self.item.key,
             self.target,
+            self.url,
         )
         self.image = self.mask = self.edited = None
 
@@ -119,7 +120,13 @@ class Job:
         if self.sample is None:
             raise ValueError(f"job {self.item.key} is neither encoded nor failed")
         rec = self.item.record
-        return Status(rec.image_id, "written", None, "", self.item.key, self.target)
+        return Status(rec.image_id, "written", None, "", self.item.key, self.target, self.url)
+
+    @property
+    def url(self) -> str | None:
+        """The url the picture was downloaded from, when its downloader recorded one."""
+        origin = self.item.record.origin
+        return origin.url if origin is not None else None
 
     @property
     def target(self) -> str | None:

@@ -2,7 +2,8 @@
 127.0.0.1 (one url answers 404), read as they are: ``--root DIR`` for its folder (its
 ``.parquet`` and ``_stats.json`` beside the tars are not shards), every url accounted for (a
 record, or a status row: the 404 as ``download-failed`` with img2dataset's error_message and
-url), and its ``url``, ``key``, ``status`` and ``sha256`` carried into each sample's json."""
+url), and its ``url``, ``key``, ``status`` and ``sha256`` carried into each sample's json (the
+``url`` into each status row too)."""
 
 from __future__ import annotations
 
@@ -291,6 +292,8 @@ def test_synth_on_img2dataset_output_carries_its_origin(
     row = truth[failed["image_id"]]
     assert row["status"] == "failed_to_download"
     assert row["error_message"] in failed["detail"] and row["url"] in failed["detail"]
+    # every row carries the url img2dataset fetched (or tried to), so it joins with its records
+    assert all(r["url"] == truth[r["image_id"]]["url"] for r in status)
     written = [r for r in status if r["status"] == "written"]
     assert written, "the tiny detector makes plans at threshold 0"
     samples = [s for s in read_samples(out, images=False) if not isinstance(s, Status)]

@@ -812,9 +812,9 @@ def _downloader_rows(shard: str, seen: dict[str, str]) -> Iterator[Status]:
         origin = Origin.from_mapping(row) or Origin(key=key)
         if origin.status == "success":
             detail = f"{fs.name(meta)} lists it as downloaded; {fs.name(shard)} has no such sample"
-            yield Status(key, "failed", "missing-image", detail)
+            yield Status(key, "failed", "missing-image", detail, url=origin.url)
         else:
-            yield Status(key, "failed", "download-failed", download_detail(origin))
+            yield Status(key, "failed", "download-failed", download_detail(origin), url=origin.url)
 
 
 def download_detail(origin: Origin) -> str:
@@ -1073,7 +1073,8 @@ def _table_row(
     seen[image_id] = f"{piece.path}#{row}"
     if cell is None:
         if origin is not None and origin.status not in (None, "success"):
-            return Status(image_id, "failed", "download-failed", download_detail(origin))
+            detail = download_detail(origin)
+            return Status(image_id, "failed", "download-failed", detail, url=origin.url)
         return Status(image_id, "failed", "missing-image", f"{where}: {table.image!r} is empty")
     captions = _captions(caption if isinstance(caption, str) else "")
     kind = piece.kind
