@@ -58,7 +58,13 @@ import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
 from counterfactual.generate import generate_coco  # noqa: E402
-from counterfactual.image import EditRequest, ImageConfig, make_editor  # noqa: E402
+from counterfactual.image import (  # noqa: E402
+    DiffusersConfig,
+    EditRequest,
+    ImageConfig,
+    OpenCVConfig,
+    make_editor,
+)
 from counterfactual.imageio import encode_jpeg, load_rgb  # noqa: E402
 from counterfactual.masks import box_mask  # noqa: E402
 from counterfactual.readers.coco import read_coco  # noqa: E402
@@ -170,19 +176,24 @@ def _select_one_at_a_time(instances: Path, out: Path, config: SelectionConfig) -
 
 def bench_select(work: Path, n: int, repeat: int = 2) -> dict[str, float]:
     """``counterfactual select`` end to end (JSON read, selection, plan writing), in process,
-    against the one-image-at-a-time path it replaced, alternated; and ``json.load`` alone."""
+    with its default workers and with one process, against the one-image-at-a-time path it
+    replaced, alternated; and ``json.loads`` alone."""
     from contextlib import redirect_stderr
     from io import StringIO
 
     from counterfactual.cli import main as cli_main
+    from counterfactual.cli.select import usable_cores
 
     instances = coco_statistics_json(work / "select" / "instances.json", n)
-    new_out, old_out = work / "select" / "new.jsonl", work / "select" / "old.jsonl"
+    new_out, one_out = work / "select" / "new.jsonl", work / "select" / "one.jsonl"
+    old_out = work / "select" / "old.jsonl"
     argv = ["select", "--annotations", str(instances), "--out", str(new_out)]
-    new, old, floor = [], [], []
+    one_argv = ["select", "--annotations", str(instances), "--out", str(one_out), "--workers", "1"]
+    new, one, old, floor = [], [], [], []
     for _ in range(repeat):
         with redirect_stderr(StringIO()):
             new.append(_seconds(lambda: cli_main(argv)))
+            one.append(_seconds(lambda: cli_main(one_argv)))
         old.append(_seconds(lambda: _select_one_at_a_time(instances, old_out, SelectionConfig())))
         floor.append(_seconds(lambda: json.loads(instances.read_bytes())))
     plans_new = [json.loads(line) for line in new_out.read_text().splitlines()]
@@ -191,12 +202,16 @@ def bench_select(work: Path, n: int, repeat: int = 2) -> dict[str, float]:
         plan["image_id"] = int(plan["image_id"])
     return {
         "select_images": float(n),
+        "select_workers": float(usable_cores()),
         "select_images_per_s": n / min(new),
+        "select_one_process_images_per_s": n / min(one),
         "select_one_at_a_time_images_per_s": n / min(old),
         "select_speedup": min(old) / min(new),
         "select_json_load_images_per_s": n / min(floor),
         "select_plans_per_image": len(plans_new) / n,
-        "select_same_plans": float(plans_new == plans_old),
+        "select_same_plans": float(
+            plans_new == plans_old and one_out.read_bytes() == new_out.read_bytes()
+        ),
     }
 
 
@@ -285,7 +300,7 @@ def bench_images(work: Path, n: int) -> dict[str, float]:
         "mean": ImageConfig(method="mean"),
         "blur": ImageConfig(method="blur"),
         "opencv_inpaint": ImageConfig(method="inpaint"),
-        "opencv_inpaint_native": ImageConfig(method="inpaint", opencv_max_side=0),
+        "opencv_inpaint_native": ImageConfig(method="inpaint", opencv=OpenCVConfig(max_side=0)),
     }
     out = {}
     floors = []
@@ -468,14 +483,9 @@ def bench_diffusion_gpu(work: Path, n: int, model: str | None) -> dict[str, floa
         return {}
     paths, masks = real_photos(work, n)
     config = ImageConfig(
-        method="inpaint",
-        backend="diffusers",
-        model=model,
-        device="cuda",
-        dtype="float16",
-        batch_size=8,
+        method="inpaint", backend="diffusers", diffusers=DiffusersConfig(model=model)
     )
-    editor = make_editor(config)
+    editor = make_editor(config, device="cuda", dtype="float16", batch_size=8)
     requests = [
         EditRequest(load_rgb(p), m, ("object",), ("background",), i)
         for i, (p, m) in enumerate(zip(paths, masks, strict=True))
@@ -561,8 +571,9 @@ def bench_verify(work: Path, n: int) -> dict[str, float]:
         str(work / "clip")
     )
     verifier = Verifier(
-        VerifyConfig(mode="record", model=f"hf-clip:{work / 'clip'}", batch_size=16),
+        VerifyConfig(mode="record", model=f"hf-clip:{work / 'clip'}"),
         coco_vocabulary(),
+        batch_size=16,
     )
     paths, _ = real_photos(work, n)
     requests = []
@@ -690,10 +701,8 @@ def _detect_model(
     out: dict[str, float] = {}
     floors = []
     for mode in ("caption", "caption+vocabulary"):
-        config = DetectConfig(
-            model=str(folder), device="cpu", dtype="float32", score_threshold=0.2, queries=mode
-        )
-        detector = Detector(config, coco_vocabulary())
+        config = DetectConfig(model=str(folder), score_threshold=0.2, queries=mode)
+        detector = Detector(config, coco_vocabulary(), device="cpu", dtype="float32")
         if not floors:  # warm-up: first-call allocations, kernels picked for these shapes
             detector([load_rgb(files[0])], captions[:1])
         run = functools.partial(_decode_and_detect, detector, files, captions)
@@ -787,13 +796,7 @@ def bench_corpus(work: Path, n: int, repeat: int = 2) -> dict[str, float]:
             read_shards,
             SynthConfig(
                 image=ImageConfig(method="blur"),
-                detect=DetectConfig(
-                    model=str(owl),
-                    device="cpu",
-                    dtype="float32",
-                    score_threshold=0.0,
-                    queries="caption",
-                ),
+                detect=DetectConfig(model=str(owl), score_threshold=0.0, queries="caption"),
                 text=TextConfig(skip_unchanged=True),
             ),
         ),
@@ -1107,12 +1110,13 @@ NOTES = {
     "select": (
         "`counterfactual select` as a user runs it (main(argv) in process, imports done): "
         "read an instances file of select_images images at generate_coco's statistics (boxes "
-        "only, integer ids; about 0.9 KB an image), the alpha rules (uniform policy) through "
-        "select_many in chunks, one JSON line per plan. one_at_a_time: the path it replaced "
-        "(read_coco, select() per image, json.dumps per plan), on the same file, alternated; "
-        "same_plans: 1 when both wrote the same plans in the same order (ids compared as "
-        "integers). json_load: json.loads of the file alone, the floor of any reader. Best of "
-        "`repeat`."
+        "only, integer ids; about 0.9 KB an image) as a BoxTable, the alpha rules (uniform "
+        "policy) on chunks of 16,384 images in select_workers processes (the default: one per "
+        "usable core), one JSON line per plan. one_process: the same with --workers 1. "
+        "one_at_a_time: the path it replaced (read_coco, select() per image, json.dumps per "
+        "plan), on the same file, alternated; same_plans: 1 when all three wrote the same "
+        "plans in the same order (ids compared as integers; the two select runs byte for "
+        "byte). json_load: json.loads of the file alone. Best of `repeat`."
     ),
     "detect": (
         "decode -> Detector (OWLv2 loaded from a saved folder, float32, threshold 0.2) on real "

@@ -56,9 +56,8 @@ class DetectConfig:
     ``score_threshold``: keep boxes whose sigmoid score is at least this, in ``[0, 1]``.
     ``nms_iou``: within one class, a box whose IoU with a better box is above this is dropped
     (``1.0`` keeps everything). ``max_detections``: most boxes kept per image, best first.
-    ``device``/``dtype``: ``None`` is CUDA when available (float16 there), else CPU float32.
-    ``batch_size``: images per model call. In a synthesis run these three are the
-    :class:`~counterfactual.synth.Runtime`'s.
+    Where and in what sizes the model runs is :class:`Detector`'s (in a synthesis run:
+    :class:`~counterfactual.synth.Runtime`).
     """
 
     model: str = "google/owlv2-base-patch16-ensemble"
@@ -67,9 +66,6 @@ class DetectConfig:
     queries: str = "caption"
     template: str = "a photo of a {}"
     max_detections: int = 100
-    device: str | None = None
-    dtype: str | None = None
-    batch_size: int = 8
 
     def __post_init__(self) -> None:
         if not self.model or self.model != self.model.strip():
@@ -87,10 +83,6 @@ class DetectConfig:
             )
         if self.max_detections < 1:
             raise ValueError(f"max_detections must be >= 1, got {self.max_detections}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.dtype is not None and self.dtype not in _DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,17 +236,32 @@ class Detector:
     ``__call__(images, captions)``: RGB ``uint8`` ``(H, W, 3)`` arrays and their captions ->
     per image, its :class:`Detection` list (best first). An image whose caption yields no query
     class (see :func:`query_classes`) gets ``[]`` without running the model.
+
+    ``device``/``dtype``: ``None`` is CUDA when available (float16 there), else CPU float32.
+    ``batch_size``: images per model call.
     """
 
-    def __init__(self, config: DetectConfig, vocabulary: ClassVocabulary) -> None:
+    def __init__(
+        self,
+        config: DetectConfig,
+        vocabulary: ClassVocabulary,
+        device: str | None = None,
+        dtype: str | None = None,
+        batch_size: int = 8,
+    ) -> None:
         from counterfactual.models.embed import resolve_device, resolve_dtype
 
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if dtype is not None and dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
         torch = require("torch", "models")
         transformers = require("transformers", "models")
         self.config = config
         self.vocabulary = vocabulary
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.batch_size = batch_size
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
         self._torch = torch
         name = os.path.expanduser(config.model)
         if not os.path.isdir(name) and (_looks_local(config.model) or os.path.exists(name)):
@@ -310,7 +317,7 @@ class Detector:
         queries = [query_classes(c, self.vocabulary, self.config.queries) for c in captions]
         results: list[list[Detection]] = [[] for _ in images]
         todo = [i for i, q in enumerate(queries) if q]
-        size = self.config.batch_size
+        size = self.batch_size
         call = ModelCall(self.config.template, self.device, self.dtype, size)
         for start in range(0, len(todo), size):
             batch = todo[start : start + size]

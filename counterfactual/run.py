@@ -67,11 +67,8 @@ PACKAGES = (
 
 
 def preflight(config: SynthConfig, runtime: Runtime | None = None) -> None:
-    """Cheap checks in the driver before anything starts: a part of the config that sets a
-    runtime field itself (:meth:`Runtime.check`), a model named by a path that does not
+    """Cheap checks in the driver before anything starts: a model named by a path that does not
     exist."""
-    runtime = runtime or Runtime()
-    runtime.check(config)
     for spec in plan_steps(config, runtime):
         res = spec.resources
         if res is None:

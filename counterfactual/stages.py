@@ -284,12 +284,9 @@ class Edit:
         image, runtime = config.image, runtime or Runtime()
         resources = None
         if image.method == "inpaint" and image.backend != "opencv":
+            model = image.lama.model if image.backend == "lama" else image.diffusers.model
             resources = Resources(
-                "Inpaint",
-                image.model,
-                "--inpaint-model",
-                runtime.device,
-                runtime.inpaint_batch_size,
+                "Inpaint", model, "--inpaint-model", runtime.device, runtime.inpaint_batch_size
             )
         return StepSpec(
             cls.name,
@@ -308,11 +305,12 @@ class Edit:
         runtime = runtime or Runtime()
         self.spec = self.declare(config, runtime)
         self.config = config
-        self.editor = editor or make_editor(runtime.part("image", config.image))
-        if config.image.candidates > 1 and not isinstance(self.editor, BestOfN):
+        self.editor = editor or make_editor(config.image, **runtime.part("image"))
+        candidates = config.image.diffusers.candidates
+        if candidates > 1 and not isinstance(self.editor, BestOfN):
             vocabulary = load_vocabulary(config.vocabulary)
-            verifier = Verifier(runtime.part("verify", config.verify), vocabulary)
-            self.editor = BestOfN(self.editor, config.image.candidates, RemovalScorer(verifier))
+            verifier = Verifier(config.verify, vocabulary, **runtime.part("verify"))
+            self.editor = BestOfN(self.editor, candidates, RemovalScorer(verifier))
         self.info = self.editor.describe()
         self.keep_original = "image" not in self.spec.drops  # Verify compares it with the edit
 
@@ -396,8 +394,9 @@ class Rewrite:
         runtime = runtime or Runtime()
         self.spec = self.declare(config, runtime)
         self.needs_image = "edited" in self.spec.needs
-        text = replace(runtime.part("text", config.text), vocabulary=config.vocabulary)
-        self.rewriter = rewriter or make_rewriter(text)
+        self.rewriter = rewriter or make_rewriter(
+            config.text, config.vocabulary, **runtime.part("text")
+        )
         self.info = self.rewriter.describe()
         self.skip_unchanged = config.text.skip_unchanged
 
@@ -519,7 +518,7 @@ class Detect:
         self.spec = self.declare(config, runtime)
         assert config.detect is not None  # declare refused it
         self.detector = detector or Detector(
-            runtime.part("detect", config.detect), load_vocabulary(config.vocabulary)
+            config.detect, load_vocabulary(config.vocabulary), **runtime.part("detect")
         )
         describe = getattr(self.detector, "describe", None)
         self.info = describe() if describe is not None else {"model": config.detect.model}
@@ -639,7 +638,7 @@ class Verify:
         self.verifier: Verifier | None = None
         if self.config.enabled:
             self.verifier = verifier or Verifier(
-                runtime.part("verify", self.config), load_vocabulary(config.vocabulary)
+                self.config, load_vocabulary(config.vocabulary), **runtime.part("verify")
             )
 
     def __call__(self, jobs: list[Job]) -> list[Job]:

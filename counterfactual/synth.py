@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -42,15 +42,20 @@ CAPTION_CHOICES = ("one", "all")
 DTYPES = ("float32", "float16", "bfloat16")
 RUNTIME_FIELDS: dict[str, dict[str, str]] = {
     "image": {"device": "device", "dtype": "dtype", "batch_size": "inpaint_batch_size"},
-    "text": {"device": "device", "dtype": "dtype", "batch_size": "text_batch_size"},
+    "text": {"batch_size": "text_batch_size", "device": "device", "dtype": "dtype"},
     "verify": {"device": "device", "batch_size": "verify_batch_size"},
     "detect": {"device": "device", "dtype": "dtype", "batch_size": "detect_batch_size"},
 }
-"""Per part of a :class:`SynthConfig`: the fields its backend reads its runtime from, and the
-:class:`Runtime` field that sets them in a run. The manifest records them there (as it always
-did); the fingerprint leaves them out."""
-
-Part = TypeVar("Part", ImageConfig, TextConfig, VerifyConfig, DetectConfig)
+"""Per part of a :class:`SynthConfig`: the keyword arguments its backend takes its runtime in
+(:meth:`Runtime.part`) and the :class:`Runtime` field of each. The manifest records them under
+these names inside the part, where the parts held them before the split (:data:`RECORDED_AFTER`);
+the fingerprint leaves them out."""
+RECORDED_AFTER: dict[str, dict[str, str]] = {
+    "image": {"device": "model"},
+    "text": {"batch_size": "vocabulary", "device": "model"},
+}
+"""Where :meth:`SynthConfig.record` puts a runtime key inside its part: after this option;
+a key not named here follows the runtime key before it, the first at the end."""
 
 
 def _whole(name: str, value: Any, low: int, high: int | None = None) -> None:
@@ -98,29 +103,10 @@ class Runtime:
         ):
             _whole(name, getattr(self, name), 1)
 
-    def part(self, name: str, part: Part) -> Part:
-        """``part``, the :class:`SynthConfig`'s part ``name``, as its backend reads it in a run:
-        with this runtime's device, dtype and batch size. ``ValueError`` when the part sets one
-        of them itself to another value: in a run they are set here only."""
-        values = {}
-        default = type(part)()
-        for own, mine in RUNTIME_FIELDS[name].items():
-            value, given = getattr(self, mine), getattr(part, own)
-            if given != getattr(default, own) and given != value:
-                raise ValueError(
-                    f"{type(part).__name__}.{own} is {given!r} but a run takes it from "
-                    f"Runtime.{mine} ({value!r}); set it there"
-                )
-            values[own] = value
-        return replace(part, **values)
-
-    def check(self, config: SynthConfig) -> None:
-        """``ValueError`` when a part of ``config`` sets a runtime field itself (see
-        :meth:`part`)."""
-        for name in RUNTIME_FIELDS:
-            part = getattr(config, name)
-            if part is not None:
-                self.part(name, part)
+    def part(self, name: str) -> dict[str, Any]:
+        """The keyword arguments (``device``, ``dtype``, ``batch_size``) that the backend of
+        the :class:`SynthConfig`'s part ``name`` runs with (:data:`RUNTIME_FIELDS`)."""
+        return {arg: getattr(self, mine) for arg, mine in RUNTIME_FIELDS[name].items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +125,7 @@ class SynthConfig:
     vocabulary: str | None = None
     """Class word-list file (one class per line, first entry the class name; ``None``: COCO),
     read by every step that names classes: np-removal, detection, caption-aware selection,
-    verification, best-of-n. A ``TextConfig.vocabulary`` given here moves to this field."""
+    verification, best-of-n. Runs record it under ``text`` (:meth:`to_dict`)."""
     captions: str = "one"
     """``one``: one caption per image, drawn with the seed (as the paper); ``all``: each."""
     seed: int = 0
@@ -154,14 +140,6 @@ class SynthConfig:
         _whole("images_per_shard", self.images_per_shard, 1)
         _whole("max_pixels", self.max_pixels, 1)
         _whole("jpeg_quality", self.jpeg_quality, 1, 100)
-        if self.text.vocabulary is not None:  # the standalone rewriter's option, moved here
-            if self.vocabulary not in (None, self.text.vocabulary):
-                raise ValueError(
-                    f"two vocabularies: {self.vocabulary!r} and TextConfig.vocabulary "
-                    f"{self.text.vocabulary!r}; set SynthConfig.vocabulary only"
-                )
-            object.__setattr__(self, "vocabulary", self.text.vocabulary)
-            object.__setattr__(self, "text", replace(self.text, vocabulary=None))
         if self.vocabulary is not None and not isinstance(self.vocabulary, str):
             raise ValueError(f"vocabulary must be a file path, got {self.vocabulary!r}")
         if self.detect is not None and self.selection.policy != "uniform":
@@ -174,36 +152,40 @@ class SynthConfig:
             raise ValueError("detected objects have no segmentation; use mask source 'box'")
 
     def to_dict(self) -> dict[str, Any]:
-        """The options as runs record them (the vocabulary under ``text``), without the
-        runtime fields of the parts."""
+        """The options as runs have always recorded them: the image options flat
+        (:meth:`ImageConfig.flat`), the vocabulary under ``text`` (after ``spacy_model``), the
+        seed under ``selection`` too (it draws the targets)."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "vocabulary":
                 continue
+            if isinstance(value, ImageConfig):
+                value = value.flat()
+            elif is_dataclass(value):
+                value = asdict(value)
             if f.name == "text":
-                value = replace(value, vocabulary=self.vocabulary)
-            if is_dataclass(value):
-                skip = RUNTIME_FIELDS.get(f.name, {})
-                value = {k: v for k, v in asdict(value).items() if k not in skip}
-            if f.name == "selection":  # runs recorded the seed that drew targets here
+                value = _insert(value, {"vocabulary": self.vocabulary}, "spacy_model")
+            if f.name == "selection":
                 value["seed"] = self.seed
             out[f.name] = value
         return out
 
     def record(self, runtime: Runtime | None = None) -> dict[str, Any]:
         """The run's config as ``manifest.json`` and the dataset card hold it: :meth:`to_dict`
-        with ``runtime`` where the backends read it (:data:`RUNTIME_FIELDS`) and its CPU batch
-        size as ``batch_size``."""
+        with ``runtime``'s values in each part (:data:`RUNTIME_FIELDS`, placed as
+        :data:`RECORDED_AFTER` says) and its CPU batch size as ``batch_size``."""
         runtime = runtime or Runtime()
         out = self.to_dict()
         for name in RUNTIME_FIELDS:
-            part = getattr(self, name)
-            if part is not None:
-                run = asdict(runtime.part(name, part))
-                out[name] = {
-                    k: v if k in RUNTIME_FIELDS[name] else out[name][k] for k, v in run.items()
-                }
+            if out[name] is None:
+                continue
+            after = RECORDED_AFTER.get(name, {})
+            anchor = None
+            for key, value in runtime.part(name).items():
+                anchor = after.get(key, anchor)
+                out[name] = _insert(out[name], {key: value}, anchor)
+                anchor = key
         out["batch_size"] = runtime.batch_size
         return out
 
@@ -211,6 +193,18 @@ class SynthConfig:
         """The options that decide a run's output and differ from their defaults
         (:func:`fingerprint_of`): an option added with a default leaves it as it was."""
         return fingerprint_of(self.to_dict())
+
+
+def _insert(mapping: dict[str, Any], new: dict[str, Any], after: str | None) -> dict[str, Any]:
+    """``mapping`` with ``new``'s items right after key ``after`` (``None``: at the end)."""
+    if after is None:
+        return {**mapping, **new}
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        out[key] = value
+        if key == after:
+            out.update(new)
+    return out
 
 
 def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:

@@ -73,16 +73,13 @@ class VerifyConfig:
     """Context around a box, as a fraction of its width (left and right) and height."""
     min_box: int = 32
     """Crops narrower or shorter than this (px, after padding) grow to a square of this side."""
-    device: str = "cpu"
-    batch_size: int = 32
-    """Samples per call of the verify step, and crops per forward pass of the embedder."""
 
     def __post_init__(self) -> None:
         if self.mode not in VERIFY_MODES:
             raise ValueError(f"verify mode {self.mode!r} is not one of {VERIFY_MODES}")
         if not self.model or self.model != self.model.strip():
             raise ValueError(f"verify model {self.model!r} is empty or has surrounding spaces")
-        for name in ("k", "retention_k", "min_box", "batch_size"):
+        for name in ("k", "retention_k", "min_box"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"verify {name} must be an int >= 1, got {value!r}")
@@ -392,10 +389,11 @@ def class_boxes(
 class Verifier:
     """Checks batches of :class:`VerifyRequest` (see the module doc).
 
-    Loads the embedder ``config.model`` once (or takes ``embedder``, anything with
-    ``embed_images``/``embed_texts`` returning unit rows) and embeds the prompt of every class
-    of ``vocabulary`` once. Raises ``ValueError`` when ``k`` or ``retention_k`` is not below the
-    number of classes (every class would be in the top-k).
+    Loads the embedder ``config.model`` once on ``device``, ``batch_size`` crops per forward
+    pass (or takes ``embedder``, anything with ``embed_images``/``embed_texts`` returning unit
+    rows) and embeds the prompt of every class of ``vocabulary`` once. Raises ``ValueError``
+    when ``k`` or ``retention_k`` is not below the number of classes (every class would be in
+    the top-k).
     """
 
     def __init__(
@@ -403,7 +401,11 @@ class Verifier:
         config: VerifyConfig,
         vocabulary: ClassVocabulary,
         embedder: Embedder | None = None,
+        device: str = "cpu",
+        batch_size: int = 32,
     ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"verify batch_size must be an int >= 1, got {batch_size!r}")
         self.config = config
         self.vocabulary = vocabulary
         self.classes = vocabulary.classes
@@ -416,9 +418,7 @@ class Verifier:
         if embedder is None:
             from counterfactual.models import load_embedder
 
-            embedder = load_embedder(
-                config.model, device=config.device, batch_size=config.batch_size
-            )
+            embedder = load_embedder(config.model, device=device, batch_size=batch_size)
         self.embedder = embedder
         spec = getattr(embedder, "spec", None)
         self.model = str(spec) if spec is not None else config.model

@@ -11,7 +11,7 @@ from PIL import Image
 from shard_files import shard_members
 
 from counterfactual.cli import main
-from counterfactual.image import EditRequest, ImageConfig
+from counterfactual.image import DiffusersConfig, EditRequest, ImageConfig
 from counterfactual.image.best_of_n import BestOfN, candidate_seed
 from counterfactual.verify import RemovalScorer, Verifier, VerifyConfig
 from counterfactual.vocab import ClassVocabulary
@@ -75,10 +75,10 @@ def test_seeds_are_stable_and_distinct():
 
 def test_best_of_n_needs_a_diffusion_backend():
     with pytest.raises(ValueError, match="best-of-n"):
-        ImageConfig(method="blur", candidates=3)
+        ImageConfig(method="blur", diffusers=DiffusersConfig(candidates=3))
     with pytest.raises(ValueError, match="best-of-n"):
-        ImageConfig(method="inpaint", backend="opencv", candidates=3)
-    ImageConfig(method="inpaint", backend="diffusers", candidates=3)
+        ImageConfig(method="inpaint", backend="opencv", diffusers=DiffusersConfig(candidates=3))
+    ImageConfig(method="inpaint", backend="diffusers", diffusers=DiffusersConfig(candidates=3))
 
 
 class RedMeansDog:

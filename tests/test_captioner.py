@@ -92,7 +92,7 @@ def test_captions_are_words_from_the_vocabulary(captioner: Captioner) -> None:
 def test_small_batch_size_gives_same_results(blip_path: Path, captioner: Captioner) -> None:
     images = [_image(30, 20, seed) for seed in range(5)]
     requests = [_request(image) for image in images]
-    chunked = make_rewriter(_config(blip_path, batch_size=2))
+    chunked = make_rewriter(_config(blip_path), batch_size=2)
     assert chunked(requests) == captioner(requests)
 
 
@@ -106,7 +106,7 @@ def test_beam_search_runs(blip_path: Path) -> None:
 
 
 def test_bfloat16_captions(blip_path: Path) -> None:
-    half = make_rewriter(_config(blip_path, dtype="bfloat16"))
+    half = make_rewriter(_config(blip_path), dtype="bfloat16")
     assert half.describe()["dtype"] == "bfloat16"
     results = half([_request(_image(32, 32, 0)), _request(None)])
     _check(results[0])
@@ -154,11 +154,17 @@ def test_folder_without_a_model_raises(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "message"),
-    [({"max_new_tokens": 0}, "max_new_tokens"), ({"num_beams": 0}, "num_beams")],
+    ("overrides", "runtime", "message"),
+    [
+        ({"max_new_tokens": 0}, {}, "max_new_tokens"),
+        ({"num_beams": 0}, {}, "num_beams"),
+        ({}, {"dtype": "float64"}, "dtype 'float64'"),
+        ({}, {"batch_size": 0}, "batch_size must be >= 1"),
+        ({}, {"device": "gpu-please"}, "not a torch device"),
+    ],
 )
 def test_bad_generation_options_raise(
-    blip_path: Path, overrides: dict[str, int], message: str
+    blip_path: Path, overrides: dict[str, int], runtime: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        Captioner(_config(blip_path, **overrides))
+        Captioner(_config(blip_path, **overrides), **runtime)  # type: ignore[arg-type]

@@ -39,14 +39,21 @@ def _post(boxes, scores, labels, size=(100, 100), config=CFG, classes=CLASSES):
         ({"template": "{} {}"}, "template"),
         ({"template": "{}"}, "template"),
         ({"max_detections": 0}, "max_detections"),
-        ({"batch_size": 0}, "batch_size"),
-        ({"dtype": "float64"}, "dtype"),
         ({"model": " x"}, "model"),
     ],
 )
 def test_config_rejects(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DetectConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"), [({"batch_size": 0}, "batch_size"), ({"dtype": "float64"}, "dtype")]
+)
+def test_detector_rejects_a_bad_runtime(kwargs, message):
+    """The device, dtype and batch size are the Detector's (a run's Runtime), not the config's."""
+    with pytest.raises(ValueError, match=message):
+        Detector(DetectConfig(), SMALL, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -184,8 +191,10 @@ def _images():
 
 
 def _config(path, **kwargs):
-    base = {"model": path, "score_threshold": 0.0, "device": "cpu", "dtype": "float32"}
-    return DetectConfig(**{**base, **kwargs})
+    return DetectConfig(**{"model": path, "score_threshold": 0.0, **kwargs})
+
+
+CPU = {"device": "cpu", "dtype": "float32"}
 
 
 def test_processor_pads_bottom_right_and_matches_transformers(tiny_owlv2):
@@ -211,7 +220,7 @@ def test_processor_pads_bottom_right_and_matches_transformers(tiny_owlv2):
 
 
 def test_tiny_model_end_to_end(tiny_owlv2):
-    detector = Detector(_config(tiny_owlv2, batch_size=3), SMALL)
+    detector = Detector(_config(tiny_owlv2), SMALL, batch_size=3, **CPU)
     images = _images()
     captions = ["a dog chases a cat", "three birds", "an empty street"]
     got = detector(images, captions)
@@ -230,7 +239,7 @@ def test_tiny_model_end_to_end(tiny_owlv2):
         assert scores == sorted(scores, reverse=True)
     assert detector(images, captions) == got  # deterministic
 
-    one_by_one = Detector(_config(tiny_owlv2, batch_size=1), SMALL)(images, captions)
+    one_by_one = Detector(_config(tiny_owlv2), SMALL, batch_size=1, **CPU)(images, captions)
     for a, b in zip(got, one_by_one, strict=True):
         assert [d.category for d in a] == [d.category for d in b]
         np.testing.assert_allclose([d.bbox for d in a], [d.bbox for d in b], atol=1e-4)
@@ -239,7 +248,7 @@ def test_tiny_model_end_to_end(tiny_owlv2):
 
 def test_padded_queries_are_masked(tiny_owlv2):
     # An image asked for one class, batched with one asked for three: never a padding label.
-    detector = Detector(_config(tiny_owlv2, queries="caption", batch_size=2), SMALL)
+    detector = Detector(_config(tiny_owlv2, queries="caption"), SMALL, batch_size=2, **CPU)
     images = _images()[:2]
     got = detector(images, ["a bird", "a dog, a cat and a bird"])
     assert got[0] and {d.category for d in got[0]} == {"bird"}
@@ -248,7 +257,7 @@ def test_padded_queries_are_masked(tiny_owlv2):
 
 
 def test_no_queries_does_not_run_the_model(tiny_owlv2):
-    detector = Detector(_config(tiny_owlv2), SMALL)
+    detector = Detector(_config(tiny_owlv2), SMALL, **CPU)
 
     def boom(**kwargs):
         raise AssertionError("the model ran")
@@ -258,7 +267,7 @@ def test_no_queries_does_not_run_the_model(tiny_owlv2):
 
 
 def test_input_checks(tiny_owlv2):
-    detector = Detector(_config(tiny_owlv2), SMALL)
+    detector = Detector(_config(tiny_owlv2), SMALL, **CPU)
     with pytest.raises(ValueError, match="captions"):
         detector(_images(), ["a dog"])
     with pytest.raises(ValueError, match="uint8"):
@@ -268,9 +277,9 @@ def test_input_checks(tiny_owlv2):
 def test_missing_model_folder(tmp_path):
     missing = str(tmp_path / "no-such-model")
     with pytest.raises(FileNotFoundError, match="no-such-model"):
-        Detector(_config(missing), SMALL)
+        Detector(_config(missing), SMALL, **CPU)
 
 
 def test_folder_that_is_not_a_model(tmp_path):
     with pytest.raises(ValueError, match="could not load detector"):
-        Detector(_config(str(tmp_path)), SMALL)
+        Detector(_config(str(tmp_path)), SMALL, **CPU)

@@ -29,13 +29,13 @@ from counterfactual.selection import (
     select_many,
 )
 from counterfactual.stages import step_order
-from counterfactual.synth import Runtime, SynthConfig, load_record_image
+from counterfactual.synth import Runtime, SynthConfig, fingerprint_of, load_record_image
 from counterfactual.text import TextConfig
 from counterfactual.vocab import coco_vocabulary
 from pipelines.synth import plan_stages
 
 BLUR = ImageConfig(method="blur")
-DETECT = DetectConfig(model="scripted", device="cpu")
+DETECT = DetectConfig(model="scripted")
 
 
 def _pixels_key(image: np.ndarray) -> str:
@@ -215,8 +215,9 @@ def test_rerun_resumes_and_another_detector_config_is_refused(coco, tmp_path):
         runtime=Runtime(batch_size=2, detect_batch_size=2),
     )
     assert again.resumed == len(first.shards) and detector.calls == calls
-    moved = replace(config, detect=replace(DETECT, device="cuda:1", batch_size=2))
-    assert moved.fingerprint() == config.fingerprint()
+    moved = config.record(Runtime(device="cuda:1", detect_batch_size=2))
+    assert moved["detect"]["device"] == "cuda:1" and moved["detect"]["batch_size"] == 2
+    assert fingerprint_of(moved) == config.fingerprint()
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,12 @@ pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
-from counterfactual.image import EditRequest, ImageConfig, make_editor  # noqa: E402
+from counterfactual.image import (  # noqa: E402
+    DiffusersConfig,
+    EditRequest,
+    ImageConfig,
+    make_editor,
+)
 from counterfactual.image.diffusion import (  # noqa: E402
     DiffusionInpainter,
     crop_box,
@@ -37,15 +42,14 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _config(model: Path, **overrides: object) -> ImageConfig:
     options: dict[str, object] = {
-        "method": "inpaint",
-        "backend": "diffusers",
         "model": str(model),
         "steps": 2,
         "resolution": 64,
         "guidance_scale": 5.0,
     }
     options.update(overrides)
-    return ImageConfig(**options)  # type: ignore[arg-type]
+    diffusers = DiffusersConfig(**options)  # type: ignore[arg-type]
+    return ImageConfig(method="inpaint", backend="diffusers", diffusers=diffusers)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +201,7 @@ class _CountingPipeline:
 
 
 def test_batch_of_different_sizes(model_path: Path, editor: DiffusionInpainter) -> None:
-    batched = make_editor(_config(model_path, batch_size=2))
+    batched = make_editor(_config(model_path), batch_size=2)
     assert isinstance(batched, DiffusionInpainter)
     counting = _CountingPipeline(batched._pipeline)
     batched._pipeline = counting
@@ -273,4 +277,4 @@ def test_bad_config_is_a_value_error(
     model_path: Path, overrides: dict[str, object], match: str
 ) -> None:
     with pytest.raises(ValueError, match=match):
-        DiffusionInpainter(_config(model_path, **overrides))
+        DiffusionInpainter(_config(model_path, **overrides).diffusers)

@@ -119,8 +119,10 @@ def _pictures():
 
 
 def _config(path, **kwargs):
-    base = {"model": path, "score_threshold": 0.0, "device": "cpu", "dtype": "float32"}
-    return DetectConfig(**{**base, **kwargs})
+    return DetectConfig(**{"model": path, "score_threshold": 0.0, **kwargs})
+
+
+CPU = {"device": "cpu", "dtype": "float32"}
 
 
 @pytest.mark.slow
@@ -140,7 +142,7 @@ def test_our_boxes_match_transformers_post_processing(tiny_dino):
 
 @pytest.mark.slow
 def test_tiny_model_loaded_by_path(tiny_dino):
-    detector = Detector(_config(tiny_dino, batch_size=2), VOCAB)
+    detector = Detector(_config(tiny_dino), VOCAB, batch_size=2, **CPU)
     assert detector.model_type == "grounding-dino"
     assert detector.describe()["model_type"] == "grounding-dino"
     pictures = _pictures()
@@ -193,7 +195,7 @@ def test_a_model_that_is_no_zero_shot_detector_is_refused(tmp_path):
 
     BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="'bert' model, not one of owlv2, grounding-dino"):
-        Detector(_config(str(tmp_path)), VOCAB)
+        Detector(_config(str(tmp_path)), VOCAB, **CPU)
 
 
 @pytest.mark.slow

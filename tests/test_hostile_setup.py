@@ -339,16 +339,20 @@ def test_mask_config_ranges():
         ({"strength": 0.0}, "strength must be in (0, 1], got 0.0"),
         ({"guidance_scale": -1.0}, "guidance_scale must be >= 0, got -1.0"),
         ({"opencv_radius": 0}, "opencv_radius must be >= 1"),
+        ({"blur_sigma": 0.0}, "blur_sigma must be > 0"),
+        ({"lama_max_side": -1}, "lama_max_side must be >= 0"),
+        ({"crop_padding": -0.5}, "crop_padding must be >= 0"),
     ],
 )
 def test_image_config_ranges(kwargs, message):
-    """Library and YAML users reach ImageConfig without argparse's checks."""
-    from counterfactual.image import ImageConfig
+    """Library and YAML users reach the image parts without argparse's checks (here through
+    the flat names, which put each option in its backend's part)."""
+    from counterfactual.image import DiffusersConfig, ImageConfig
 
     with pytest.raises(ValueError) as err:
-        ImageConfig(**kwargs)
+        ImageConfig.from_flat(kwargs)
     assert str(err.value).startswith(message)
-    ImageConfig(resolution=0)  # native
+    ImageConfig(diffusers=DiffusersConfig(resolution=0))  # native
 
 
 def test_limit_keeps_exactly_the_first_images(coco, tmp_path):

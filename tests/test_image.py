@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 
-from counterfactual.image import EditRequest, ImageConfig, make_editor
+from counterfactual.image import (
+    FLAT_KEYS,
+    DiffusersConfig,
+    EditRequest,
+    FillConfig,
+    ImageConfig,
+    LamaConfig,
+    OpenCVConfig,
+    make_editor,
+)
 from counterfactual.image.fills import blur
 from counterfactual.masks import MaskConfig, box_mask, dilate, plan_mask
 from counterfactual.records import ImageRecord, ObjectAnnotation
@@ -13,10 +22,10 @@ METHODS = [
     ImageConfig(method="zero"),
     ImageConfig(method="mean"),
     ImageConfig(method="blur"),
-    ImageConfig(method="blur", blur_sigma=3),
+    ImageConfig(method="blur", fill=FillConfig(blur_sigma=3)),
     ImageConfig(method="inpaint", backend="opencv"),
-    ImageConfig(method="inpaint", backend="opencv", opencv_algorithm="ns"),
-    ImageConfig(method="inpaint", backend="opencv", opencv_max_side=0),
+    ImageConfig(method="inpaint", backend="opencv", opencv=OpenCVConfig(algorithm="ns")),
+    ImageConfig(method="inpaint", backend="opencv", opencv=OpenCVConfig(max_side=0)),
 ]
 IDS = ["zero", "mean", "blur", "blur-small-sigma", "telea", "ns", "telea-native"]
 
@@ -84,6 +93,37 @@ def test_bad_inputs_are_value_errors():
         ImageConfig(method="erase")
     with pytest.raises(ValueError, match="backend"):
         ImageConfig(backend="lama-cloud")
+    with pytest.raises(ValueError, match="ImageConfig.lama must be a LamaConfig"):
+        ImageConfig(lama=DiffusersConfig())  # type: ignore[arg-type]
+
+
+def test_each_backend_reads_its_own_part():
+    """The flat options (the command line's and the manifest's names) land in the part of the
+    backend that reads them, and come back flat in the order runs record them."""
+    lama = ImageConfig.from_flat({"backend": "lama", "model": "big-lama.pt", "lama_max_side": 512})
+    assert lama.lama == LamaConfig(model="big-lama.pt", max_side=512)
+    assert lama.diffusers == DiffusersConfig()
+    flat = lama.flat()
+    assert list(flat) == list(FLAT_KEYS)
+    assert (flat["model"], flat["lama_max_side"], flat["crop_padding"]) == (
+        "big-lama.pt",
+        512,
+        0.25,
+    )
+    sd = ImageConfig.from_flat({"backend": "diffusers", "model": "sd", "steps": 4, "candidates": 2})
+    assert sd.diffusers == DiffusersConfig(model="sd", steps=4, candidates=2)
+    assert sd.lama == LamaConfig()
+    # OpenCV loads no model: its ``model`` is the diffusers one, as --inpaint-model always was
+    opencv = ImageConfig.from_flat({"model": "other", "opencv_radius": 5, "blur_sigma": 2.0})
+    assert opencv.diffusers.model == "other" and opencv.opencv.radius == 5
+    assert opencv.fill == FillConfig(blur_sigma=2.0)
+    for config in (lama, sd, opencv, ImageConfig(), ImageConfig(method="zero")):
+        assert ImageConfig.from_flat(config.flat()) == config
+    assert ImageConfig().flat()["model"] == DiffusersConfig().model
+    with pytest.raises(ValueError, match=r"unknown image option\(s\) \['device'\]"):
+        ImageConfig.from_flat({"device": "cuda"})
+    with pytest.raises(TypeError):
+        ImageConfig(device="cuda")  # type: ignore[call-arg]  # the runtime is make_editor's
 
 
 def test_box_mask_rounds_outwards_and_clips():

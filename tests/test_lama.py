@@ -18,7 +18,13 @@ from bad_coco import make_bad_coco, synth_args  # noqa: E402
 from tiny_lama import WrongShape, build_tiny_lama  # noqa: E402
 
 from counterfactual.cli import build_parser, main  # noqa: E402
-from counterfactual.image import INPAINT_BACKENDS, EditRequest, ImageConfig, make_editor  # noqa: E402
+from counterfactual.image import (  # noqa: E402
+    INPAINT_BACKENDS,
+    EditRequest,
+    ImageConfig,
+    LamaConfig,
+    make_editor,
+)
 from counterfactual.image.lama import MIN_CROP, LamaInpainter  # noqa: E402
 
 
@@ -28,9 +34,8 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(model: Path | str, **overrides: object) -> ImageConfig:
-    options: dict[str, object] = {"method": "inpaint", "backend": "lama", "model": str(model)}
-    options.update(overrides)
-    return ImageConfig(**options)  # type: ignore[arg-type]
+    lama = LamaConfig(model=str(model), **overrides)  # type: ignore[arg-type]
+    return ImageConfig(method="inpaint", backend="lama", lama=lama)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +107,7 @@ def test_crops_are_padded_to_multiples_of_8_at_native_size(
 
 
 def test_max_side_scales_the_crop_down_and_back(model_path: Path) -> None:
-    capped = make_editor(_config(model_path, lama_max_side=100))
+    capped = make_editor(_config(model_path, max_side=100))
     counting = _Counting(capped._model)  # type: ignore[attr-defined]
     capped._model = counting  # type: ignore[attr-defined]
     image = _image(300, 400)
@@ -148,7 +153,7 @@ def test_deterministic_and_seed_free(editor: LamaInpainter, model_path: Path) ->
 
 
 def test_batch_equals_one_by_one(model_path: Path, editor: LamaInpainter) -> None:
-    batched = make_editor(_config(model_path, batch_size=2))
+    batched = make_editor(_config(model_path), batch_size=2)
     counting = _Counting(batched._model)  # type: ignore[attr-defined]
     batched._model = counting  # type: ignore[attr-defined]
     requests = [
@@ -250,9 +255,11 @@ def test_model_errors_propagate(model_path: Path) -> None:
 
 def test_bad_config_is_a_value_error(model_path: Path) -> None:
     with pytest.raises(ValueError, match="lama_max_side"):
-        _config(model_path, lama_max_side=-1)
+        _config(model_path, max_side=-1)
     with pytest.raises(ValueError, match="device"):
-        make_editor(_config(model_path, device="gpu-please"))
+        make_editor(_config(model_path), device="gpu-please")
+    with pytest.raises(ValueError, match="no LaMa model given"):
+        make_editor(_config(""))
 
 
 def test_cli_offers_every_backend() -> None:
@@ -299,7 +306,7 @@ def test_synth_end_to_end_with_lama(model_path: Path, tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu(model_path: Path, editor: LamaInpainter) -> None:
-    cuda = make_editor(_config(model_path, device="cuda", batch_size=4))
+    cuda = make_editor(_config(model_path), device="cuda", batch_size=4)
     requests = [
         EditRequest(image=_image(300, 517, seed), mask=_mask(300, 517, 40 * seed, 100, 50, 300))
         for seed in range(1, 4)

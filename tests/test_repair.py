@@ -327,7 +327,8 @@ def test_a_synth_run_with_repair_records_it(tmp_path):
     config = SynthConfig(
         selection=SelectionConfig(policy="all"),
         image=ImageConfig(method="blur"),
-        text=TextConfig(vocabulary=vocab, repair=True),
+        text=TextConfig(repair=True),
+        vocabulary=vocab,
         captions="all",
     )
     assert config.fingerprint()["text"]["repair"] is True
@@ -342,8 +343,8 @@ def test_a_synth_run_with_repair_records_it(tmp_path):
                 json.loads(tar.extractfile(m).read()) for m in tar if m.name.endswith(".json")
             ]
     assert metas and all(m["text_method"]["repair"] is True for m in metas)
-    plain = make_rewriter(TextConfig(vocabulary=vocab))
-    repaired = make_rewriter(TextConfig(vocabulary=vocab, repair=True))
+    plain = make_rewriter(TextConfig(), vocab)
+    repaired = make_rewriter(TextConfig(repair=True), vocab)
     requests = [RewriteRequest(m["original_caption"], tuple(m["plan"]["removed"])) for m in metas]
     assert [m["caption"] for m in metas] == [r.text for r in repaired(requests)]
     changed = [

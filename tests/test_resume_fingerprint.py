@@ -6,15 +6,17 @@ made before the split still resume.
 configs below: each one's ``run.json`` fingerprint and its ``manifest.json`` config."""
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from test_stages import records
 
+from counterfactual import stages
 from counterfactual.cli import build_parser
 from counterfactual.cli.synth import build_config, build_runtime
 from counterfactual.detect import DetectConfig
-from counterfactual.image import ImageConfig
+from counterfactual.image import ImageConfig, make_editor
 from counterfactual.run import RUN_FILE
 from counterfactual.runner import run_local
 from counterfactual.synth import Runtime, SynthConfig, fingerprint_of
@@ -131,11 +133,12 @@ def test_an_option_added_with_its_default_leaves_old_fingerprints_as_they_were()
 
 
 def test_the_vocabulary_is_one_setting():
-    moved = SynthConfig(text=TextConfig(vocabulary="words.txt"))
-    assert moved == SynthConfig(vocabulary="words.txt") and moved.text.vocabulary is None
-    assert moved.record()["text"]["vocabulary"] == "words.txt"  # where the manifest kept it
-    with pytest.raises(ValueError, match="two vocabularies"):
-        SynthConfig(vocabulary="a.txt", text=TextConfig(vocabulary="b.txt"))
+    config = SynthConfig(vocabulary="words.txt")
+    assert "vocabulary" not in {f.name for f in fields(TextConfig)}  # make_rewriter takes it
+    assert config.record()["text"]["vocabulary"] == "words.txt"  # where the manifest kept it
+    assert list(config.record()["text"])[:3] == ["method", "spacy_model", "vocabulary"]
+    old = {**OLD["cli-coco-defaults"]["fingerprint"]["config"], "text": {"vocabulary": "words.txt"}}
+    assert fingerprint_of(old) == config.fingerprint()  # an old record with text.vocabulary
 
 
 @pytest.mark.parametrize(
@@ -154,13 +157,21 @@ def test_runtime_ranges(kwargs, message):
     assert str(err.value).startswith(message)
 
 
-def test_a_part_that_sets_its_own_runtime_is_refused_in_a_run(tmp_path):
-    config = SynthConfig(image=ImageConfig(method="blur", device="cuda"))
-    with pytest.raises(ValueError, match=r"ImageConfig.device is 'cuda' .* Runtime.device"):
-        run_local(records(tmp_path, 1), tmp_path / "out", config)
-    # the same value as the runtime's is no conflict (a detector config written for a run)
-    Runtime(device="cuda").check(config)
-    Runtime().check(SynthConfig(detect=DetectConfig(device="cpu", dtype="float32")))
+def test_the_parts_hold_no_runtime_and_the_backends_get_it(monkeypatch):
+    for part in (ImageConfig, TextConfig, VerifyConfig, DetectConfig):
+        assert not {f.name for f in fields(part)} & {"device", "dtype", "batch_size"}, part
+    with pytest.raises(TypeError):
+        ImageConfig(method="blur", device="cuda")  # type: ignore[call-arg]
+    seen: dict[str, object] = {}
+
+    def editor(config: ImageConfig, **runtime: object):
+        seen.update(runtime)
+        return make_editor(config)
+
+    monkeypatch.setattr(stages, "make_editor", editor)
+    runtime = Runtime(device="cuda:1", dtype="float16", inpaint_batch_size=3)
+    stages.Edit(SynthConfig(image=ImageConfig(method="blur")), runtime=runtime)
+    assert seen == {"device": "cuda:1", "dtype": "float16", "batch_size": 3}
 
 
 def _run(tmp_path: Path, config: SynthConfig, runtime: Runtime | None = None):

@@ -8,7 +8,7 @@ import pytest
 from test_stages import records
 
 from counterfactual.detect import DetectConfig
-from counterfactual.image import ImageConfig
+from counterfactual.image import DiffusersConfig, ImageConfig, LamaConfig
 from counterfactual.stages import (
     PLANNED,
     STEPS,
@@ -33,7 +33,7 @@ from counterfactual.text import RewriteResult, TextConfig
 from counterfactual.verify import VerifyConfig
 
 BLUR = ImageConfig(method="blur")
-DETECT = DetectConfig(model="scripted", device="cpu")
+DETECT = DetectConfig(model="scripted")
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_a_need_no_step_makes_is_a_clear_error(monkeypatch):
 
 def test_resources_are_read_from_the_config_and_the_runtime():
     config = SynthConfig(
-        image=ImageConfig(backend="diffusers", model="sd"),
+        image=ImageConfig(backend="diffusers", diffusers=DiffusersConfig(model="sd")),
         text=TextConfig(method="captioner", model="blip"),
     )
     runtime = Runtime(device="cuda:1", inpaint_batch_size=4, text_batch_size=8)
@@ -115,6 +115,8 @@ def test_resources_are_read_from_the_config_and_the_runtime():
         "Inpaint", "sd", "--inpaint-model", "cpu", 1
     )
     assert Edit.declare(SynthConfig(image=ImageConfig(backend="opencv"))).resources is None
+    lama = ImageConfig(backend="lama", lama=LamaConfig(model="big-lama.pt"))
+    assert Edit.declare(SynthConfig(image=lama)).resources.model == "big-lama.pt"
     assert [cls.name for cls in STEPS] == [
         "rewrite",
         "decode",

@@ -23,7 +23,7 @@ from counterfactual.stages import (
     build_steps,
     step_order,
 )
-from counterfactual.synth import Runtime, SynthConfig, plan
+from counterfactual.synth import Runtime, SynthConfig, fingerprint_of, plan
 from counterfactual.text import TextConfig
 from counterfactual.verify import (
     REMOVAL,
@@ -347,7 +347,6 @@ def test_verifier_refuses_unknown_classes_bad_images_and_a_k_too_large():
         ({"mode": "strict"}, "verify mode"),
         ({"k": 0}, "k must be"),
         ({"retention_k": True}, "retention_k must be"),
-        ({"batch_size": 0}, "batch_size must be"),
         ({"template": "a photo"}, "has no {}"),
         ({"template": "a {cls}"}, "not a format string"),
         ({"crop_padding": -0.1}, "crop_padding"),
@@ -359,6 +358,11 @@ def test_config_is_validated(kwargs, match):
         VerifyConfig(**kwargs)
 
 
+def test_the_batch_size_is_the_verifiers():
+    with pytest.raises(ValueError, match="batch_size must be"):
+        Verifier(VerifyConfig(), VOCAB, embedder=CodeEmbedder(), batch_size=0)
+
+
 # ---- the step in a run -----------------------------------------------------------------------
 
 
@@ -366,9 +370,8 @@ def test_config_fingerprint_and_step_wiring():
     off = SynthConfig()
     assert "verify" not in off.fingerprint()  # runs made before verification existed resume
     assert SynthConfig(verify=VerifyConfig(k=3)).fingerprint() == off.fingerprint()
-    rec = SynthConfig(verify=VerifyConfig(mode="record", device="cuda", batch_size=7))
+    rec = SynthConfig(verify=VerifyConfig(mode="record"))
     assert rec.fingerprint() == {**off.fingerprint(), "verify": {"mode": "record"}}
-    assert rec.fingerprint() == SynthConfig(verify=VerifyConfig(mode="record")).fingerprint()
     assert rec.fingerprint() != SynthConfig(verify=VerifyConfig(mode="filter")).fingerprint()
     assert step_order(off) == ("rewrite", "decode", "edit", "encode")
     assert step_order(rec) == ("rewrite", "decode", "edit", "verify", "encode")
@@ -379,9 +382,10 @@ def test_config_fingerprint_and_step_wiring():
     assert spec.uses_model and not Verify.declare(off, runtime).uses_model
     assert (spec.resources.device, spec.resources.batch_size) == ("cuda", 7)
     assert spec.needs == {"image", "edited", "caption", "plan"} and spec.drops == {"image"}
-    with pytest.raises(ValueError, match=r"VerifyConfig.device is 'cuda' but .* Runtime.device"):
-        Runtime().check(rec)  # in a run the device is the runtime's only
-    Runtime(device="cuda", verify_batch_size=7).check(rec)
+    recorded = rec.record(runtime)["verify"]  # where the manifest always had them
+    assert list(recorded)[-2:] == ["device", "batch_size"]
+    assert (recorded["device"], recorded["batch_size"]) == ("cuda", 7)
+    assert fingerprint_of(rec.record(runtime)) == rec.fingerprint()
 
     from pipelines.synth import RayOptions, layout_actors, plan_stages
 

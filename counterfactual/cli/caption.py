@@ -46,11 +46,9 @@ def _classes(value: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = TextConfig(
-        method=args.method, spacy_model=args.spacy_model, vocabulary=args.vocabulary
-    )
+    config = TextConfig(method=args.method, spacy_model=args.spacy_model)
     removed = _classes(args.remove)
-    rewriter = make_rewriter(config)
+    rewriter = make_rewriter(config, args.vocabulary)
     vocabulary = getattr(rewriter, "vocabulary", None)
     if vocabulary is not None:
         unknown = [c for c in removed if c not in vocabulary.classes]

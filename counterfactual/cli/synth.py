@@ -152,14 +152,14 @@ def _add_image_args(p: argparse.ArgumentParser) -> None:
     )
     i.add_argument(
         "--inpaint-model",
-        default=_IMAGE.model,
+        default=_IMAGE.diffusers.model,
         help="diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt) "
         "(default: %(default)s)",
     )
     i.add_argument(
         "--lama-max-side",
         type=nonnegative_int,
-        default=_IMAGE.lama_max_side,
+        default=_IMAGE.lama.max_side,
         help="lama: cap the crop's long side in px, >= 0 (0: native resolution; default: "
         "%(default)s)",
     )
@@ -179,13 +179,13 @@ def _add_image_args(p: argparse.ArgumentParser) -> None:
     i.add_argument(
         "--steps",
         type=positive_int,
-        default=_IMAGE.steps,
+        default=_IMAGE.diffusers.steps,
         help="diffusers: denoising steps, >= 1 (default: %(default)s)",
     )
     i.add_argument(
         "--resolution",
         type=nonnegative_int,
-        default=_IMAGE.resolution,
+        default=_IMAGE.diffusers.resolution,
         help="diffusers: working size in px, >= 0 (0: native, the crop's size, at least 512; "
         "default: %(default)s)",
     )
@@ -198,20 +198,20 @@ def _add_image_args(p: argparse.ArgumentParser) -> None:
     i.add_argument(
         "--candidates",
         type=positive_int,
-        default=_IMAGE.candidates,
+        default=_IMAGE.diffusers.candidates,
         help="diffusers: best-of-n, draw N seeded candidates per image and keep the one the "
         "verifier's model (--verify-model) sees the removed classes least in (default: "
         "%(default)s: no best-of-n)",
     )
     i.add_argument(
         "--prompt",
-        default=_IMAGE.prompt,
+        default=_IMAGE.diffusers.prompt,
         help="diffusers: the prompt template; {background} is 'empty background, nothing "
         "there', {kept} and {removed} the class names (default: '%(default)s')",
     )
     i.add_argument(
         "--negative-prompt",
-        default=_IMAGE.negative_prompt,
+        default=_IMAGE.diffusers.negative_prompt,
         help="diffusers: the negative prompt template, same fields as --prompt (default: "
         "'%(default)s')",
     )
@@ -231,7 +231,7 @@ def _add_image_args(p: argparse.ArgumentParser) -> None:
     i.add_argument(
         "--blur-sigma",
         type=positive_float,
-        default=_IMAGE.blur_sigma,
+        default=_IMAGE.fill.blur_sigma,
         help="blur: Gaussian sigma in px, > 0 (default: %(default)s)",
     )
 
@@ -472,17 +472,22 @@ def _detect_config(args: argparse.Namespace) -> DetectConfig:
 
 
 def _image_config(args: argparse.Namespace) -> ImageConfig:
-    return ImageConfig(
-        method=args.image_method,
-        backend=args.inpaint_backend,
-        model=args.inpaint_model,
-        steps=args.steps,
-        resolution=args.resolution,
-        prompt=args.prompt,
-        negative_prompt=args.negative_prompt,
-        blur_sigma=args.blur_sigma,
-        lama_max_side=args.lama_max_side,
-        candidates=args.candidates,
+    """The image options by their flat names (:meth:`ImageConfig.from_flat`), which puts each in
+    its backend's part: ``--inpaint-model`` is LaMa's file with ``--inpaint-backend lama``, else
+    the diffusers model."""
+    return ImageConfig.from_flat(
+        {
+            "method": args.image_method,
+            "backend": args.inpaint_backend,
+            "model": args.inpaint_model,
+            "steps": args.steps,
+            "resolution": args.resolution,
+            "prompt": args.prompt,
+            "negative_prompt": args.negative_prompt,
+            "blur_sigma": args.blur_sigma,
+            "lama_max_side": args.lama_max_side,
+            "candidates": args.candidates,
+        }
     )
 
 

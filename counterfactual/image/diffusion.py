@@ -11,10 +11,10 @@ to the crop and pasted into the original only where the mask is > 0; every other
 input's, byte for byte (the pipeline re-encodes the whole crop through its VAE, which would
 otherwise shift colours everywhere).
 
-Prompts are ``config.prompt`` and ``config.negative_prompt`` formatted with ``background``
-(:data:`BACKGROUND`), ``kept`` and ``removed`` (class names joined with ``", "``). The defaults,
-``"{background}"`` and ``"{removed}"``, ask for an empty background and steer away from the
-removed classes: for ``removed=("dog", "frisbee")`` the prompt is
+Prompts are :class:`~counterfactual.image.DiffusersConfig`'s ``prompt`` and ``negative_prompt``
+formatted with ``background`` (:data:`BACKGROUND`), ``kept`` and ``removed`` (class names joined
+with ``", "``). The defaults, ``"{background}"`` and ``"{removed}"``, ask for an empty background
+and steer away from the removed classes: for ``removed=("dog", "frisbee")`` the prompt is
 ``"empty background, nothing there"`` and the negative prompt ``"dog, frisbee"``.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image
 
 from counterfactual._lazy import require
-from counterfactual.image import EditRequest, ImageConfig
+from counterfactual.image import DiffusersConfig, EditRequest
 from counterfactual.image.checks import check_request
 from counterfactual.masks import mask_bounds
 
@@ -38,6 +38,7 @@ BACKGROUND = "empty background, nothing there"
 """What ``{background}`` in the prompt templates expands to."""
 
 _MULTIPLE = 8
+_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _grow(lo: int, hi: int, size: int, limit: int) -> tuple[int, int]:
@@ -103,13 +104,23 @@ class DiffusionInpainter:
     """Inpaint masked regions with a diffusers inpainting pipeline loaded once.
 
     ``config.model`` is a Hugging Face hub id or a local folder written by ``save_pretrained``;
-    it is loaded with ``AutoPipelineForInpainting`` in ``config.dtype`` on ``config.device``.
-    Requests are processed in chunks of ``config.batch_size`` that share a working size; each
-    request draws its noise from its own generator seeded with ``request.seed``, so its output
-    does not depend on what else is in the batch (up to floating-point noise).
+    it is loaded with ``AutoPipelineForInpainting`` in ``dtype`` on ``device``. Requests are
+    processed in chunks of ``batch_size`` that share a working size; each request draws its
+    noise from its own generator seeded with ``request.seed``, so its output does not depend on
+    what else is in the batch (up to floating-point noise).
     """
 
-    def __init__(self, config: ImageConfig) -> None:
+    def __init__(
+        self,
+        config: DiffusersConfig,
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: int = 1,
+    ) -> None:
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not float32, float16 or bfloat16")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if config.steps < 1:
             raise ValueError(f"steps must be >= 1, got {config.steps}")
         if not 0 < config.strength <= 1:
@@ -136,22 +147,23 @@ class DiffusionInpainter:
                 ) from err
 
         self.config = config
+        self.device, self.dtype, self.batch_size = device, dtype, batch_size
         self._torch = require("torch", "models")
         diffusers = require("diffusers", "models")
-        dtype = getattr(self._torch, config.dtype)
+        torch_dtype = getattr(self._torch, dtype)
         try:
             with warnings.catch_warnings():
                 # diffusers >= 0.42 renames torch_dtype to dtype; older ones only know torch_dtype.
                 warnings.filterwarnings("ignore", ".*torch_dtype", FutureWarning)
                 pipeline = diffusers.AutoPipelineForInpainting.from_pretrained(
-                    config.model, torch_dtype=dtype, safety_checker=None
+                    config.model, torch_dtype=torch_dtype, safety_checker=None
                 )
         except (OSError, ValueError) as err:
             raise ValueError(
                 f"cannot load inpainting model {config.model!r} (a hub id or a folder with "
                 f"model_index.json): {err}"
             ) from err
-        self._pipeline = pipeline.to(config.device)
+        self._pipeline = pipeline.to(device)
         self._pipeline.set_progress_bar_config(disable=True)
 
     def describe(self) -> dict[str, Any]:
@@ -166,7 +178,7 @@ class DiffusionInpainter:
             "strength": c.strength,
             "resolution": c.resolution,
             "crop_padding": c.crop_padding,
-            "dtype": c.dtype,
+            "dtype": self.dtype,
             "prompt": c.prompt,
             "negative_prompt": c.negative_prompt,
             "background": BACKGROUND,
@@ -191,7 +203,7 @@ class DiffusionInpainter:
                 results[index] = request.image.copy()
             else:
                 groups.setdefault(job.size, []).append(job)
-        step = self.config.batch_size
+        step = self.batch_size
         for jobs in groups.values():
             for start in range(0, len(jobs), step):
                 chunk = jobs[start : start + step]
@@ -226,7 +238,7 @@ class DiffusionInpainter:
         c = self.config
         prompts, negatives = zip(*(self._prompts(batch[job.index]) for job in chunk), strict=True)
         generators = [
-            self._torch.Generator(device=c.device).manual_seed(batch[job.index].seed)
+            self._torch.Generator(device=self.device).manual_seed(batch[job.index].seed)
             for job in chunk
         ]
         width, height = chunk[0].size

@@ -11,7 +11,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from counterfactual.image import EditRequest, ImageConfig
+from counterfactual.image import FILL_METHODS, EditRequest, FillConfig
 from counterfactual.image.checks import check_request, padded_box, paste
 from counterfactual.masks import mask_bounds
 
@@ -21,14 +21,18 @@ _SMALL_SIGMA = 3.0
 
 
 class FillEditor:
-    def __init__(self, config: ImageConfig) -> None:
-        if config.method not in ("zero", "mean", "blur"):
-            raise ValueError(f"FillEditor does not do method {config.method!r}")
-        self.config = config
+    """``method`` (one of :data:`~counterfactual.image.FILL_METHODS`) on the mask's bounding
+    box, with ``config``'s options."""
+
+    def __init__(self, method: str, config: FillConfig | None = None) -> None:
+        if method not in FILL_METHODS:
+            raise ValueError(f"FillEditor does not do method {method!r}")
+        self.method = method
+        self.config = config or FillConfig()
 
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"method": self.config.method}
-        if self.config.method == "blur":
+        out: dict[str, Any] = {"method": self.method}
+        if self.method == "blur":
             out["sigma"] = self.config.blur_sigma
         return out
 
@@ -43,9 +47,9 @@ class FillEditor:
             return out
         x0, y0, x1, y1 = bounds
         region, mask = out[y0:y1, x0:x1], req.mask[y0:y1, x0:x1]
-        if self.config.method == "zero":
+        if self.method == "zero":
             fill = np.zeros_like(region)
-        elif self.config.method == "mean":
+        elif self.method == "mean":
             h, w = mask.shape
             mean = np.round(cv2.mean(region, mask=mask)[:3]).astype(np.uint8).tolist()
             fill = cv2.merge([np.full((h, w), v, np.uint8) for v in mean])

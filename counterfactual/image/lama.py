@@ -9,12 +9,13 @@ multiple of 8 by mirroring (``numpy.pad(mode="symmetric")``) and the output crop
 Each request is inpainted at native resolution in a crop around its mask: the square crop of
 :func:`~counterfactual.image.diffusion.crop_box` with ``crop_padding``, grown to at least
 :data:`MIN_CROP` pixels (LaMa's training crop size) where the image allows, since LaMa fills
-from context and a tight crop starves it. With ``lama_max_side > 0`` a crop whose long side is
-larger is scaled down to it for the model and the fill scaled back. Only pixels where the mask is
-> 0 are pasted into the original; every other pixel is the input's, byte for byte. There is no
-randomness: the same request gives the same output (``EditRequest.seed`` is not used).
+from context and a tight crop starves it. With ``max_side > 0`` (:class:`LamaConfig`) a crop
+whose long side is larger is scaled down to it for the model and the fill scaled back. Only
+pixels where the mask is > 0 are pasted into the original; every other pixel is the input's,
+byte for byte. There is no randomness: the same request gives the same output
+(``EditRequest.seed`` is not used).
 
-The model always runs in float32, whatever ``config.dtype`` says: LaMa's Fourier convolutions
+The model always runs in float32, whatever dtype the run asks for: LaMa's Fourier convolutions
 need float32 FFTs (half-precision FFTs on CUDA only take power-of-two sizes).
 """
 
@@ -31,7 +32,7 @@ import cv2
 import numpy as np
 
 from counterfactual._lazy import require
-from counterfactual.image import EditRequest, ImageConfig
+from counterfactual.image import EditRequest, LamaConfig
 from counterfactual.image.checks import check_request, paste
 from counterfactual.image.diffusion import crop_box
 from counterfactual.masks import mask_bounds
@@ -68,19 +69,22 @@ def _ceil(side: int) -> int:
 class LamaInpainter:
     """Inpaint masked regions with a TorchScript LaMa model loaded once.
 
-    ``config.model`` is the path of the ``.pt`` file, loaded on ``config.device``; the model is
-    tried once on a blank image so that a file with the wrong interface fails here, not on every
-    sample. Requests whose padded crops have the same size run together, ``config.batch_size``
-    at a time. A model error during a call propagates (the caller retries item by item).
+    ``config.model`` is the path of the ``.pt`` file, loaded on ``device``; the model is tried
+    once on a blank image so that a file with the wrong interface fails here, not on every
+    sample. Requests whose padded crops have the same size run together, ``batch_size`` at a
+    time. A model error during a call propagates (the caller retries item by item).
     """
 
-    def __init__(self, config: ImageConfig) -> None:
+    def __init__(self, config: LamaConfig, device: str = "cpu", batch_size: int = 1) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         path = Path(config.model).expanduser()
-        if not path.is_file():
+        if not config.model or not path.is_file():
             raise ValueError(_missing_model_message(config.model, path))
         self.config = config
+        self.batch_size = batch_size
         self._torch = require("torch", "models")
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(device)
         try:
             with warnings.catch_warnings():
                 # torch >= 2.10 deprecates TorchScript, the format LaMa's exports ship in
@@ -103,7 +107,7 @@ class LamaInpainter:
             "model_sha256": self._sha256,
             "crop_padding": c.crop_padding,
             "min_crop": MIN_CROP,
-            "max_side": c.lama_max_side,
+            "max_side": c.max_side,
             "dtype": "float32",
         }
 
@@ -125,7 +129,7 @@ class LamaInpainter:
             job = self._prepare(index, request)
             if job is not None:
                 groups.setdefault(job.padded, []).append(job)
-        step = self.config.batch_size
+        step = self.batch_size
         for jobs in groups.values():
             for start in range(0, len(jobs), step):
                 chunk = jobs[start : start + step]
@@ -144,7 +148,7 @@ class LamaInpainter:
         x0, y0, x1, y1 = crop_box(box, padding, height, width)
         image = request.image[y0:y1, x0:x1]
         mask = np.where(request.mask[y0:y1, x0:x1] > 0, 255, 0).astype(np.uint8)
-        max_side = self.config.lama_max_side
+        max_side = self.config.max_side
         if max_side and max(x1 - x0, y1 - y0) > max_side:
             scale = max_side / max(x1 - x0, y1 - y0)
             size = (max(1, round((x1 - x0) * scale)), max(1, round((y1 - y0) * scale)))
@@ -225,6 +229,8 @@ def _missing_model_message(model: str, path: Path) -> str:
         "lama-cleaner / IOPaint releases); download it and pass its path as the model "
         "(--inpaint-model PATH)"
     )
+    if not model:
+        return f"no LaMa model given: {hint}"
     if path.is_dir():
         return f"LaMa model {model!r} is a folder, not a TorchScript file: {hint}"
     looks_like_hub_id = "/" in model and not model.startswith((".", "/", "~")) and not path.suffix

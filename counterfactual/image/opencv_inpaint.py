@@ -9,7 +9,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from counterfactual.image import EditRequest, ImageConfig
+from counterfactual.image import EditRequest, OpenCVConfig
 from counterfactual.image.checks import check_request, padded_box, paste
 from counterfactual.masks import mask_bounds
 
@@ -17,17 +17,17 @@ _FLAGS = {"telea": cv2.INPAINT_TELEA, "ns": cv2.INPAINT_NS}
 
 
 class OpenCVInpainter:
-    def __init__(self, config: ImageConfig) -> None:
-        self.config = config
-        self.flag = _FLAGS[config.opencv_algorithm]
+    def __init__(self, config: OpenCVConfig | None = None) -> None:
+        self.config = config or OpenCVConfig()
+        self.flag = _FLAGS[self.config.algorithm]
 
     def describe(self) -> dict[str, Any]:
         return {
             "method": "inpaint",
             "backend": "opencv",
-            "algorithm": self.config.opencv_algorithm,
-            "radius": self.config.opencv_radius,
-            "max_side": self.config.opencv_max_side,
+            "algorithm": self.config.algorithm,
+            "radius": self.config.radius,
+            "max_side": self.config.max_side,
         }
 
     def __call__(self, batch: Sequence[EditRequest]) -> list[np.ndarray]:
@@ -41,20 +41,20 @@ class OpenCVInpainter:
             return out
         h, w = out.shape[:2]
         side = max(bounds[2] - bounds[0], bounds[3] - bounds[1])
-        pad = max(2 * self.config.opencv_radius, round(self.config.crop_padding * side))
+        pad = max(2 * self.config.radius, round(self.config.crop_padding * side))
         x0, y0, x1, y1 = padded_box(bounds, pad, h, w)
         crop, crop_mask = req.image[y0:y1, x0:x1], req.mask[y0:y1, x0:x1]
         long_side = max(x1 - x0, y1 - y0)
-        max_side = self.config.opencv_max_side
+        max_side = self.config.max_side
         if max_side and long_side > max_side:
             scale = max_side / long_side
             size = (max(1, round((x1 - x0) * scale)), max(1, round((y1 - y0) * scale)))
             small = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
             small_mask = cv2.resize(crop_mask, size, interpolation=cv2.INTER_AREA)
             small_mask = np.where(small_mask > 0, 255, 0).astype(np.uint8)
-            filled = cv2.inpaint(small, small_mask, self.config.opencv_radius, self.flag)
+            filled = cv2.inpaint(small, small_mask, self.config.radius, self.flag)
             filled = cv2.resize(filled, (x1 - x0, y1 - y0), interpolation=cv2.INTER_CUBIC)
         else:
-            filled = cv2.inpaint(crop, crop_mask, self.config.opencv_radius, self.flag)
+            filled = cv2.inpaint(crop, crop_mask, self.config.radius, self.flag)
         paste(out[y0:y1, x0:x1], filled, crop_mask)
         return out

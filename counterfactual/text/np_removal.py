@@ -59,16 +59,22 @@ def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
 
 
 class NounPhraseRemover:
-    """Callable rewriter; parses are cached per caption text (a caption serves many plans)."""
+    """Callable rewriter matching the classes of ``vocabulary`` (default: COCO's); spaCy parses
+    ``batch_size`` captions at a time, and parses are cached per caption text (a caption serves
+    many plans)."""
 
     def __init__(
         self,
         config: TextConfig | None = None,
         vocabulary: ClassVocabulary | None = None,
         cache_size: int = 100_000,
+        batch_size: int = 256,
     ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.config = config or TextConfig()
-        self.vocabulary = vocabulary or load_vocabulary(self.config.vocabulary)
+        self.vocabulary = vocabulary or load_vocabulary()
+        self.batch_size = batch_size
         self.model_name = self.config.spacy_model or default_model_name()
         self.nlp = load_spacy(self.model_name, fast_pos=True)
         self._cache: OrderedDict[str, tuple[str, tuple[_Chunk, ...]]] = OrderedDict()
@@ -85,9 +91,7 @@ class NounPhraseRemover:
         mention)."""
         known = {t: self._cache[t] for t in dict.fromkeys(texts) if t in self._cache}
         todo = [t for t in dict.fromkeys(texts) if t not in known]
-        for text, doc in zip(
-            todo, self.nlp.pipe(todo, batch_size=self.config.batch_size), strict=True
-        ):
+        for text, doc in zip(todo, self.nlp.pipe(todo, batch_size=self.batch_size), strict=True):
             known[text] = (text, chunk_mentions(doc, self.vocabulary))
         # remember the newest parses; the answer comes from `known`, so eviction loses nothing
         for text in todo:
@@ -125,7 +129,7 @@ class NounPhraseRemover:
     ) -> list[RewriteResult]:
         """Drop the words left dangling at the cut points (``TextConfig.repair``)."""
         texts = [results[i].text or "" for i, _ in cuts]
-        docs = self.nlp.pipe(texts, batch_size=self.config.batch_size)
+        docs = self.nlp.pipe(texts, batch_size=self.batch_size)
         for (i, offsets), text, doc in zip(cuts, texts, docs, strict=True):
             results[i] = replace(results[i], text=repair_caption(text, doc, offsets))
         return results

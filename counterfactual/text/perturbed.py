@@ -33,12 +33,16 @@ def _result(text: str) -> RewriteResult:
 
 class PerturbRewriter:
     """Rewriter for ``config.method`` in :data:`PERTURB_METHODS`; ``nouns-adj`` loads the spaCy
-    pipeline ``config.spacy_model`` (default: ``en_core_web_sm`` if installed) once."""
+    pipeline ``config.spacy_model`` (default: ``en_core_web_sm`` if installed) once and parses
+    ``batch_size`` captions at a time."""
 
-    def __init__(self, config: TextConfig) -> None:
+    def __init__(self, config: TextConfig, batch_size: int = 256) -> None:
         if config.method not in PERTURB_METHODS:
             raise ValueError(f"text method {config.method!r} is not one of {PERTURB_METHODS}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.config = config
+        self.batch_size = batch_size
         self.method = config.method
         self.model_name: str | None = None
         self.nlp: Any = None
@@ -61,7 +65,7 @@ class PerturbRewriter:
         kept = dict(
             zip(
                 distinct,
-                nouns_adj_many(distinct, self.nlp, batch_size=self.config.batch_size),
+                nouns_adj_many(distinct, self.nlp, batch_size=self.batch_size),
                 strict=True,
             )
         )
