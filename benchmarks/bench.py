@@ -57,7 +57,6 @@ from pathlib import Path  # noqa: E402
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
-from counterfactual.generate import generate_coco  # noqa: E402
 from counterfactual.image import (  # noqa: E402
     DiffusersConfig,
     EditRequest,
@@ -66,12 +65,13 @@ from counterfactual.image import (  # noqa: E402
     make_editor,
 )
 from counterfactual.imageio import encode_jpeg, load_rgb  # noqa: E402
-from counterfactual.masks import box_mask  # noqa: E402
+from counterfactual.method.masks import box_mask  # noqa: E402
+from counterfactual.method.selection import SelectionConfig, select, select_many  # noqa: E402
 from counterfactual.readers.coco import read_coco  # noqa: E402
+from counterfactual.readers.generate import generate_coco  # noqa: E402
 from counterfactual.records import Dataset  # noqa: E402
-from counterfactual.run import RunResult  # noqa: E402
-from counterfactual.selection import SelectionConfig, select, select_many  # noqa: E402
-from counterfactual.tasks import ShardDone  # noqa: E402
+from counterfactual.synth.run import RunResult  # noqa: E402
+from counterfactual.synth.tasks import ShardDone  # noqa: E402
 from counterfactual.testing import (  # noqa: E402
     build_tiny_owlv2,
     write_clip_tokenizer_files,
@@ -326,7 +326,7 @@ def _generated(work: Path, n: int, size: tuple[int, int]) -> list:
 
 
 def _floor_rate(records: list, limit: int = 300) -> float:
-    from counterfactual.synth import load_record_image
+    from counterfactual.synth.plan import load_record_image
 
     sample = records[:limit]
     return best_rate(
@@ -387,7 +387,7 @@ class _Clock:
 
 
 def _local_run(records: list, out: Path, config) -> tuple[float, int, _Clock]:
-    from counterfactual.runner import run_local
+    from counterfactual.synth.runner import run_local
 
     clock = _Clock()
     start = time.perf_counter()
@@ -426,7 +426,7 @@ def _ray_run(
 
 def bench_pipeline(work: Path, n: int, memory_sizes: tuple[int, int]) -> dict[str, float]:
     from counterfactual.image import ImageConfig
-    from counterfactual.synth import SynthConfig
+    from counterfactual.synth.plan import SynthConfig
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -502,7 +502,7 @@ def _topk_child(queries: int, gallery: int, dim: int, k: int) -> None:
     """Run in a child on every core: print seconds and peak RSS of one exact top-k."""
     import resource
 
-    from counterfactual.metrics import topk_chunked
+    from counterfactual.eval.metrics import topk_chunked
 
     rng = np.random.default_rng(0)
     gallery_emb = rng.standard_normal((gallery, dim), dtype=np.float32)
@@ -539,7 +539,7 @@ def bench_retrieval(queries: int, gallery: int, dim: int = 512, k: int = 10) -> 
 
 
 def bench_mentions(work: Path, n: int) -> dict[str, float]:
-    from counterfactual.mentions import MentionIndexer
+    from counterfactual.eval.mentions import MentionIndexer
 
     files = generate_coco(work / "mentions", n, seed=5, write_images=False)
     texts = [a["caption"] for a in json.loads(files.captions.read_text())["annotations"]]
@@ -555,7 +555,7 @@ def bench_verify(work: Path, n: int) -> dict[str, float]:
     from diffusers import UNet2DConditionModel
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
 
-    from counterfactual.verify import Verifier, VerifyConfig, VerifyRequest
+    from counterfactual.method.verify import Verifier, VerifyConfig, VerifyRequest
     from counterfactual.vocab import coco_vocabulary
 
     torch.set_num_threads(1)
@@ -691,7 +691,7 @@ def _detect_model(
     decode-only rate seen beside it."""
     from transformers import AutoProcessor
 
-    from counterfactual.detect import DetectConfig, Detector
+    from counterfactual.method.detect import DetectConfig, Detector
     from counterfactual.vocab import coco_vocabulary
 
     def floor() -> None:
@@ -751,7 +751,7 @@ def bench_detect(work: Path, n: int, n_base: int) -> dict[str, float]:
 
 def _read_and_run(read: Callable[[], Dataset], out: Path, config) -> tuple[float, RunResult]:
     """Seconds to read a dataset and run it in process into ``out``, and the run's result."""
-    from counterfactual.runner import run_local
+    from counterfactual.synth.runner import run_local
 
     start = time.perf_counter()
     dataset = read()
@@ -765,9 +765,9 @@ def bench_corpus(work: Path, n: int, repeat: int = 2) -> dict[str, float]:
     in-process runner on one core, reading included; the two runs alternate."""
     import torch
 
-    from counterfactual.detect import DetectConfig
+    from counterfactual.method.detect import DetectConfig
     from counterfactual.readers.corpus import read_wds
-    from counterfactual.synth import SynthConfig
+    from counterfactual.synth.plan import SynthConfig
 
     torch.set_num_threads(1)
 
@@ -999,7 +999,7 @@ def _run_layer_driver_cpu(work: Path, n: int, per_shard: int, profile: Path | No
     outside), reading outside; per input image."""
     import ray
 
-    from counterfactual.synth import SynthConfig
+    from counterfactual.synth.plan import SynthConfig
     from pipelines.synth import RayOptions, init_ray, run_ray
 
     files = _run_layer_coco(work, n)

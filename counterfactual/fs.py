@@ -24,7 +24,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from counterfactual._lazy import require
@@ -282,3 +282,14 @@ def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
         if full is not None:
             raise full from err
         raise
+
+
+def safe_relative_path(name: str) -> str | None:
+    """``name`` as a relative POSIX path inside the dataset root, or ``None`` when it is absolute,
+    empty or climbs out with ``..`` (a dataset file must never make us read elsewhere)."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return None
+    path = PurePosixPath(name.replace("\\", "/"))
+    if path.is_absolute() or ".." in path.parts or (path.parts and ":" in path.parts[0]):
+        return None
+    return path.as_posix()

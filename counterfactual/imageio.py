@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from counterfactual import fs
-from counterfactual.readers import safe_relative_path
+from counterfactual.fs import safe_relative_path
 
 try:  # LittleCMS bindings; a Pillow built without them decodes without colour management
     from PIL import ImageCms

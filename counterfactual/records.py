@@ -54,7 +54,7 @@ class Phrase:
 @dataclass(frozen=True, slots=True)
 class Caption:
     """One caption of an image. Readers build ``text`` with
-    :func:`counterfactual.text.clean.clean_text`; ``cleaned`` counts the control and invisible
+    :func:`counterfactual.readers.clean.clean_text`; ``cleaned`` counts the control and invisible
     characters it removed (a sample's json shows it as ``caption_cleaned`` when not 0)."""
 
     caption_id: str

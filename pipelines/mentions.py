@@ -1,5 +1,5 @@
 """The class mentions of a whole caption gallery (616K COCO captions) on Ray: one
-:class:`~counterfactual.mentions.MentionIndexer` per actor (spaCy loaded once), captions in
+:class:`~counterfactual.eval.mentions.MentionIndexer` per actor (spaCy loaded once), captions in
 blocks. The result equals the in-process indexer's, caption for caption.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from counterfactual.mentions import MentionIndexer
+from counterfactual.eval.mentions import MentionIndexer
 from counterfactual.vocab import ClassVocabulary
 from pipelines.synth import RayOptions, init_ray
 

@@ -1,13 +1,13 @@
 """The synthesis run on Ray: shard workers that write their own shards, model actors they call.
 
-The driver (:func:`counterfactual.run.run_shards`) streams shard tasks to a pool of
+The driver (:func:`counterfactual.synth.run.run_shards`) streams shard tasks to a pool of
 :class:`ShardWorker` actors, at most ``in_flight`` queued per worker, and hears back only each
 shard's counts. A worker reads its task's input (a slice of records, or a corpus piece it reads
 itself), plans it, runs the steps batch by batch and writes the shard's tar and then its stats
 file straight into OUT (a folder every node sees, or an object store), exactly as the
-in-process runner does (:class:`counterfactual.tasks.ShardMaker`): img2dataset's model.
+in-process runner does (:class:`counterfactual.synth.tasks.ShardMaker`): img2dataset's model.
 
-Steps that declare a learned model (:class:`~counterfactual.stages.Resources`: diffusion
+Steps that declare a learned model (:class:`~counterfactual.synth.steps.Resources`: diffusion
 inpainting, the captioner, the detector, the CLIP verifier) on a GPU are actor pools of their
 own, one actor class per declared stage (``Inpaint``, ``Caption``, ``Detect``, ``Verify``, with
 ``num_gpus``: :func:`actor_class`); the workers send them batches of decoded
@@ -37,9 +37,11 @@ from typing import Any
 
 from counterfactual import fs
 from counterfactual.progress import Progress
+from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
-from counterfactual.run import RunResult, preflight, run_shards
-from counterfactual.stages import (
+from counterfactual.synth.plan import Runtime, SynthConfig
+from counterfactual.synth.run import RunResult, preflight, run_shards
+from counterfactual.synth.steps import (
     Chain,
     Job,
     Process,
@@ -50,8 +52,7 @@ from counterfactual.stages import (
     plan_stages,
     start_steps,
 )
-from counterfactual.synth import Runtime, SynthConfig
-from counterfactual.tasks import RunInput, ShardDone, ShardMaker, ShardTask
+from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +269,7 @@ class Layout:
 
 def layout_actors(stages: Sequence[Stage], options: RayOptions, cpus: float, gpus: float) -> Layout:
     """Share the cluster out, or :class:`SetupError` when a stage cannot be placed; what each
-    stage needs is what its steps declare (:class:`~counterfactual.stages.Resources`)."""
+    stage needs is what its steps declare (:class:`~counterfactual.synth.steps.Resources`)."""
     gpu_stages = [s for s in stages if pooled(s, options) and on_gpu(s)]
     actors, per_actor = [], []
     for stage in stages:
@@ -421,7 +422,7 @@ def run_ray(
 ) -> RunResult:
     """Make the shards of ``inputs`` in ``out_dir`` on Ray, resuming a run of the same config.
 
-    Same contract and same bytes as :func:`counterfactual.runner.run_local`. ``on_start(info)``
+    Same contract and same bytes as :func:`counterfactual.synth.runner.run_local`. ``on_start(info)``
     hears where the run goes (address, dashboard, CPUs, GPUs, nodes) once Ray is up; a run
     whose shards are all committed starts no Ray. ``runtime``: device, dtype and batch sizes,
     as for ``run_local``.

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from counterfactual.generate import CocoFiles, generate_coco
+from counterfactual.readers.generate import CocoFiles, generate_coco
 
 ODD_CAPTION = "Ein Hund 🐕 neben a dog — naïve café\u200b with a\ttab."
 

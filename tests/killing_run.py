@@ -61,7 +61,7 @@ def _hook(target: str, n: int, out: Path):
 
 def _hook_local(target: str, n: int) -> None:
     """Wrap :meth:`ShardMaker.__call__`, which both runners use to make each shard."""
-    from counterfactual import tasks
+    from counterfactual.synth import tasks
 
     make = tasks.ShardMaker.__call__
     started = 0

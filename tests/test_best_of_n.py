@@ -13,7 +13,7 @@ from shard_files import shard_members
 from counterfactual.cli import main
 from counterfactual.image import DiffusersConfig, EditRequest, ImageConfig
 from counterfactual.image.best_of_n import BestOfN, candidate_seed
-from counterfactual.verify import RemovalScorer, Verifier, VerifyConfig
+from counterfactual.method.verify import RemovalScorer, Verifier, VerifyConfig
 from counterfactual.vocab import ClassVocabulary
 
 

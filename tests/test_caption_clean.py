@@ -11,14 +11,14 @@ from bad_coco import synth_args
 from sample_json import sample_json
 
 from counterfactual.cli import main
-from counterfactual.generate import generate_coco
+from counterfactual.readers.clean import CleanText, clean_text
 from counterfactual.readers.coco import read_coco
 from counterfactual.readers.corpus import iter_table, iter_wds
+from counterfactual.readers.generate import generate_coco
 from counterfactual.records import Caption, ImageRecord
-from counterfactual.run import read_status
-from counterfactual.samples import SampleMeta
+from counterfactual.synth.run import read_status
+from counterfactual.synth.samples import SampleMeta
 from counterfactual.testing.corpora import write_csv, write_shard
-from counterfactual.text.clean import CleanText, clean_text
 
 FLAG = "🏴\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f"
 """England's flag: a black flag and tag characters (format characters that must stay)."""

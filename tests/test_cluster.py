@@ -12,7 +12,7 @@ from bad_coco import synth_args
 from shard_files import run_outputs
 
 from counterfactual.cli import main
-from counterfactual.generate import generate_coco
+from counterfactual.readers.generate import generate_coco
 
 ray = pytest.importorskip("ray")
 

@@ -17,11 +17,11 @@ from bad_coco import synth_args
 from PIL import Image, ImageCms
 
 from counterfactual.cli import main
-from counterfactual.generate import generate_coco
 from counterfactual.imageio import SampleError, load_rgb
+from counterfactual.readers.generate import generate_coco
 from counterfactual.records import ImageRecord
-from counterfactual.samples import iter_samples
-from counterfactual.synth import load_record_image
+from counterfactual.synth.plan import load_record_image
+from counterfactual.synth.samples import iter_samples
 
 H, W = 24, 40
 

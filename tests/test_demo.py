@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from counterfactual.method.selection import SelectionConfig, candidates, select
 from counterfactual.readers.demo import demo_recipe, prepare_demo, read_demo
 from counterfactual.records import Dataset, ImageRecord
-from counterfactual.selection import SelectionConfig, candidates, select
 
 pytest.importorskip("skimage")
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from counterfactual.detect import (
+from counterfactual.method.detect import (
     DetectConfig,
     Detection,
     Detector,

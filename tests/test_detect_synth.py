@@ -16,20 +16,20 @@ import numpy as np
 import pytest
 from shard_files import shard_members
 
-from counterfactual.detect import DetectConfig, Detection
-from counterfactual.generate import generate_coco
 from counterfactual.image import ImageConfig
-from counterfactual.masks import MaskConfig
-from counterfactual.readers.coco import read_coco
-from counterfactual.runner import run_local
-from counterfactual.selection import (
+from counterfactual.method.detect import DetectConfig, Detection
+from counterfactual.method.masks import MaskConfig
+from counterfactual.method.selection import (
     CAPTION_UNCHANGED,
     SelectionConfig,
     candidates,
     select_many,
 )
-from counterfactual.stages import step_order
-from counterfactual.synth import Runtime, SynthConfig, fingerprint_of, load_record_image
+from counterfactual.readers.coco import read_coco
+from counterfactual.readers.generate import generate_coco
+from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of, load_record_image
+from counterfactual.synth.runner import run_local
+from counterfactual.synth.steps import step_order
 from counterfactual.text import TextConfig
 from counterfactual.vocab import coco_vocabulary
 from pipelines.synth import plan_stages

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from arrays import random_image, rect_mask
 
-from counterfactual.masks import mask_bounds
+from counterfactual.method.masks import mask_bounds
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

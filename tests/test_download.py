@@ -1,4 +1,4 @@
-"""`counterfactual data` and counterfactual.download, offline: tiny archives served through
+"""`counterfactual data` and counterfactual.readers.download, offline: tiny archives served through
 file:// URLs and a loopback HTTP server built here; nothing reaches the network."""
 
 import hashlib
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from counterfactual import download as dl
 from counterfactual.cli import main
+from counterfactual.readers import download as dl
 
 NESTED = {"pkg/inner/a.txt": b"alpha\n", "pkg/b.txt": b"beta beta\n"}
 

@@ -13,9 +13,9 @@ from PIL import Image
 from sample_json import sample_json
 
 from counterfactual.cli import main
-from counterfactual.evalset import Corpus, CorpusImage, Query, read_karpathy, read_queries
-from counterfactual.evaluate import EvalConfig, embed_gallery, evaluate_model
-from counterfactual.mentions import MentionIndexer, cached_mentions
+from counterfactual.eval.evalset import Corpus, CorpusImage, Query, read_karpathy, read_queries
+from counterfactual.eval.evaluate import EvalConfig, embed_gallery, evaluate_model
+from counterfactual.eval.mentions import MentionIndexer, cached_mentions
 from counterfactual.records import Caption, ImageRecord, Phrase
 
 WORDS = ("dog", "cat", "car")
@@ -161,7 +161,7 @@ def test_read_karpathy(tmp_path):
 
 
 def test_annotated_phrases_give_mentions(tmp_path):
-    from counterfactual.evalset import corpus_from_records
+    from counterfactual.eval.evalset import corpus_from_records
 
     phrases = (Phrase(2, 5, "man", ("people",)), Phrase(15, 18, "dog", ("animals",)))
     records = [
@@ -217,7 +217,7 @@ def test_read_queries_keeps_one_per_plan_and_reports_bad_samples(tmp_path):
 
 @pytest.fixture(scope="module")
 def gallery_texts(tmp_path_factory):
-    from counterfactual.generate import generate_coco
+    from counterfactual.readers.generate import generate_coco
 
     files = generate_coco(tmp_path_factory.mktemp("gen"), 120, seed=3, write_images=False)
     texts = [a["caption"] for a in json.loads(files.captions.read_text())["annotations"]]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from counterfactual.method.selection import SelectionConfig, candidates
 from counterfactual.readers.flickr30k import (
     FormatError,
     parse_annotation,
@@ -13,7 +14,6 @@ from counterfactual.readers.flickr30k import (
     read_flickr30k,
 )
 from counterfactual.records import Caption, ImageRecord, ObjectAnnotation, Phrase, Status
-from counterfactual.selection import SelectionConfig, candidates
 
 SENTENCES_1000 = """\
 [/EN#1/people A man] in [/EN#5/clothing a red hat] rides [/EN#2/animals a brown horse] past [/EN#3/vehicles a car] .

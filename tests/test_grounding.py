@@ -10,7 +10,7 @@ import pytest
 
 from counterfactual import cli
 from counterfactual.cli import main
-from counterfactual.grounding import (
+from counterfactual.tools.grounding import (
     GroundingScores,
     align_boxes,
     grounding_scores,

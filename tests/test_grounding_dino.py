@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from counterfactual.detect import DetectConfig, Detector
-from counterfactual.detectors import MODEL_TYPES, ModelCall, backend_for
-from counterfactual.detectors.grounding_dino import (
+from counterfactual.method.detect import DetectConfig, Detector
+from counterfactual.method.detectors import MODEL_TYPES, ModelCall, backend_for
+from counterfactual.method.detectors.grounding_dino import (
     box_pixels,
     chunks,
     class_logits,

@@ -15,11 +15,11 @@ import pytest
 import yaml
 from bad_coco import make_bad_coco, synth_args
 
-from counterfactual.card import CARD_FILE, ShardEntry, card_metadata
 from counterfactual.cli import main
 from counterfactual.json_types import MIXED, hf_feature, json_type, merge_types, mixed_paths
-from counterfactual.run import read_status
-from counterfactual.samples import SampleMeta, iter_samples, read_samples, shard_paths
+from counterfactual.synth.card import CARD_FILE, ShardEntry, card_metadata
+from counterfactual.synth.run import read_status
+from counterfactual.synth.samples import SampleMeta, iter_samples, read_samples, shard_paths
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 datasets = pytest.importorskip("datasets")

@@ -9,8 +9,8 @@ import pytest
 
 from counterfactual import cli
 from counterfactual.cli import main
-from counterfactual.hinge import hinge_loss, max_hinge_loss, negative_mask, sum_hinge_loss
-from counterfactual.perturb import GroundedSample, in_batch_negative_sets
+from counterfactual.text.perturb import GroundedSample, in_batch_negative_sets
+from counterfactual.train.hinge import hinge_loss, max_hinge_loss, negative_mask, sum_hinge_loss
 
 try:
     import torch

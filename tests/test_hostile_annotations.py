@@ -17,11 +17,11 @@ from PIL import Image
 from shard_files import run_outputs
 
 from counterfactual.cli import main
-from counterfactual.generate import CocoFiles, generate_coco
 from counterfactual.readers.coco import AnnotationWarning, read_coco
 from counterfactual.readers.flickr30k import read_flickr30k
+from counterfactual.readers.generate import CocoFiles, generate_coco
 from counterfactual.records import RLE
-from counterfactual.run import read_status
+from counterfactual.synth.run import read_status
 
 N = 16
 FAST = ("--image-method", "blur", "--policy", "all", "--contact-sheet", "0")

@@ -21,7 +21,7 @@ from bad_coco import synth_args
 
 from counterfactual import fs
 from counterfactual.cli import main, setup_error
-from counterfactual.generate import CocoFiles, generate_coco
+from counterfactual.readers.generate import CocoFiles, generate_coco
 
 ROOT = os.geteuid() == 0
 needs_permissions = pytest.mark.skipif(ROOT, reason="root ignores file permissions")
@@ -290,7 +290,7 @@ def test_unknown_option_names_the_subcommand(capsys):
     ],
 )
 def test_selection_config_ranges(field, value, message):
-    from counterfactual.selection import SelectionConfig
+    from counterfactual.method.selection import SelectionConfig
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         SelectionConfig(**{field: value})
@@ -298,7 +298,7 @@ def test_selection_config_ranges(field, value, message):
 
 
 def test_selection_seed_range():
-    from counterfactual.selection import SelectionConfig, select_many
+    from counterfactual.method.selection import SelectionConfig, select_many
 
     with pytest.raises(ValueError, match=r"seed must be an int >= 0, got -1"):
         select_many([], SelectionConfig(), seed=-1)
@@ -314,7 +314,7 @@ def test_selection_seed_range():
     ],
 )
 def test_synth_config_ranges(kwargs, message):
-    from counterfactual.synth import SynthConfig
+    from counterfactual.synth.plan import SynthConfig
 
     with pytest.raises(ValueError) as err:
         SynthConfig(**kwargs)
@@ -322,7 +322,7 @@ def test_synth_config_ranges(kwargs, message):
 
 
 def test_mask_config_ranges():
-    from counterfactual.masks import MaskConfig
+    from counterfactual.method.masks import MaskConfig
 
     with pytest.raises(ValueError, match="dilate must be a whole number of pixels >= 0, got -1"):
         MaskConfig(dilate=-1)

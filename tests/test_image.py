@@ -14,9 +14,9 @@ from counterfactual.image import (
     make_editor,
 )
 from counterfactual.image.fills import blur
-from counterfactual.masks import MaskConfig, box_mask, dilate, plan_mask
+from counterfactual.method.masks import MaskConfig, box_mask, dilate, plan_mask
+from counterfactual.method.selection import SelectionConfig, select
 from counterfactual.records import ImageRecord, ObjectAnnotation
-from counterfactual.selection import SelectionConfig, select
 
 METHODS = [
     ImageConfig(method="zero"),

@@ -10,7 +10,7 @@ import pytest
 
 from counterfactual import cli
 from counterfactual.cli import main
-from counterfactual.grounding.intervals import (
+from counterfactual.tools.grounding.intervals import (
     TABLE1_COLUMNS,
     Interval,
     format_table1,

@@ -7,10 +7,10 @@ import pytest
 from pycocotools import mask as coco_mask
 from pycocotools.coco import COCO
 
-from counterfactual.masks import MaskConfig, object_mask, plan_mask
+from counterfactual.method.masks import MaskConfig, object_mask, plan_mask
+from counterfactual.method.selection import RemovalPlan
 from counterfactual.readers.coco import _compressed_runs, read_coco
 from counterfactual.records import RLE, ImageRecord, ObjectAnnotation
-from counterfactual.selection import RemovalPlan
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 

@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from counterfactual.generate import generate_coco
-from counterfactual.mentions import (
+from counterfactual.eval.mentions import (
     MentionIndexer,
     load_mentions,
     mentions_fingerprint,
     save_mentions,
 )
+from counterfactual.readers.generate import generate_coco
 from counterfactual.text import RewriteRequest, TextConfig, make_rewriter
 from counterfactual.vocab import ClassVocabulary, coco_vocabulary
 

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from counterfactual.metrics import (
+from counterfactual.eval.metrics import (
     RecallAtK,
     TopK,
     average_precision_at_k,
@@ -338,7 +338,7 @@ def test_recall_matches_brute_force() -> None:
 
 
 def test_recall_in_small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from counterfactual.metrics import retrieval
+    from counterfactual.eval.metrics import retrieval
 
     sim, owner = _random_recall_case(99)
     want = recall_at_k(sim, owner)

@@ -14,7 +14,7 @@ from braceexpand import braceexpand
 from PIL import Image
 
 from counterfactual.cli import main
-from counterfactual.mix import (
+from counterfactual.train.mix import (
     PLAN_VERSION,
     MixPlan,
     SeededShards,

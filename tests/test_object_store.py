@@ -21,7 +21,7 @@ from bad_coco import make_bad_coco, synth_args
 from shard_files import run_outputs
 
 from counterfactual.cli import main
-from counterfactual.generate import CocoFiles, generate_coco
+from counterfactual.readers.generate import CocoFiles, generate_coco
 
 pytestmark = pytest.mark.slow
 

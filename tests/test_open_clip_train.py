@@ -18,8 +18,8 @@ from bad_coco import synth_args
 from PIL import Image
 
 from counterfactual.cli import main
-from counterfactual.generate import generate_coco
-from counterfactual.mix import PLAN_VERSION
+from counterfactual.readers.generate import generate_coco
+from counterfactual.train.mix import PLAN_VERSION
 
 pytestmark = pytest.mark.slow
 

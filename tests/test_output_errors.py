@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from bad_coco import synth_args
 
-from counterfactual.generate import generate_coco
+from counterfactual.readers.generate import generate_coco
 
 ROOT = Path(__file__).resolve().parents[1]
 

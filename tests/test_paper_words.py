@@ -9,8 +9,8 @@ import pytest
 
 from counterfactual import cli
 from counterfactual.cli import main
-from counterfactual.mentions import MentionIndexer
-from counterfactual.metrics.retrieval import od_relevance, odmap_at_k
+from counterfactual.eval.mentions import MentionIndexer
+from counterfactual.eval.metrics.retrieval import od_relevance, odmap_at_k
 from counterfactual.text import RewriteRequest
 from counterfactual.text.np_removal import NounPhraseRemover
 from counterfactual.vocab import ClassVocabulary, coco_vocabulary, load_vocabulary

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from counterfactual.cli import main
-from counterfactual.grounding.persons import (
+from counterfactual.text.nlp import load_spacy
+from counterfactual.tools.grounding.persons import (
     CaptionFilter,
     DropReason,
     FilterConfig,
@@ -28,7 +29,6 @@ from counterfactual.grounding.persons import (
     substitute_names,
     summarize,
 )
-from counterfactual.text.nlp import load_spacy
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from counterfactual import cli
 from counterfactual.cli import main
-from counterfactual.perturb import (
+from counterfactual.text.perturb import (
     ContrastiveNegatives,
     GroundedSample,
     in_batch_negatives,

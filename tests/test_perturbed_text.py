@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from counterfactual.perturb import shuffle
 from counterfactual.text import TEXT_METHODS, RewriteRequest, TextConfig, make_rewriter
-from counterfactual.text.perturbed import PerturbRewriter
+from counterfactual.text.perturb import PerturbRewriter, shuffle
 
 CAPTION = "A man riding a red motorcycle down a dirt road."
 
@@ -78,7 +77,7 @@ def test_synth_writes_shuffled_shards(tmp_path) -> None:
     from bad_coco import synth_args
 
     from counterfactual.cli import main
-    from counterfactual.generate import generate_coco
+    from counterfactual.readers.generate import generate_coco
 
     files = generate_coco(tmp_path / "coco", 6, seed=0, size=(160, 120))
     out = tmp_path / "out"

@@ -342,9 +342,9 @@ def test_stages_and_their_resources(image, text, device, expected):
     """Which steps run where, and how a cluster is shared out: GPU model steps on actor pools
     of their own, everything else in the shard workers; an impossible setup is refused before
     anything starts, naming the stage and the fix."""
-    from counterfactual.detect import DetectConfig
     from counterfactual.image import ImageConfig
-    from counterfactual.synth import Runtime, SynthConfig
+    from counterfactual.method.detect import DetectConfig
+    from counterfactual.synth.plan import Runtime, SynthConfig
     from counterfactual.text import TextConfig
     from pipelines.synth import RayOptions, SetupError, layout_actors, plan_stages
 

@@ -318,10 +318,10 @@ def test_config_is_validated(options, match):
 def test_a_synth_run_with_repair_records_it(tmp_path):
     """`repair` is part of the run's fingerprint and of every sample's text method."""
     from counterfactual.image import ImageConfig
+    from counterfactual.method.selection import SelectionConfig
     from counterfactual.readers.demo import demo_vocabulary_path, read_demo
-    from counterfactual.runner import run_local
-    from counterfactual.selection import SelectionConfig
-    from counterfactual.synth import SynthConfig
+    from counterfactual.synth.plan import SynthConfig
+    from counterfactual.synth.runner import run_local
 
     vocab = str(demo_vocabulary_path())
     config = SynthConfig(

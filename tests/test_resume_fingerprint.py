@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from test_stages import records
 
-from counterfactual import stages
 from counterfactual.cli import build_parser
 from counterfactual.cli.synth import build_config, build_runtime
-from counterfactual.detect import DetectConfig
 from counterfactual.image import ImageConfig, make_editor
-from counterfactual.run import RUN_FILE
-from counterfactual.runner import run_local
-from counterfactual.synth import Runtime, SynthConfig, fingerprint_of
+from counterfactual.method.detect import DetectConfig
+from counterfactual.method.verify import VerifyConfig
+from counterfactual.synth import steps as stages
+from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
+from counterfactual.synth.run import RUN_FILE
+from counterfactual.synth.runner import run_local
 from counterfactual.text import TextConfig
-from counterfactual.verify import VerifyConfig
 
 OLD = json.loads((Path(__file__).parent / "format2_configs.json").read_text())["cases"]
 ROOT = ["--dataset", "coco", "--root", "/tmp/r"]

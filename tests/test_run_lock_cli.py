@@ -19,7 +19,7 @@ from bad_coco import synth_args
 
 from counterfactual import fs
 from counterfactual.cli import main
-from counterfactual.generate import generate_coco
+from counterfactual.readers.generate import generate_coco
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from counterfactual import fs, runlock
-from counterfactual.runlock import LockHeld, LockLost, RunLock
+from counterfactual import fs
+from counterfactual.synth import runlock
+from counterfactual.synth.runlock import LockHeld, LockLost, RunLock
 
 HOST = socket.gethostname()
 T0 = 1_795_460_400.0  # 2026-11-23T19:00:00Z

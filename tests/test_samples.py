@@ -1,4 +1,4 @@
-"""The shard data spec and reader (`counterfactual.samples`): write-then-read round trips on the
+"""The shard data spec and reader (`counterfactual.synth.samples`): write-then-read round trips on the
 shards of a real demo run, malformed jsons named by key, headers-only reading, committed shards
 only, and the same rows through an S3 URL."""
 
@@ -13,10 +13,18 @@ import pytest
 from sample_json import sample_json
 from shard_files import shard_members
 
-from counterfactual import samples as samples_module
 from counterfactual.cli import main
+from counterfactual.method.verify import (
+    ClassScore,
+    Removal,
+    Retention,
+    TextCheck,
+    VerifyResult,
+    VerifySummary,
+)
 from counterfactual.records import ParquetCell, Status, TarMember
-from counterfactual.samples import (
+from counterfactual.synth import samples as samples_module
+from counterfactual.synth.samples import (
     BAD_METADATA,
     BAD_SHARD,
     SampleMeta,
@@ -27,14 +35,6 @@ from counterfactual.samples import (
     sample_failures,
     shard_paths,
     verify_summary_from_samples,
-)
-from counterfactual.verify import (
-    ClassScore,
-    Removal,
-    Retention,
-    TextCheck,
-    VerifyResult,
-    VerifySummary,
 )
 
 

@@ -8,9 +8,9 @@ import pytest
 from pycocotools.coco import COCO
 
 from counterfactual.cli import main
-from counterfactual.cooccurrence import CooccurrenceStats
+from counterfactual.method.cooccurrence import CooccurrenceStats
+from counterfactual.method.selection import SelectionConfig, candidates, select
 from counterfactual.readers.coco import read_coco
-from counterfactual.selection import SelectionConfig, candidates, select
 from counterfactual.vocab import coco_vocabulary
 
 

@@ -13,9 +13,14 @@ from test_select_cli import instances, one_at_a_time
 import counterfactual.cli.select as select_cli
 from counterfactual.boxtable import BoxTable
 from counterfactual.cli import main
+from counterfactual.method.selection import (
+    SelectionConfig,
+    candidates_table,
+    select_many,
+    select_table,
+)
 from counterfactual.readers.coco import read_coco
 from counterfactual.readers.coco_boxes import read_coco_boxes
-from counterfactual.selection import SelectionConfig, candidates_table, select_many, select_table
 
 
 def rich_coco(n=60, seed=1):

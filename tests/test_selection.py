@@ -5,9 +5,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from counterfactual.geometry import union_area
+from counterfactual.method.geometry import union_area
+from counterfactual.method.selection import (
+    SelectionConfig,
+    candidates,
+    draw_index,
+    select,
+    select_many,
+)
 from counterfactual.records import ImageRecord, ObjectAnnotation
-from counterfactual.selection import SelectionConfig, candidates, draw_index, select, select_many
 
 
 def rec(objects, width=100, height=100, image_id="1"):

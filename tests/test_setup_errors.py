@@ -12,7 +12,7 @@ import time
 import pytest
 from bad_coco import synth_args
 
-from counterfactual.generate import generate_coco
+from counterfactual.readers.generate import generate_coco
 
 pytestmark = pytest.mark.slow
 

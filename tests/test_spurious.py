@@ -11,16 +11,13 @@ from PIL import Image
 from sample_json import sample_json
 
 from counterfactual.cli import main
-from counterfactual.cooccurrence import (
+from counterfactual.method.cooccurrence import (
     DPI,
     CooccurrenceStats,
     figure_size,
     present_classes,
-    synthetic_class_sets,
 )
-from counterfactual.readers.demo import read_demo
-from counterfactual.records import ImageRecord, ObjectAnnotation
-from counterfactual.selection import (
+from counterfactual.method.selection import (
     SelectionConfig,
     candidates,
     draw_index,
@@ -28,6 +25,9 @@ from counterfactual.selection import (
     select_many,
     spurious_score,
 )
+from counterfactual.readers.demo import read_demo
+from counterfactual.records import ImageRecord, ObjectAnnotation
+from counterfactual.synth.samples import synthetic_class_sets
 
 SPURIOUS = SelectionConfig(policy="spurious")
 

@@ -6,8 +6,8 @@ import numpy as np
 
 from counterfactual.image import EditRequest, ImageConfig
 from counterfactual.records import Caption, ImageRecord, ObjectAnnotation
-from counterfactual.runner import run_local
-from counterfactual.synth import Runtime, SynthConfig
+from counterfactual.synth.plan import Runtime, SynthConfig
+from counterfactual.synth.runner import run_local
 from counterfactual.text import RewriteRequest, RewriteResult
 
 
@@ -59,7 +59,7 @@ def test_a_model_failure_is_one_status_row_not_a_crash(tmp_path):
     recs = records(tmp_path, 5)
     config = SynthConfig(image=ImageConfig(method="zero"))
     # find the seed of record 1's item, to fail exactly that one
-    from counterfactual.synth import plan
+    from counterfactual.synth.plan import plan
 
     bad = plan(recs[1:2], config)[0][0].seed
     editor = FailingEditor(bad)

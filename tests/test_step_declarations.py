@@ -7,9 +7,11 @@ from dataclasses import replace
 import pytest
 from test_stages import records
 
-from counterfactual.detect import DetectConfig
 from counterfactual.image import DiffusersConfig, ImageConfig, LamaConfig
-from counterfactual.stages import (
+from counterfactual.method.detect import DetectConfig
+from counterfactual.method.verify import VerifyConfig
+from counterfactual.synth.plan import Runtime, SynthConfig, plan
+from counterfactual.synth.steps import (
     PLANNED,
     STEPS,
     Chain,
@@ -28,9 +30,7 @@ from counterfactual.stages import (
     planned_fields,
     step_order,
 )
-from counterfactual.synth import Runtime, SynthConfig, plan
 from counterfactual.text import RewriteResult, TextConfig
-from counterfactual.verify import VerifyConfig
 
 BLUR = ImageConfig(method="blur")
 DETECT = DetectConfig(model="scripted")

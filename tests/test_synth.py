@@ -182,7 +182,7 @@ def test_missing_annotation_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_sample_keys_are_stable_and_dotless():
-    from counterfactual.shards import sample_key
+    from counterfactual.synth.shards import sample_key
 
     assert sample_key("123", "person", "45") == "123_person_45"
     odd = sample_key("a.b", "hot dog", "x_y")
@@ -191,7 +191,7 @@ def test_sample_keys_are_stable_and_dotless():
 
 def test_shard_writer_commits_the_tar_then_its_stats(tmp_path):
     from counterfactual.records import Status
-    from counterfactual.shards import Sample, ShardWriter, read_stats
+    from counterfactual.synth.shards import Sample, ShardWriter, read_stats
 
     def item(i):
         if i == 3:  # a failed item: a status row, no sample
@@ -294,10 +294,10 @@ def test_every_valid_plan_has_a_row_even_when_not_drawn(coco, tmp_path, run):
 def test_one_seed_draws_the_targets_and_the_rest(tmp_path):
     """`SynthConfig.seed` alone decides the draws: the targets (the selection takes it), the
     captions and each sample's seed; and the manifest still records it under `selection`."""
-    from counterfactual.generate import generate_coco
+    from counterfactual.method.selection import SelectionConfig, select_many
     from counterfactual.readers.coco import read_coco
-    from counterfactual.selection import SelectionConfig, select_many
-    from counterfactual.synth import SynthConfig, plan
+    from counterfactual.readers.generate import generate_coco
+    from counterfactual.synth.plan import SynthConfig, plan
 
     files = generate_coco(tmp_path / "coco", 60, seed=2, write_images=False)
     records = read_coco(files.instances, files.captions, files.images).records

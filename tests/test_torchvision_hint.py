@@ -20,7 +20,7 @@ from counterfactual._lazy import (
     matching_torchvision,
     require,
 )
-from counterfactual.generate import generate_coco
+from counterfactual.readers.generate import generate_coco
 
 REPO = Path(__file__).resolve().parents[1]
 NMS = "operator torchvision::nms does not exist"

@@ -11,7 +11,7 @@ from PIL import Image
 from tiny_clip import build_tiny_clip
 
 from counterfactual.cli import main
-from counterfactual.train import TrainConfig, plan_training, train_clip
+from counterfactual.train.trainer import TrainConfig, plan_training, train_clip
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -17,7 +17,7 @@ from tiny_clip import build_tiny_clip
 
 from counterfactual.cli import main
 from counterfactual.models import load_embedder
-from counterfactual.train import (
+from counterfactual.train.trainer import (
     BLIP_TEMPERATURE,
     RECIPES,
     TrainConfig,

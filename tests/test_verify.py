@@ -13,19 +13,8 @@ from bad_coco import make_bad_coco, synth_args
 from counterfactual.cli import main
 from counterfactual.image import ImageConfig
 from counterfactual.imageio import SampleError
-from counterfactual.records import Caption, ImageRecord, ObjectAnnotation
-from counterfactual.selection import SelectionConfig
-from counterfactual.stages import (
-    PLANNED,
-    Chain,
-    Job,
-    Verify,
-    build_steps,
-    step_order,
-)
-from counterfactual.synth import Runtime, SynthConfig, fingerprint_of, plan
-from counterfactual.text import TextConfig
-from counterfactual.verify import (
+from counterfactual.method.selection import SelectionConfig
+from counterfactual.method.verify import (
     REMOVAL,
     RETENTION,
     TEXT,
@@ -42,6 +31,17 @@ from counterfactual.verify import (
     text_check,
     zero_shot_ranks,
 )
+from counterfactual.records import Caption, ImageRecord, ObjectAnnotation
+from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of, plan
+from counterfactual.synth.steps import (
+    PLANNED,
+    Chain,
+    Job,
+    Verify,
+    build_steps,
+    step_order,
+)
+from counterfactual.text import TextConfig
 from counterfactual.vocab import ClassVocabulary, coco_vocabulary
 
 S = ClassScore

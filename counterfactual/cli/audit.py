@@ -9,10 +9,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from counterfactual.audit.distractors import METHODS
-from counterfactual.audit.embed import DEFAULT_MODEL, PAPER_MODEL, Embedder
-from counterfactual.audit.templates import TAG_MODES
 from counterfactual.cli.common import nonnegative_int, positive_int
+from counterfactual.tools.audit.distractors import METHODS
+from counterfactual.tools.audit.embed import DEFAULT_MODEL, PAPER_MODEL, Embedder
+from counterfactual.tools.audit.templates import TAG_MODES
 
 FORMATS = """\
 Files: .jsonl/.ndjson (one JSON object a line), .csv/.tsv (header row first) or, where
@@ -122,7 +122,7 @@ def _cosine(text: str) -> float:
 
 def load_embedder(model: str, device: str) -> Embedder:
     """The sentence embedder ``model`` names (tests replace this)."""
-    from counterfactual.audit.embed import load_sentence_embedder
+    from counterfactual.tools.audit.embed import load_sentence_embedder
 
     return load_sentence_embedder(model, device=device)
 
@@ -275,7 +275,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_groups(args: argparse.Namespace) -> int:
-    from counterfactual.audit.groups import group_report_from_file
+    from counterfactual.tools.audit.groups import group_report_from_file
 
     report = group_report_from_file(args.input, args.reference, args.group_field)
     print(report.table() if args.format == "table" else json.dumps(report.as_dict(), indent=2))
@@ -283,8 +283,13 @@ def run_groups(args: argparse.Namespace) -> int:
 
 
 def run_oov(args: argparse.Namespace) -> int:
-    from counterfactual.audit.io import read_texts
-    from counterfactual.audit.oov import build_vocabulary, oov_by_group, oov_rate, read_vocabulary
+    from counterfactual.tools.audit.io import read_texts
+    from counterfactual.tools.audit.oov import (
+        build_vocabulary,
+        oov_by_group,
+        oov_rate,
+        read_vocabulary,
+    )
 
     fields = args.field or ["text"]
     if args.vocab:
@@ -307,9 +312,9 @@ def run_oov(args: argparse.Namespace) -> int:
 
 
 def run_templates(args: argparse.Namespace) -> int:
-    from counterfactual.audit.io import read_texts
-    from counterfactual.audit.templates import QuestionTemplater, cluster_templates
     from counterfactual.text.nlp import load_spacy
+    from counterfactual.tools.audit.io import read_texts
+    from counterfactual.tools.audit.templates import QuestionTemplater, cluster_templates
 
     items = read_texts(args.input, [args.field], objects_field=args.objects_field)
     questions = [item.text for item in items]
@@ -332,8 +337,8 @@ def run_templates(args: argparse.Namespace) -> int:
 
 
 def run_distractors(args: argparse.Namespace) -> int:
-    from counterfactual.audit.distractors import DistractorConfig, DistractorSelector
-    from counterfactual.audit.io import read_rows, read_texts
+    from counterfactual.tools.audit.distractors import DistractorConfig, DistractorSelector
+    from counterfactual.tools.audit.io import read_rows, read_texts
 
     config = DistractorConfig(
         k=args.k,

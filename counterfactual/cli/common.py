@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from counterfactual.method.selection import POLICIES, SelectionConfig
 from counterfactual.readers import CORPORA, DATASETS
-from counterfactual.selection import POLICIES, SelectionConfig
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,8 +53,8 @@ gpu_share = _ranged(float, lambda v: 0 < v <= 8, "a number in (0, 8]")
 
 def add_selection_args(parser: argparse.ArgumentParser) -> None:
     """The alpha rules, the policy and the seed, defaults from :class:`SelectionConfig` and
-    (the seed) :class:`~counterfactual.synth.SynthConfig`."""
-    from counterfactual.synth import SynthConfig
+    (the seed) :class:`~counterfactual.synth.plan.SynthConfig`."""
+    from counterfactual.synth.plan import SynthConfig
 
     default = SelectionConfig()
     g = parser.add_argument_group("selection (SPEC 1.1)")

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from counterfactual.cli.common import add_data_args, nonnegative_float, positive_int
-from counterfactual.cooccurrence import (
+from counterfactual.method.cooccurrence import (
     MEASURES,
     CooccurrenceStats,
     heatmap,
     report,
-    synthetic_class_sets,
 )
+from counterfactual.synth.samples import synthetic_class_sets
 
 if TYPE_CHECKING:
     from counterfactual.readers.spec import DataSpec

@@ -1,5 +1,5 @@
 """``counterfactual data``: list, and with ``--download`` fetch, the official files of a dataset,
-verified against published checksums (see :mod:`counterfactual.download`)."""
+verified against published checksums (see :mod:`counterfactual.readers.download`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from counterfactual import download as dl
 from counterfactual.cli.common import positive_float
+from counterfactual.readers import download as dl
 
 _STATE_TEXT = {
     "installed": "installed (digest verified on download, unpacked)",

@@ -13,9 +13,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from counterfactual.cli.common import nonnegative_int, positive_int
-from counterfactual.evalset import Corpus, corpus_from_records, read_karpathy, read_queries
-from counterfactual.evaluate import ODMAP_KS, EvalConfig, evaluate_model, gallery_mentions
-from counterfactual.metrics import RECALL_KS
+from counterfactual.eval.evalset import Corpus, corpus_from_records, read_karpathy, read_queries
+from counterfactual.eval.evaluate import ODMAP_KS, EvalConfig, evaluate_model, gallery_mentions
+from counterfactual.eval.metrics import RECALL_KS
 from counterfactual.readers import DATASETS
 
 
@@ -137,10 +137,10 @@ def _queries_dir(spec: str) -> Path:
 def parse_mentions(
     args: argparse.Namespace, cache: Path
 ) -> Callable[[Sequence[str]], list[frozenset[str]]]:
-    """A ``parse`` for :func:`~counterfactual.evaluate.gallery_mentions`: the mention index,
+    """A ``parse`` for :func:`~counterfactual.eval.evaluate.gallery_mentions`: the mention index,
     cached, on Ray with ``--runner ray``, saying where the answer came from."""
     from counterfactual.cli.synth import default_vocabulary
-    from counterfactual.mentions import MentionIndexer, cached_mentions
+    from counterfactual.eval.mentions import MentionIndexer, cached_mentions
     from counterfactual.vocab import load_vocabulary
 
     def parse(texts: Sequence[str]) -> list[frozenset[str]]:
@@ -161,9 +161,9 @@ def parse_mentions(
 
 
 def run(args: argparse.Namespace) -> int:
-    from counterfactual.eval_report import markdown_tables, write_report
-    from counterfactual.mix import expand_shards
+    from counterfactual.eval.report import markdown_tables, write_report
     from counterfactual.models import load_embedder
+    from counterfactual.train.mix import expand_shards
 
     config = EvalConfig(
         odmap_ks=tuple(args.ks),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactual.cli.common import positive_int
-from counterfactual.grounding.persons import (
+from counterfactual.tools.grounding.persons import (
     CaptionFilter,
     FilterConfig,
     read_samples,

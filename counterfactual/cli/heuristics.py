@@ -9,7 +9,11 @@ from typing import Any
 
 from counterfactual.cli.common import nonnegative_int
 from counterfactual.cli.filter_captions import INPUT_FORMAT
-from counterfactual.grounding.persons import evaluate_heuristics, read_predictions, read_samples
+from counterfactual.tools.grounding.persons import (
+    evaluate_heuristics,
+    read_predictions,
+    read_samples,
+)
 
 EPILOG = (
     INPUT_FORMAT

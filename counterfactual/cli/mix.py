@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from counterfactual.mix import MixPlan, plan_mix
+from counterfactual.train.mix import MixPlan, plan_mix
 
 _PAPER_RANGE = (0.08, 0.2)  # SPEC 1.6: synthetic per original in the paper
 _LONG_FLAGS = 4000  # characters; above this, with --out, the flags are left to the JSON

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactual.cli.common import positive_int
-from counterfactual.perturb import MODES, REQUIRED_FIELDS, perturb_records, read_jsonl
+from counterfactual.text.perturb import MODES, REQUIRED_FIELDS, perturb_records, read_jsonl
 
 EPILOG = """\
 input: JSON Lines, one object per line (blank lines are skipped), e.g.
@@ -25,7 +25,7 @@ output: the same objects, in order, with fields added:
              "negative_image_swapped": {image_j, expression_i, box_j} and
              "negative_expression_swapped": {image_i, expression_j, box_i}
   negatives with --negatives K or all: several partners per line, for Sum-H / Max-H
-             (counterfactual.hinge): the lists "negative_partners" (ascending),
+             (counterfactual.train.hinge): the lists "negative_partners" (ascending),
              "negatives_image_swapped" and "negatives_expression_swapped", in that order
 
 Malformed JSON or a missing field stops the run with the file and line; nothing is written.

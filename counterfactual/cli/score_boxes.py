@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from counterfactual.cli.common import nonnegative_int, positive_float
-from counterfactual.grounding.intervals import Z_95, format_table1, subset_intervals
-from counterfactual.grounding.metrics import score_toloka_files
+from counterfactual.tools.grounding.intervals import Z_95, format_table1, subset_intervals
+from counterfactual.tools.grounding.metrics import score_toloka_files
 
 EPILOG = """\
 Files are CSV with the header of the Toloka VQA benchmark:

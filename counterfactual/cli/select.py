@@ -24,10 +24,10 @@ import msgspec
 
 from counterfactual.boxtable import BoxTable
 from counterfactual.cli.common import add_selection_args, nonnegative_int, selection_config
-from counterfactual.cooccurrence import CooccurrenceStats
+from counterfactual.method.cooccurrence import CooccurrenceStats
+from counterfactual.method.selection import SelectionConfig, candidates_table, select_table
 from counterfactual.readers.coco import read_coco
 from counterfactual.readers.coco_boxes import read_coco_boxes
-from counterfactual.selection import SelectionConfig, candidates_table, select_table
 
 CHUNK = 16_384
 """Images selected together, and whose plans are written with one call."""

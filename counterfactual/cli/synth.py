@@ -21,20 +21,19 @@ from counterfactual.cli.common import (
     selection_config,
     unit_interval,
 )
-from counterfactual.detect import QUERY_MODES, DetectConfig
 from counterfactual.image import IMAGE_METHODS, INPAINT_BACKENDS, ImageConfig
-from counterfactual.masks import MASK_SOURCES, MaskConfig
+from counterfactual.method.detect import QUERY_MODES, DetectConfig
+from counterfactual.method.masks import MASK_SOURCES, MaskConfig
+from counterfactual.method.verify import VerifyConfig
 from counterfactual.progress import Progress
 from counterfactual.readers import CORPORA
 from counterfactual.readers.spec import open_input
 from counterfactual.records import ImageRecord
-from counterfactual.synth import CAPTION_CHOICES, DTYPES, Runtime, SynthConfig
+from counterfactual.synth.plan import CAPTION_CHOICES, DTYPES, Runtime, SynthConfig
 from counterfactual.text import TEXT_METHODS, TextConfig
-from counterfactual.verify import VerifyConfig
 
 if TYPE_CHECKING:
-    from counterfactual.readers.spec import DataSpec
-    from counterfactual.tasks import RunInput
+    from counterfactual.readers.spec import DataSpec, RunInput
     from pipelines.synth import RayOptions
 
 _IMAGE, _TEXT, _SYNTH, _VERIFY = ImageConfig(), TextConfig(), SynthConfig(), VerifyConfig()
@@ -549,7 +548,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ValueError("--out is required (on the command line or in --config)")
     config, runtime = build_config(args), build_runtime(args)
-    from counterfactual.run import check_out_dir
+    from counterfactual.synth.run import check_out_dir
 
     check_out_dir(args.out)  # before the input is read: a bad OUT fails in a second
     spec = data_spec(args, demo_root(args))
@@ -572,12 +571,12 @@ def run(args: argparse.Namespace) -> int:
             runtime=runtime,
         )
     else:
-        from counterfactual.runner import run_local
+        from counterfactual.synth.runner import run_local
 
         result = run_local(inputs, args.out, config, progress=progress, runtime=runtime)
     if args.contact_sheet:
         _write_contact_sheet(args.out, records, args.contact_sheet)
-    from counterfactual.run import summary_table
+    from counterfactual.synth.run import summary_table
 
     print(summary_table(result))
     return 0
@@ -595,7 +594,7 @@ def _describe(inputs: RunInput, spec: DataSpec) -> str:
 
 
 def _write_contact_sheet(out: str, records: Sequence[ImageRecord], rows: int) -> None:
-    from counterfactual.contact_sheet import contact_sheet, sheet_rows
+    from counterfactual.report import contact_sheet, sheet_rows
 
     by_id = {r.image_id: r for r in records}
     found = sheet_rows(out, by_id, rows)

@@ -12,7 +12,7 @@ from counterfactual.cli.common import (
     positive_float,
     positive_int,
 )
-from counterfactual.train import (
+from counterfactual.train.trainer import (
     MIXES,
     OPTIMIZERS,
     PRECISIONS,
@@ -179,7 +179,7 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from counterfactual.train import fine_tune
+    from counterfactual.train.trainer import fine_tune
 
     config = build_config(args)
     plan = plan_training(config)

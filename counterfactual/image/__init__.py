@@ -161,7 +161,7 @@ class ImageConfig:
     """How to erase: ``method`` is one of :data:`IMAGE_METHODS`; ``backend`` picks the
     inpainter when ``method == "inpaint"``. Each backend reads its own sub-config; how a model
     runs (device, dtype, batch size) is passed to :func:`make_editor` (in a synthesis run:
-    :class:`counterfactual.synth.Runtime`)."""
+    :class:`counterfactual.synth.plan.Runtime`)."""
 
     method: str = "inpaint"
     backend: str = "opencv"

@@ -3,7 +3,7 @@
 Diffusion inpainters often redraw the object they were asked to erase; drawing ``n`` candidates
 (seeds derived from the request's seed, the first one *is* the request's seed) and keeping the
 one a zero-shot model finds the removed classes least in
-(:class:`counterfactual.verify.RemovalScorer`) is a cheap way to raise the removal rate.
+(:class:`counterfactual.method.verify.RemovalScorer`) is a cheap way to raise the removal rate.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from PIL import Image
 from counterfactual._lazy import require
 from counterfactual.image import DiffusersConfig, EditRequest
 from counterfactual.image.checks import check_request
-from counterfactual.masks import mask_bounds
+from counterfactual.method.masks import mask_bounds
 
 BACKGROUND = "empty background, nothing there"
 """What ``{background}`` in the prompt templates expands to."""

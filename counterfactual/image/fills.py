@@ -13,7 +13,7 @@ import numpy as np
 
 from counterfactual.image import FILL_METHODS, EditRequest, FillConfig
 from counterfactual.image.checks import check_request, padded_box, paste
-from counterfactual.masks import mask_bounds
+from counterfactual.method.masks import mask_bounds
 
 # Blur at reduced scale when sigma is large: blurring a downscaled crop with sigma
 # ``_SMALL_SIGMA`` and scaling back is a close, much cheaper stand-in for the full blur.

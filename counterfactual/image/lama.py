@@ -35,7 +35,7 @@ from counterfactual._lazy import require
 from counterfactual.image import EditRequest, LamaConfig
 from counterfactual.image.checks import check_request, paste
 from counterfactual.image.diffusion import crop_box
-from counterfactual.masks import mask_bounds
+from counterfactual.method.masks import mask_bounds
 from counterfactual.models.embed import resolve_device
 
 MIN_CROP = 256

@@ -11,7 +11,7 @@ import numpy as np
 
 from counterfactual.image import EditRequest, OpenCVConfig
 from counterfactual.image.checks import check_request, padded_box, paste
-from counterfactual.masks import mask_bounds
+from counterfactual.method.masks import mask_bounds
 
 _FLAGS = {"telea": cv2.INPAINT_TELEA, "ns": cv2.INPAINT_NS}
 

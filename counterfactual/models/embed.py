@@ -13,7 +13,7 @@ backends, all loaded by a spec string.
   (``clip`` or ``blip``) picks the backend.
 
 Every embedder returns float32 ``(N, D)`` arrays with unit rows, so a dot product is a cosine
-similarity and :mod:`counterfactual.metrics.retrieval` takes them as they are. torch,
+similarity and :mod:`counterfactual.eval.metrics.retrieval` takes them as they are. torch,
 transformers and open_clip are imported when an embedder is built, never at import time.
 """
 

@@ -31,7 +31,7 @@ points dropped) or an RLE (uncompressed ``counts`` ints, as crowd annotations ha
 compressed string). An RLE whose runs do not cover exactly its ``size``, or whose size is not the
 image's, is ``bad-annotation`` (``pycocotools`` would decode it into uninitialised memory).
 
-Captions are cleaned (:func:`counterfactual.text.clean.clean_text`); one that is empty after
+Captions are cleaned (:func:`counterfactual.readers.clean.clean_text`); one that is empty after
 cleaning is left out, so an image without any caption fails ``no-caption`` where one is needed.
 A caption id repeated within an image is ``bad-annotation`` (its samples would share a key).
 """
@@ -45,9 +45,9 @@ from collections import defaultdict
 from typing import Any
 
 from counterfactual import fs
-from counterfactual.readers import safe_relative_path
+from counterfactual.fs import safe_relative_path
+from counterfactual.readers.clean import clean_text
 from counterfactual.records import RLE, Caption, Dataset, ImageRecord, ObjectAnnotation, Status
-from counterfactual.text.clean import clean_text
 
 KARPATHY_SPLITS = ("train", "val", "test")
 SHOWN_PROBLEMS = 3

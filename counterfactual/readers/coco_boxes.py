@@ -21,7 +21,7 @@ import numpy as np
 
 from counterfactual import fs
 from counterfactual.boxtable import BoxTable
-from counterfactual.readers import safe_relative_path
+from counterfactual.fs import safe_relative_path
 from counterfactual.readers.coco import _categories, _rle
 
 

@@ -17,7 +17,7 @@ Formats:
   is the first of the fields ``jpg``, ``jpeg``, ``png``, ``webp`` that the sample has; the
   caption is ``txt`` (UTF-8), else ``json["caption"]``.
 
-Captions are cleaned (:func:`counterfactual.text.clean.clean_text`: control and invisible
+Captions are cleaned (:func:`counterfactual.readers.clean.clean_text`: control and invisible
 characters out, whitespace runs as one space); one empty after cleaning is no caption.
 - **Parquet** (:func:`iter_table`, ``kind="parquet"``): one row per picture. The image column
   holds the encoded picture (a binary column, or a struct ``{bytes, path}`` as Hugging Face
@@ -103,8 +103,9 @@ from braceexpand import braceexpand
 
 from counterfactual import fs
 from counterfactual._lazy import require
+from counterfactual.fs import safe_relative_path
 from counterfactual.imageio import SampleError
-from counterfactual.readers import safe_relative_path
+from counterfactual.readers.clean import clean_text
 from counterfactual.records import (
     Caption,
     Dataset,
@@ -115,7 +116,6 @@ from counterfactual.records import (
     Status,
     TarMember,
 )
-from counterfactual.text.clean import clean_text
 
 PICTURE_FIELDS = ("jpg", "jpeg", "png", "webp")
 """WebDataset fields that hold the picture, in order of preference."""
@@ -653,7 +653,7 @@ def _json_object(meta: _TextMember) -> dict[str, Any] | str:
 
 
 def _captions(text: str) -> tuple[Caption, ...]:
-    """The record's caption ``"0"``, cleaned (:func:`counterfactual.text.clean.clean_text`); none
+    """The record's caption ``"0"``, cleaned (:func:`counterfactual.readers.clean.clean_text`); none
     when it is empty after cleaning."""
     clean = clean_text(text)
     return (Caption("0", clean.text, None, clean.removed),) if clean.text else ()

@@ -45,7 +45,7 @@ import numpy as np
 from PIL import Image
 
 from counterfactual._lazy import require
-from counterfactual.readers import safe_relative_path
+from counterfactual.fs import safe_relative_path
 from counterfactual.records import Dataset
 
 INSTANCES = "demo_instances.json"

@@ -25,7 +25,7 @@ stray ``0`` or a ``max`` one past the border only loses the part outside the ima
 
 Captions: ``Caption(f"{id}_{n}", text, phrases)`` with ``n`` counting the non-empty lines from
 0 (lines end in ``\n``); ``text`` is the line, cleaned (control and invisible characters out,
-whitespace runs as one space: :func:`counterfactual.text.clean.clean_text`), without markup
+whitespace runs as one space: :func:`counterfactual.readers.clean.clean_text`), without markup
 (the dataset's tokenisation is kept, e.g. "a dog ." with a space before the full stop), and each
 :class:`~counterfactual.records.Phrase` gives character offsets into it (``text[start:end]`` is
 the phrase), all its types and its entity id.
@@ -52,9 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from counterfactual import fs
-from counterfactual.readers import safe_relative_path
+from counterfactual.fs import safe_relative_path
+from counterfactual.readers.clean import clean_text
 from counterfactual.records import Caption, Dataset, ImageRecord, ObjectAnnotation, Phrase, Status
-from counterfactual.text.clean import clean_text
 
 SPLITS = ("train", "val", "test")
 DEFAULT_TYPES = ("people", "animals", "vehicles", "instruments")
@@ -235,7 +235,7 @@ def _read_image(
 
 def _captions(image_id: str, content: str) -> list[Caption]:
     """The captions of a ``Sentences`` file: one a line (``\\n`` or ``\\r\\n``), cleaned
-    (:func:`~counterfactual.text.clean.clean_text`) before the markup is parsed, so phrase
+    (:func:`~counterfactual.readers.clean.clean_text`) before the markup is parsed, so phrase
     offsets index the clean text; lines empty after cleaning are not counted.
     ``FormatError`` names the line."""
     captions: list[Caption] = []

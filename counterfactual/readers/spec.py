@@ -2,7 +2,7 @@
 
 A :class:`DataSpec` names the dataset kind and its files (local paths or fsspec URLs);
 :meth:`DataSpec.resolved` fills in the defaults (COCO's ``annotations/instances_SET.json``
-under the root, ...), :func:`open_input` reads it into a :class:`~counterfactual.tasks.RunInput`:
+under the root, ...), :func:`open_input` reads it into a :class:`RunInput`:
 the records of an annotated dataset (read once, in the driver), or the pieces of a corpus
 (listed by the driver, read by the workers). ``counterfactual report`` and ``cooccurrence``
 read the spec back from ``manifest.json`` (``data``) instead of re-parsing the command line;
@@ -13,18 +13,72 @@ files whatever the working directory of the reader.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from counterfactual import fs
 from counterfactual.readers import CORPORA, DATASETS
-from counterfactual.records import Dataset, Status
-from counterfactual.tasks import RunInput
+from counterfactual.records import Dataset, ImageRecord, Status
+
+if TYPE_CHECKING:
+    from counterfactual.readers.corpus import InputPiece
+    from counterfactual.synth.plan import SynthConfig
 
 KINDS = DATASETS + CORPORA
 _PATH_FIELDS = ("root", "images", "instances", "captions", "split_file")
 """The fields of a :class:`DataSpec` that name files or folders."""
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """What a run reads.
+
+    ``records``: the images of an annotated dataset (or any records), held or streamed by the
+    driver and cut into shards of ``images_per_shard`` images. ``pieces``: the pieces of a
+    corpus (:func:`counterfactual.readers.corpus.plan_pieces`), one shard each, read by the
+    workers. ``failures``: rows for input that never became a record (a missing annotation
+    target, a missing corpus file). ``images``: the number of input images when known up front
+    (progress). ``spec``: where the data came from, for the manifest.
+    """
+
+    records: Iterable[ImageRecord] = ()
+    pieces: Sequence[InputPiece] | None = None
+    failures: Sequence[Status] = ()
+    images: int | None = None
+    spec: dict[str, Any] | None = None
+
+    @classmethod
+    def of(
+        cls, inputs: RunInput | Iterable[ImageRecord], failures: Sequence[Status] = ()
+    ) -> RunInput:
+        """``inputs`` as a :class:`RunInput` (plain records with the reader's ``failures``)."""
+        if isinstance(inputs, RunInput):
+            return inputs
+        return cls(records=inputs, failures=tuple(failures))
+
+    def shard_count(self, config: SynthConfig) -> int | None:
+        """Shards this input makes, when known without reading it."""
+        if self.pieces is not None:
+            return len(self.pieces)
+        if isinstance(self.records, Sequence):
+            return -(-len(self.records) // config.images_per_shard)
+        return None
+
+    @property
+    def unit(self) -> str:
+        """What one input is: ``"images"`` of an annotated dataset, ``"rows"`` of a corpus (a
+        row is one picture with its caption)."""
+        return "images" if self.pieces is None else "rows"
+
+    def image_count(self) -> int | None:
+        """The number of inputs (:attr:`unit`), reader failures included, when known."""
+        if self.images is not None:
+            return self.images
+        if self.pieces is None and isinstance(self.records, Sequence):
+            return len(self.records) + len(self.failures)
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,8 @@ from counterfactual import fs
 from counterfactual.jsonl import json_objects
 from counterfactual.records import Status
 from counterfactual.report.lines import method_label
-from counterfactual.run import MANIFEST_FILE, STATUS_FILE
-from counterfactual.samples import (
+from counterfactual.synth.run import MANIFEST_FILE, STATUS_FILE
+from counterfactual.synth.samples import (
     BAD_SHARD,
     SampleMeta,
     SampleRow,
@@ -29,7 +29,7 @@ from counterfactual.samples import (
     read_shard,
     shard_paths,
 )
-from counterfactual.shards import read_stats
+from counterfactual.synth.shards import read_stats
 
 _PARALLEL_SHARDS = 4
 DEFAULT_N = 48
@@ -39,7 +39,7 @@ DEFAULT_N = 48
 class SampleRef:
     """One written sample, compactly (a run may hold millions): its shard, where its JPEG and
     json lie in the tar (``(offset, size)``), and what the report counts and stratifies by. The
-    whole json (keys as :func:`counterfactual.stages.sample_meta` writes them, maybe
+    whole json (keys as :func:`counterfactual.synth.steps.sample_meta` writes them, maybe
     ``verify``) is read again by :meth:`load_meta` for the few samples shown."""
 
     shard: str | Path
@@ -58,7 +58,7 @@ class SampleRef:
 
     @classmethod
     def from_row(cls, row: SampleRow) -> SampleRef:
-        """The reference to a sample read by :func:`counterfactual.samples.read_shard`."""
+        """The reference to a sample read by :func:`counterfactual.synth.samples.read_shard`."""
         m, plan = row.meta, row.meta.plan
         return cls(
             row.shard,

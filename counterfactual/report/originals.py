@@ -15,8 +15,8 @@ from counterfactual import fs
 from counterfactual.imageio import DEFAULT_MAX_PIXELS, SampleError, resolve_inside
 from counterfactual.readers.spec import DataSpec
 from counterfactual.records import ImageRecord
-from counterfactual.samples import SampleMeta
-from counterfactual.synth import box_scale, load_record_image
+from counterfactual.synth.plan import box_scale, load_record_image
+from counterfactual.synth.samples import SampleMeta
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,13 +21,13 @@ from PIL import Image, ImageDraw, ImageFont
 
 from counterfactual import fs
 from counterfactual.imageio import DEFAULT_MAX_PIXELS
-from counterfactual.masks import box_mask, dilate
+from counterfactual.method.masks import box_mask, dilate
 from counterfactual.records import ImageRecord
 from counterfactual.report.index import SampleRef
 from counterfactual.report.lines import VerdictLines, caption_segments, method_label, verdict_lines
 from counterfactual.report.originals import Original, Originals
-from counterfactual.run import MANIFEST_FILE
-from counterfactual.samples import SampleMeta, iter_samples
+from counterfactual.synth.run import MANIFEST_FILE
+from counterfactual.synth.samples import SampleMeta, iter_samples
 
 ROWS_PER_SHEET = 8
 """Rows on one of the report's ``sheet-XX.png``."""

@@ -45,9 +45,9 @@ class RewriteResult:
 @dataclass(frozen=True, slots=True)
 class TextConfig:
     """How to rewrite. The class vocabulary np-removal matches is passed to
-    :func:`make_rewriter` (in a synthesis run: :attr:`counterfactual.synth.SynthConfig.vocabulary`,
+    :func:`make_rewriter` (in a synthesis run: :attr:`counterfactual.synth.plan.SynthConfig.vocabulary`,
     shared by every step that names classes), and so are the device, dtype and batch size
-    (:class:`counterfactual.synth.Runtime`)."""
+    (:class:`counterfactual.synth.plan.Runtime`)."""
 
     method: str = "np-removal"
     spacy_model: str | None = None
@@ -109,7 +109,7 @@ def make_rewriter(
 
         return PromptWriter(config)
     if config.method in ("shuffle", "nouns-adj"):
-        from counterfactual.text.perturbed import PerturbRewriter
+        from counterfactual.text.perturb import PerturbRewriter
 
         return PerturbRewriter(config, batch_size=batch_size)
     from counterfactual.text.captioner import Captioner

