@@ -7,7 +7,7 @@ Coordinates are image pixels of the decoded, EXIF-upright image. Boxes are ``xyw
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -251,17 +251,10 @@ class Status:
     so a row joins with the downloader's own records; absent from :meth:`to_dict` otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The row as ``status.jsonl`` holds it."""
-        out = {
-            "image_id": self.image_id,
-            "status": self.status,
-            "reason": self.reason,
-            "detail": self.detail,
-            "key": self.key,
-            "target": self.target,
-        }
-        if self.url is not None:
-            out["url"] = self.url
+        """The row as ``status.jsonl`` holds it (``url`` only when there is one)."""
+        out = asdict(self)
+        if self.url is None:
+            del out["url"]
         return out
 
     @property

@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -79,12 +80,24 @@ class _Done:
     refused: int
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """What ``select`` builds (the file's entries, the plans) forms no reference cycles, and the
+    collector would walk it again and again as it grows: a third of the time. Off meanwhile
+    (in the command and in each worker, which may be a fresh process)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _select(job: _Job) -> _Done:
     """One chunk's plans (and with ``rejected`` then each image's refused candidates) as JSON
     lines, ``image_id`` as the input file has it."""
-    enabled = gc.isenabled()
-    gc.disable()  # see run()
-    try:
+    with _collector_paused():
         chosen = select_table(job.table, job.config, job.stats, seed=job.seed)
         every = candidates_table(job.table, job.config) if job.rejected else None
         rows = []
@@ -101,9 +114,6 @@ def _select(job: _Job) -> _Done:
                 row["image_id"] = job.ids[i]
                 rows.append(row)
         return _Done(msgspec.json.Encoder().encode_lines(rows), plans, refused)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def usable_cores() -> int:
@@ -152,15 +162,8 @@ def _map(jobs: Iterator[_Job], workers: int) -> Iterator[_Done]:
 
 
 def run(args: argparse.Namespace) -> int:
-    # What is built here (the file's entries, the plans) forms no reference cycles, and the
-    # collector would walk it again and again as it grows: a third of the time. Off meanwhile.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _collector_paused():
         return _run(args)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _run(args: argparse.Namespace) -> int:
