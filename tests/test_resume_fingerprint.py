@@ -14,7 +14,7 @@ from test_stages import records
 
 from counterfactual.cli import build_parser
 from counterfactual.cli.synth import build_config, build_runtime
-from counterfactual.image import ImageConfig, make_editor
+from counterfactual.image import DiffusersConfig, ImageConfig, make_editor
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.verify import VerifyConfig
 from counterfactual.synth import steps as stages
@@ -72,6 +72,7 @@ LIBRARY = {
         Runtime(device="cuda", inpaint_batch_size=3, verify_batch_size=7, batch_size=5),
     ),
 }
+RETIRED_SD2 = "stabilityai/stable-diffusion-2-inpainting"
 SAME = {"library-defaults": "cli-coco-defaults", "cli-coco-defaults": "library-defaults"}
 """Cases that are one config (the CLI's defaults are the library's)."""
 
@@ -92,7 +93,9 @@ def test_every_case_is_covered():
 def test_the_manifest_records_the_config_as_before(name):
     config, runtime = now(name)
     recorded = config.record(runtime)
-    assert json.dumps(recorded) == json.dumps(OLD[name]["recorded"])  # same keys, same order
+    # the default inpainting model is now the community mirror of the deleted Stability repo
+    old = json.dumps(OLD[name]["recorded"]).replace(RETIRED_SD2, DiffusersConfig().model)
+    assert json.dumps(recorded) == old  # same keys, same order
 
 
 @pytest.mark.parametrize("name", sorted(OLD))
@@ -130,6 +133,14 @@ def test_an_option_added_with_its_default_leaves_old_fingerprints_as_they_were()
     trimmed = {k: v for k, v in old.items() if k != "image"}
     assert fingerprint_of({**trimmed, "image": {}}) == SynthConfig().fingerprint()
     assert fingerprint_of({**old, "image": {"new_option": 1}}) != SynthConfig().fingerprint()
+
+
+def test_a_run_recorded_with_the_deleted_sd2_id_keeps_its_fingerprint():
+    """Runs recorded before the default moved to the community mirror resume (the same model
+    under a new id); any other model is still a different config."""
+    old = json.loads(json.dumps(OLD["cli-coco-defaults"]["fingerprint"]["config"]))
+    assert fingerprint_of({**old, "image": {"model": RETIRED_SD2}}) == SynthConfig().fingerprint()
+    assert fingerprint_of({**old, "image": {"model": "x/y"}}) != SynthConfig().fingerprint()
 
 
 def test_the_vocabulary_is_one_setting():
