@@ -39,7 +39,7 @@ CU126_X86 = "torch==2.13.0 torchvision==0.28.0 --index-url https://download.pyto
 PYPI_ARM = "torch==2.9.1 torchvision==0.24.1"
 """PyPI's pair on aarch64 as installed here: a CPU build."""
 
-MIN_DRIVER: dict[int, tuple[int, ...]] = {13: (580, 65, 6), 12: (525, 60, 13), 11: (450, 80, 2)}
+MIN_DRIVER_TEXT = {13: "580.65.06", 12: "525.60.13", 11: "450.80.02"}
 """Oldest Linux driver that runs a CUDA major version's builds (minor version compatibility)."""
 
 
@@ -53,6 +53,9 @@ def version_tuple(text: str) -> tuple[int, ...]:
     if not parts or not all(p.isdigit() for p in parts):
         raise ValueError(f"{text!r} is not a driver version")
     return tuple(int(p) for p in parts)
+
+
+MIN_DRIVER = {major: version_tuple(text) for major, text in MIN_DRIVER_TEXT.items()}
 
 
 def driver_version(run: Callable[..., Any] = subprocess.run) -> str | None:
@@ -133,7 +136,7 @@ def cuda_problem(torch_version: str, torch_cuda: str | None, driver: str | None 
     if need is not None and have is not None and have < need:
         return (
             f"torch {torch_version} is built for CUDA {torch_cuda}, which needs NVIDIA driver "
-            f">= {'.'.join(map(str, need))}, and this host has {driver}; reinstall torch for "
+            f">= {MIN_DRIVER_TEXT[major]}, and this host has {driver}; reinstall torch for "
             f"this driver (`rm -rf .venv && make install` picks it) or update the driver"
         )
     return (

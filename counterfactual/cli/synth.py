@@ -549,10 +549,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--out is required (on the command line or in --config)")
     config, runtime = build_config(args), build_runtime(args)
     check_models(args, config, runtime)
-    if runtime.device.startswith("cuda"):
+    if runtime.device.startswith("cuda") and args.runner == "local":
         from counterfactual.models.embed import check_cuda
 
-        check_cuda(runtime.device)  # a torch that cannot see the GPU: why, in one line
+        # a torch that cannot see the GPU: why, in one line (on Ray each model actor checks
+        # its own node: the driver's may have no GPU)
+        check_cuda(runtime.device)
     from counterfactual.synth.run import check_out_dir
 
     check_out_dir(args.out)  # before the input is read: a bad OUT fails in a second

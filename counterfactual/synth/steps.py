@@ -761,6 +761,20 @@ def setup_failure(spec: StepSpec, err: BaseException) -> SetupError:
     return SetupError(f"{stage} could not start: {type(err).__name__}: {one_line(err)}{fix}")
 
 
+def check_device(spec: StepSpec) -> None:
+    """A model step on CUDA whose torch cannot use it: a :class:`SetupError` saying why (a
+    CPU build, no driver, a driver too old for the build), before any model loads."""
+    res = spec.resources
+    if res is None or not str(res.device).startswith("cuda"):
+        return
+    from counterfactual.models.embed import check_cuda
+
+    try:
+        check_cuda(res.device)
+    except ValueError as err:
+        raise SetupError(f"{res.stage} could not start: {one_line(err)}") from err
+
+
 def check_order(specs: Sequence[StepSpec], given: Iterable[str]) -> frozenset[str]:
     """The fields jobs holding ``given`` hold after ``specs`` ran in this order; a
     ``ValueError`` naming the first step that needs a field no step before it leaves."""
@@ -837,6 +851,8 @@ def start_steps(
     does not load) reported as a one-line :class:`SetupError` naming its stage and the fix."""
     steps: list[Step] = []
     for name in names or step_order(config):
+        if name in STEP_CLASSES:
+            check_device(STEP_CLASSES[name].declare(config, runtime))
         try:
             steps += build_steps(config, [name], editor, rewriter, None, detector, runtime)
         except (OSError, RuntimeError, ImportError, ValueError) as err:
