@@ -458,3 +458,35 @@ def test_located_to_dict_is_json():
     )
     assert json.loads(json.dumps(loc.to_dict()))["variant"] == "fp16"
     assert hub.is_local("./a/b") and hub.is_local("/a") and not hub.is_local("org/name")
+
+
+def test_a_cache_with_bin_weights_is_usable_but_not_what_pull_fetches(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "pytorch_model.bin").write_bytes(b"weights")
+    fake_cache(tmp_path / "hub", "org/old", source)
+    found = locate(ModelRef("verifier", "--verify-model", "hub", "org/old"), tmp_path / "hub")
+    assert found.present  # transformers loads .bin: a run may use it
+    with pytest.raises(ModelUnavailable, match="no safetensors"):
+        select_files(found.files)
+    (source / "pytorch_model.bin").unlink()
+    fake_cache(tmp_path / "hub", "org/empty", source)
+    empty = locate(ModelRef("verifier", "--verify-model", "hub", "org/empty"), tmp_path / "hub")
+    assert empty.problem == "wrong format: no weights at all"
+
+
+def test_models_pull_fetches_what_it_can_and_names_the_rest(
+    tmp_path, file_server, monkeypatch, capsys
+):
+    """Offline (as the suite runs): LaMa comes from the local server, the verifier's CLIP
+    cannot be had, and one line says so (exit 2)."""
+    root, base = file_server
+    _serve_lama(monkeypatch, root, base)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert main(["models", "pull", "--config", "coco"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (tmp_path / "models" / "big-lama.pt").is_file()
+    assert err[-1].startswith("counterfactual models: error: verifier openai/clip-vit-large")
+    assert "offline" in err[-1]

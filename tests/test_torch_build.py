@@ -30,6 +30,7 @@ SCRIPT = Path(torch_build.__file__)
         ("x86_64", None, PYPI_X86),  # no GPU: PyPI's pair, which runs on a CPU too
         ("x86_64", "580.65.06", PYPI_X86),
         ("x86_64", "590.44.01", PYPI_X86),
+        ("x86_64", "580.159.04", PYPI_X86),  # an H100 node, nvidia-smi as it printed
         ("x86_64", "580.65.05", CU126_X86),
         ("x86_64", "575.57.08", CU126_X86),
         ("x86_64", "535.183.01", CU126_X86),

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from counterfactual.models.hub import Located, ModelRef, locate, pull
+from counterfactual.models.hub import Located, ModelRef, ModelUnavailable, locate, pull
 
 MODEL_OPTIONS = {
     "--dataset": True,
@@ -135,16 +135,25 @@ def run_list(args: argparse.Namespace) -> int:
     _print(found, args.json)
     missing = [f for f in found if not f.present]
     if missing and not args.json:
-        print(f"{len(missing)} missing: {pull_command(args.synth_config)}", file=sys.stderr)
+        fix = pull_command(args.synth_config, args.synth_options or ())
+        print(f"{len(missing)} missing: {fix}", file=sys.stderr)
     return 1 if missing else 0
 
 
 def run_pull(args: argparse.Namespace) -> int:
+    """Pull each model; the ones that cannot be had are named together in one line (exit 2)
+    after the others were fetched."""
     found: list[Located] = []
+    failed: list[str] = []
     for ref in _refs(args):
         print(f"{ref.role}: {ref.name} ...", file=sys.stderr, flush=True)
-        found.append(pull(ref, args.to))
+        try:
+            found.append(pull(ref, args.to))
+        except ModelUnavailable as err:
+            failed.append(str(err))
     _print(found, args.json)
+    if failed:
+        raise ModelUnavailable("; ".join(failed))
     if args.to is not None:
         overrides = _overrides(found)
         if overrides:

@@ -165,12 +165,16 @@ def snapshot_files(folder: Path) -> tuple[str, ...]:
     )
 
 
-def weight_problem(files: Iterable[str]) -> str | None:
-    """Why a model folder's files cannot be loaded as safetensors (``None`` when they can)."""
+def weight_problem(files: Iterable[str], safetensors: bool = True) -> str | None:
+    """Why a model's files hold no weights to load (``None`` when they do): with
+    ``safetensors``, no ``.safetensors`` file (what :func:`pull` fetches); else no weights of
+    any format (a folder or cache the libraries load ``.bin`` from is usable)."""
     files = list(files)
     if any(f.endswith(".safetensors") for f in files):
         return None
     other = sorted({PurePosixPath(f).suffix for f in files if f.endswith(WEIGHT_SUFFIXES)})
+    if other and not safetensors:
+        return None
     if other:
         return f"wrong format: no safetensors weights (only {', '.join(other)})"
     return "wrong format: no weights at all"
@@ -191,7 +195,8 @@ def locate(ref: ModelRef, cache_dir: Path | None = None) -> Located:
         if not path.is_dir():
             return Located(ref, "missing", str(path), problem="folder not found")
         files = snapshot_files(path)
-        return Located(ref, "folder", str(path), _folder_commit(path), weight_problem(files), files)
+        problem = weight_problem(files, safetensors=False)
+        return Located(ref, "folder", str(path), _folder_commit(path), problem, files)
     return _cached(ref, cache_dir or hub_cache_dir())
 
 
@@ -224,7 +229,8 @@ def _cached(ref: ModelRef, cache_dir: Path) -> Located:
     if not snapshot.is_dir():
         return Located(ref, "missing", problem=f"not in the Hugging Face cache {cache_dir}")
     files = snapshot_files(snapshot)
-    return Located(ref, "cache", str(snapshot), commit, weight_problem(files), files)
+    problem = weight_problem(files, safetensors=False)
+    return Located(ref, "cache", str(snapshot), commit, problem, files)
 
 
 def has_variant(files: Iterable[str], variant: str) -> bool:
