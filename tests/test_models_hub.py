@@ -490,3 +490,12 @@ def test_models_pull_fetches_what_it_can_and_names_the_rest(
     assert (tmp_path / "models" / "big-lama.pt").is_file()
     assert err[-1].startswith("counterfactual models: error: verifier openai/clip-vit-large")
     assert "offline" in err[-1]
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.stem for p in (REPO / "pipelines" / "configs").glob("*.yaml"))
+)
+def test_every_bundled_config_loads_and_names_existing_kinds(name):
+    for ref in config_models(name):
+        assert ref.kind in hub.KINDS and ref.name
+        assert ref.name != "stabilityai/stable-diffusion-2-inpainting"
