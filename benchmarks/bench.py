@@ -45,8 +45,11 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -162,6 +165,32 @@ def coco_statistics_json(path: Path, n: int, seed: int = 0, size=(640, 480)) -> 
         json.dumps({"images": images, "annotations": annotations, "categories": categories})
     )
     return path
+
+
+def bench_select_cli(work: Path, small: int = 20_000, large: int = 100_000) -> dict[str, float]:
+    """``counterfactual select`` as a user runs it: the CLI in a child process (default
+    workers), on a ``small`` and a ``large`` file at COCO statistics, for each policy; the
+    marginal rate ``(large - small) / (t_large - t_small)`` leaves start-up (imports, process
+    launch) out. Runs alternate sizes and policies; best of 3 each."""
+    files = {n: coco_statistics_json(work / "select-cli" / f"{n}.json", n) for n in (small, large)}
+    out = work / "select-cli" / "plans.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(3):
+        for policy in ("uniform", "all"):
+            for n, path in files.items():
+                argv = [sys.executable, "-m", "counterfactual", "select", "--annotations"]
+                argv += [str(path), "--policy", policy, "--out", str(out)]
+                seconds = _seconds(
+                    lambda argv=argv: subprocess.run(argv, env=env, check=True, capture_output=True)
+                )
+                best[(policy, n)] = min(best.get((policy, n), math.inf), seconds)
+    figures = {"select_cli_small_images": float(small), "select_cli_large_images": float(large)}
+    for policy in ("uniform", "all"):
+        extra = best[(policy, large)] - best[(policy, small)]
+        figures[f"select_cli_{policy}_marginal_images_per_s"] = (large - small) / extra
+        figures[f"select_cli_{policy}_large_seconds"] = best[(policy, large)]
+    return figures
 
 
 def _select_one_at_a_time(instances: Path, out: Path, config: SelectionConfig) -> None:
@@ -1095,6 +1124,7 @@ MAX_TARGETS = {
 SECTIONS = (
     "selection",
     "select",
+    "select-cli",
     "np-removal",
     "images",
     "pipeline",
@@ -1107,6 +1137,13 @@ SECTIONS = (
     "run_layer",
 )
 NOTES = {
+    "select-cli": (
+        "`counterfactual select` as a user runs it: the CLI in a child process with its default "
+        "workers (one per usable core), on files of select_cli_small_images and "
+        "select_cli_large_images images at generate_coco's statistics, each policy; "
+        "*_marginal_images_per_s = extra images / extra seconds between the two sizes, so "
+        "start-up (interpreter, imports, process launch) is left out. Best of 3, alternated."
+    ),
     "select": (
         "`counterfactual select` as a user runs it (main(argv) in process, imports done): "
         "read an instances file of select_images images at generate_coco's statistics (boxes "
@@ -1221,6 +1258,8 @@ def main(argv: list[str] | None = None) -> int:
             figures |= bench_selection(work, args.images)
         if "select" in todo:
             figures |= bench_select(work, args.select_images)
+        if "select-cli" in todo:
+            figures |= bench_select_cli(work)
         if "np-removal" in todo:
             figures |= bench_np_removal(work, args.captions_images)
         if "images" in todo:
