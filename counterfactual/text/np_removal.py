@@ -1,11 +1,12 @@
 """``np-removal``: drop the noun phrases that mention a removed class (Kim et al., Sec. 3.3).
 
 COCO-style captions: spaCy ``noun_chunks``; a chunk is dropped when any of its tokens matches a
-word of a removed class (see :mod:`counterfactual.vocab`; an entry that runs over several chunks,
-"Two glasses of wine", drops them and the words between them as one phrase). Flickr30k captions carry annotated
-phrases with types: a phrase is dropped when one of its types is removed, without parsing.
-With ``TextConfig.repair`` the rewritten captions are parsed once more and the words left
-dangling at the cuts are dropped (:mod:`counterfactual.text.repair`).
+word of a removed class (see :mod:`counterfactual.vocab`; an entry that runs over several
+chunks, "Two glasses of wine", drops them and the words between them as one phrase), and so is
+a class word outside every chunk ("tie" in "a suit and tie"). Flickr30k captions carry
+annotated phrases with types: a phrase is dropped when one of its types is removed, without parsing.
+With ``TextConfig.repair`` (the default) the rewritten captions are parsed once more and the
+words left dangling at the cuts are dropped (:mod:`counterfactual.text.repair`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
 from counterfactual.text.nlp import default_model_name, load_spacy
 from counterfactual.text.repair import cut_offsets, repair_caption
 from counterfactual.text.tidy import has_words, tidy
-from counterfactual.vocab import ClassVocabulary, load_vocabulary
+from counterfactual.vocab import ClassVocabulary, Mention, load_vocabulary
 
 EMPTY_CAPTION = "empty-caption"
+_JOINERS = frozenset({"-", "--"})
+_BEFORE_VERB = frozenset({"MD", "TO", "PRP", "NN", "NNS", "NNP", "NNPS", "RB"})
+_MODIFIER_TAGS = frozenset({"DT", "PDT", "CD", "JJ", "JJR", "JJS", "PRP$", "POS"})
 
 
 class _Chunk:
@@ -38,16 +42,25 @@ def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
     Words are matched over the whole ``doc``, so an entry that spaCy splits over several chunks
     is one mention ("Two glasses of wine" is the chunks "Two glasses" and "wine" and matches
     ``glass of wine``): the span then runs from the first chunk it touches to the last, words
-    between them included. A mention that touches no noun chunk does not count."""
+    between them included; hyphens are skipped ("a hot-dog stand" names a hot dog). A mention
+    that touches no noun chunk still counts unless it reads as a verb ("trains his dog"):
+    spaCy's small model tags "tie" in "a suit and tie" as a verb; its span is its own words with
+    the determiners, numbers, adjectives and possessives just before them."""
     chunks = [(chunk.start, chunk.end) for chunk in doc.noun_chunks]
-    if not chunks:
-        return ()
     groups: list[tuple[int, int, frozenset[str]]] = []  # token start, end, classes
-    for mention in vocabulary.match([t.text for t in doc]):
+    words = [t.i for t in doc if t.text not in _JOINERS]  # "hot-dog" is "hot dog"
+    for found in vocabulary.match([doc[i].text for i in words]):
+        mention = Mention(words[found.start], words[found.end - 1] + 1, found.cls)
         touched = [(s, e) for s, e in chunks if s < mention.end and mention.start < e]
-        if not touched:
-            continue
-        start, end = min(touched[0][0], mention.start), max(touched[-1][1], mention.end)
+        if touched:
+            start, end = min(touched[0][0], mention.start), max(touched[-1][1], mention.end)
+        elif _verb(doc, mention.start, mention.end):
+            continue  # "A coach trains his dog", "will ski": a verb, not the object
+        else:
+            start, end = mention.start, mention.end
+            floor = max((e for _, e in chunks if e <= start), default=0)
+            while start > floor and doc[start - 1].tag_ in _MODIFIER_TAGS:
+                start -= 1
         if groups and start < groups[-1][1]:  # the chunk of the mention before
             last_start, last_end, classes = groups[-1]
             groups[-1] = (last_start, max(last_end, end), classes | {mention.cls})
@@ -56,6 +69,48 @@ def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
     return tuple(
         _Chunk(doc[s:e].start_char, doc[s:e].end_char, classes) for s, e, classes in groups
     )
+
+
+def _verb(doc: Any, start: int, end: int) -> bool:
+    """Tokens ``start:end``, in no noun chunk, read as a verb: a finite or participle tag, or
+    the base form after a modal, "to" or a subject ("will ski"); "a suit and tie" is no verb."""
+    tag = doc[end - 1].tag_
+    if tag in ("VBZ", "VBD", "VBG", "VBN", "VBP"):
+        return True
+    return tag == "VB" and start > 0 and doc[start - 1].tag_ in _BEFORE_VERB
+
+
+class MentionCheck:
+    """Which removed classes a new caption still names, by the matcher of ODmAP's mention index
+    (:class:`counterfactual.eval.mentions.MentionIndexer`): :func:`chunk_mentions` over the
+    same spaCy parse. Captions with no word of a removed class need no parse, and spaCy is
+    loaded at the first one that does."""
+
+    def __init__(self, vocabulary: ClassVocabulary, spacy_model: str | None = None) -> None:
+        self.vocabulary = vocabulary
+        self.spacy_model = spacy_model
+        self._nlp: Any = None
+
+    def __call__(
+        self, texts: Sequence[str | None], removed: Sequence[Sequence[str]]
+    ) -> list[list[str]]:
+        """For each text (``None``: no caption) the classes of its ``removed`` it names, in
+        ``removed`` order."""
+        todo = [
+            i
+            for i, (t, r) in enumerate(zip(texts, removed, strict=True))
+            if t is not None and self.vocabulary.may_mention(t, r)
+        ]
+        out: list[list[str]] = [[] for _ in texts]
+        if not todo:
+            return out
+        if self._nlp is None:
+            self._nlp = load_spacy(self.spacy_model or default_model_name(), fast_pos=True)
+        docs = self._nlp.pipe([texts[i] for i in todo])
+        for i, doc in zip(todo, docs, strict=True):
+            named = set().union(*(c.classes for c in chunk_mentions(doc, self.vocabulary)))
+            out[i] = [c for c in removed[i] if c in named]
+        return out
 
 
 class NounPhraseRemover:
@@ -81,10 +136,11 @@ class NounPhraseRemover:
         self._cache_size = cache_size
 
     def describe(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"method": "np-removal", "spacy_model": self.model_name}
-        if self.config.repair:
-            info["repair"] = True
-        return info
+        return {
+            "method": "np-removal",
+            "spacy_model": self.model_name,
+            "repair": self.config.repair,
+        }
 
     def chunks(self, texts: Sequence[str]) -> list[tuple[str, tuple[_Chunk, ...]]]:
         """For each text: the text with its noun chunks (character spans and the classes they
@@ -131,7 +187,11 @@ class NounPhraseRemover:
         texts = [results[i].text or "" for i, _ in cuts]
         docs = self.nlp.pipe(texts, batch_size=self.batch_size)
         for (i, offsets), text, doc in zip(cuts, texts, docs, strict=True):
-            results[i] = replace(results[i], text=repair_caption(text, doc, offsets))
+            repaired = repair_caption(text, doc, offsets)
+            if repaired:
+                results[i] = replace(results[i], text=repaired)
+            else:  # nothing but dangling words: "With."
+                results[i] = replace(results[i], text=None, reason=EMPTY_CAPTION)
         return results
 
 
