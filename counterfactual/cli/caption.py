@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="np-removal: drop prepositions, conjunctions, articles and commas the cut left "
-        "dangling (default: on); --no-repair-captions is the paper's exact output",
+        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output",
     )
     p.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
     p.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")

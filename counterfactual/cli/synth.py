@@ -268,7 +268,7 @@ def _add_text_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=_TEXT.repair,
         help="np-removal: drop prepositions, conjunctions, articles and commas a cut left "
-        "dangling (default: on); --no-repair-captions is the paper's exact output, the "
+        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output, the "
         "faithful setting, which may be broken English",
     )
     t.add_argument(
