@@ -61,10 +61,22 @@ DEMO = [
 # COCO word lists: a class named outside a noun chunk or by a compound is removed too.
 # (caption, removed, default output)
 NAMED_ANYWHERE = [
-    ("A man in a suit and tie standing in a hallway.", ("tie",), "A man in a suit standing in a hallway."),
+    (
+        "A man in a suit and tie standing in a hallway.",
+        ("tie",),
+        "A man in a suit standing in a hallway.",
+    ),
     ("A cup of coffee with a teaspoon on a saucer.", ("spoon",), "A cup of coffee on a saucer."),
-    ("A man sitting in an armchair reading a newspaper.", ("chair",), "A man sitting reading a newspaper."),
-    ("A sailboat floating on a calm lake at sunset.", ("boat",), "Floating on a calm lake at sunset."),
+    (
+        "A man sitting in an armchair reading a newspaper.",
+        ("chair",),
+        "A man sitting reading a newspaper.",
+    ),
+    (
+        "A sailboat floating on a calm lake at sunset.",
+        ("boat",),
+        "Floating on a calm lake at sunset.",
+    ),
     ("A boy in a bowtie smiling at the camera.", ("tie",), "A boy smiling at the camera."),
     ("A man selling a hot-dog at a stand.", ("hot dog",), "A man selling at a stand."),
     # a class word used as a verb is no mention: nothing to remove
