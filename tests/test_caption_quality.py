@@ -84,6 +84,41 @@ NAMED_ANYWHERE = [
 ]
 
 
+# Lists and coordinations a cut shortened: (caption, removed, default output)
+LISTS = [
+    ("A cat and a dog, sleeping.", ("dog",), "A cat sleeping."),
+    ("A cat and a dog sleeping on a couch.", ("dog",), "A cat sleeping on a couch."),
+    ("Bananas, apples and oranges in a bowl.", ("apple", "orange"), "Bananas in a bowl."),
+    (
+        "A living room with a couch, a chair and a television.",
+        ("chair",),
+        "A living room with a couch and a television.",
+    ),
+    (
+        "A kitchen with a stove, a sink, and a refrigerator.",
+        ("sink",),
+        "A kitchen with a stove and a refrigerator.",
+    ),
+    (
+        "A woman in a kitchen with a dog, a cat, and a bird.",
+        ("cat",),
+        "A woman in a kitchen with a dog and a bird.",
+    ),
+    (
+        "Two men holding a plate of cookies and a cup of tea.",
+        ("cup",),
+        "Two men holding a plate of cookies and tea.",
+    ),
+]
+
+
+@pytest.mark.parametrize("caption,removed,expected", LISTS)
+def test_a_shortened_list_is_mended(nlp, caption, removed, expected):
+    (result,) = make_rewriter(TextConfig())([RewriteRequest(caption, removed)])
+    assert result.text == expected
+    assert fluency_problems(nlp(expected)) == []
+
+
 @pytest.fixture(scope="module")
 def nlp():
     return load_spacy(None, fast_pos=True)

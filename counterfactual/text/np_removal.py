@@ -25,15 +25,19 @@ from counterfactual.vocab import ClassVocabulary, Mention, load_vocabulary
 
 EMPTY_CAPTION = "empty-caption"
 _JOINERS = frozenset({"-", "--"})
+_NOUNS = frozenset({"NOUN", "PROPN", "PRON", "NUM"})
 _BEFORE_VERB = frozenset({"MD", "TO", "PRP", "NN", "NNS", "NNP", "NNPS", "RB"})
 _MODIFIER_TAGS = frozenset({"DT", "PDT", "CD", "JJ", "JJR", "JJS", "PRP$", "POS"})
 
 
 class _Chunk:
-    __slots__ = ("start", "end", "classes")
+    """Characters ``start:end`` mention ``classes``; ``lead`` (<= ``start``) also takes the
+    conjunction that joins the phrase to the one conjunct before it ("a cat [and a dog]")."""
 
-    def __init__(self, start: int, end: int, classes: frozenset[str]) -> None:
-        self.start, self.end, self.classes = start, end, classes
+    __slots__ = ("start", "end", "classes", "lead")
+
+    def __init__(self, start: int, end: int, classes: frozenset[str], lead: int) -> None:
+        self.start, self.end, self.classes, self.lead = start, end, classes, lead
 
 
 def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
@@ -67,8 +71,22 @@ def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
         else:
             groups.append((start, end, frozenset({mention.cls})))
     return tuple(
-        _Chunk(doc[s:e].start_char, doc[s:e].end_char, classes) for s, e, classes in groups
+        _Chunk(doc[s:e].start_char, doc[s:e].end_char, classes, doc[_lead(doc, s, e)].idx)
+        for s, e, classes in groups
     )
+
+
+def _lead(doc: Any, start: int, end: int) -> int:
+    """``start - 1`` when tokens ``start:end`` are the whole second of two conjuncts and a
+    conjunction after a noun joins them ("A cat and a dog, sleeping"), else ``start``: a repaired cut takes
+    the conjunction along, which the parse of the cut caption may not see ("A cat and
+    sleeping" reads "sleeping" as a noun)."""
+    if start < 2 or doc[start - 1].pos_ != "CCONJ" or doc[start - 2].pos_ not in _NOUNS:
+        return start
+    root = doc[start:end].root
+    if root.dep_ != "conj" or len(root.head.conjuncts) != 1 or root.right_edge.i >= end:
+        return start  # a list, or the conjunct goes on after the cut ("a cup [of tea]")
+    return start - 1
 
 
 def _verb(doc: Any, start: int, end: int) -> bool:
@@ -165,14 +183,17 @@ class NounPhraseRemover:
         parsed = dict(zip(need, self.chunks(need), strict=True))
         out, cuts = [], []
         for req in batch:
+            shown = None  # the phrases to report as removed, when not the spans cut
             if req.phrases is not None:
                 spans = [(p.start, p.end) for p in req.phrases if set(p.types) & set(req.removed)]
             elif req.caption in parsed:
                 removed = set(req.removed)
-                spans = [(c.start, c.end) for c in parsed[req.caption][1] if c.classes & removed]
+                found = [c for c in parsed[req.caption][1] if c.classes & removed]
+                spans = [(c.lead if self.config.repair else c.start, c.end) for c in found]
+                shown = [(c.start, c.end) for c in found]
             else:
                 spans = []
-            result, pieces = _cut_pieces(req.caption, spans)
+            result, pieces = _cut_pieces(req.caption, spans, shown)
             out.append(result)
             if self.config.repair and result.text is not None and len(pieces) > 1:
                 cuts.append((len(out) - 1, cut_offsets(pieces, result.text)))
@@ -200,8 +221,11 @@ def _cut(caption: str, spans: list[tuple[int, int]]) -> RewriteResult:
     return _cut_pieces(caption, spans)[0]
 
 
-def _cut_pieces(caption: str, spans: list[tuple[int, int]]) -> tuple[RewriteResult, list[str]]:
-    """:func:`_cut`, and the parts of ``caption`` left between the cuts."""
+def _cut_pieces(
+    caption: str, spans: list[tuple[int, int]], shown: list[tuple[int, int]] | None = None
+) -> tuple[RewriteResult, list[str]]:
+    """:func:`_cut`, and the parts of ``caption`` left between the cuts; ``shown``: the
+    phrases to report as removed, when not ``spans`` themselves."""
     if not spans:
         return RewriteResult(text=caption), [caption]
     pieces, last = [], 0
@@ -217,7 +241,7 @@ def _cut_pieces(caption: str, spans: list[tuple[int, int]]) -> tuple[RewriteResu
             last = max(last, end)
     pieces.append(caption[last:])
     text = tidy(" ".join(pieces), capitalize=caption[:1].isupper())
-    removed = tuple(caption[s:e] for s, e in sorted(spans))
+    removed = tuple(caption[s:e] for s, e in sorted(spans if shown is None else shown))
     if not has_words(text):
         return RewriteResult(text=None, removed_phrases=removed, reason=EMPTY_CAPTION), pieces
     return RewriteResult(text=text, removed_phrases=removed), pieces

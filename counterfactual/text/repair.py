@@ -148,7 +148,10 @@ def _dangles_before(tokens: _Tokens, a: int, b: int | None, adjacent: bool) -> b
     t = tokens.tokens[a]
     end = tokens.at_end(b)
     if t.text in _COMMAS:
-        return end or (b is not None and tokens.tokens[b].pos_ == "PUNCT")
+        if end or (b is not None and tokens.tokens[b].pos_ == "PUNCT"):
+            return True
+        # "Bananas, [apples] and [oranges] in a bowl": the list the comma began is gone
+        return adjacent and tokens.tokens[b].pos_ in ("ADP", "CCONJ")  # type: ignore[index]
     if adjacent and t.pos_ not in _FUNCTION and t.lower_ in PREPOSITIONS:
         return end or not tokens.nominal_from(b)  # "parked in a garage beside [a bench]."
     if t.pos_ not in _FUNCTION:
@@ -167,6 +170,9 @@ def _dangles_after(tokens: _Tokens, a: int | None, b: int) -> bool:
     t = tokens.tokens[b]
     if a is None:
         return t.pos_ == "CCONJ" or t.text in _COMMAS or t.lower_ == "of"
+    if t.text in _COMMAS:  # "Bananas, [apples] and [oranges] in a bowl": the list is gone
+        after = tokens.next(b + 1)
+        return after is not None and tokens.tokens[after].pos_ in ("ADP", "CCONJ")
     left = tokens.tokens[a]
     if t.lower_ == "of":
         return left.pos_ not in _CONJUNCT  # its noun was cut and none is left to attach to
@@ -224,15 +230,21 @@ def repair_caption(text: str, doc_or_nlp: Any, cuts: Sequence[int] | None = None
         _one_of_a_pair(tokens, j)
     if not tokens.replace and all(tokens.keep[i] or tokens.tokens[i].is_space for i in range(n)):
         return text
-    out = tidy(
-        "".join(
-            tokens.replace[i] + t.whitespace_ if i in tokens.replace else t.text_with_ws
-            for i, (t, k) in enumerate(zip(tokens.tokens, tokens.keep, strict=True))
-            if k
-        ),
-        capitalize=text[:1].isupper(),
-    )
+    out = tidy("".join(_kept_text(tokens)), capitalize=text[:1].isupper())
     return out if has_words(out) and _content(out) else ""
+
+
+def _kept_text(tokens: _Tokens) -> list[str]:
+    """The kept tokens with their replacements and whitespace; a token whose next one went is
+    followed by a space ("stove[, ]and" stays two words; tidy drops a space before a stop)."""
+    out = []
+    for i, (t, k) in enumerate(zip(tokens.tokens, tokens.keep, strict=True)):
+        if not k:
+            continue
+        word = tokens.replace.get(i, t.text)
+        gap = t.whitespace_ or (" " if i + 1 < len(tokens.keep) and not tokens.keep[i + 1] else "")
+        out.append(word + gap)
+    return out
 
 
 def _content(text: str) -> bool:
