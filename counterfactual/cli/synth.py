@@ -265,9 +265,11 @@ def _add_text_args(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument(
         "--repair-captions",
-        action="store_true",
-        help="np-removal: drop prepositions, conjunctions and commas a cut left dangling "
-        "(off: the paper's captions exactly)",
+        action=argparse.BooleanOptionalAction,
+        default=_TEXT.repair,
+        help="np-removal: drop prepositions, conjunctions, articles and commas a cut left "
+        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output, the "
+        "faithful setting, which may be broken English",
     )
     t.add_argument(
         "--captions-per-image",

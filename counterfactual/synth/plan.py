@@ -231,6 +231,11 @@ def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if key == "detect" and value is None:
             continue
+        if key == "text" and isinstance(value, dict) and "repair" not in value:
+            if value.get("method", "np-removal") == "np-removal":
+                # recorded before repair existed, or while it was off by default: those runs
+                # wrote the paper's exact captions, not today's default
+                value = {**value, "repair": False}
         if isinstance(value, dict):
             base, skip = defaults.get(key) or {}, RUNTIME_FIELDS.get(key, {})
             out[key] = {
