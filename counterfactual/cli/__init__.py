@@ -31,6 +31,7 @@ SUBCOMMANDS = (
     "data",
     "eval",
     "report",
+    "check",
     "cooccurrence",
 )
 
