@@ -17,6 +17,7 @@ stats file. Both runners use it: in process, and in the Ray actors of ``pipeline
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -125,10 +126,10 @@ def input_parts(
             annotations.update(_record_text(row))
             if row.source is not None:
                 stamp(row.source.path)
-            elif row.root is not None:
+            elif isinstance(row.root, str):
                 stamp(fs.join(row.root, row.file))
             else:
-                stamp(row.file)
+                stamp(os.path.join(row.root or "", row.file))
         parts = {"ids": _fingerprint(map(_row_id, rows)), "annotations": annotations.hexdigest()}
     parts |= {"sizes": sizes.hexdigest(), "stamps": marks.hexdigest()}
     if stamps.content:
@@ -137,9 +138,11 @@ def input_parts(
 
 
 def _record_text(record: ImageRecord) -> bytes:
-    """What a record says of its picture, as bytes (dataclass reprs: floats and text exact)."""
-    fields = (record.file, record.width, record.height, record.objects, record.captions)
-    return repr(fields).encode("utf-8", "surrogatepass") + b"\n"
+    """What a record says of its picture, as bytes: the plain tuples it pickles as, less its
+    root (a dataset moved elsewhere is the same dataset; its pictures' stamps tell)."""
+    _, (_id, file, width, height, objects, captions, _root, *_rest) = record.__reduce__()
+    text = repr((file, width, height, objects, captions))
+    return text.encode("utf-8", "surrogatepass") + b"\n"
 
 
 def input_change(recorded: dict[str, str], input: str, now: dict[str, str]) -> str | None:
