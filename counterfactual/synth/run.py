@@ -6,8 +6,12 @@ O(samples). :func:`run_shards` is the driver's loop, shared by both runners, whi
 in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), writes
 ``run.json`` (the format and the config's fingerprint: the options that decide the output,
 :func:`~counterfactual.synth.plan.fingerprint_of`) on the first run and refuses a rerun with another
-config (the runtime may change), finds the committed shards (their stats file exists; a rerun
-over other input is refused shard by shard) and removes unfinished temporary files.
+config (the runtime may change; a missing ``run.json`` is rebuilt only when every shard records
+this config), refuses a run that makes fewer shards than OUT holds (its records would list the
+others nowhere), finds the committed shards (their stats file exists; each is verified against
+it, and a damaged one is made again; a rerun over changed input is refused shard by shard,
+naming what changed) and removes unfinished temporary files of the project's own names: at
+the end only this run's (by its token), at the start those of dead runs.
 :func:`finish_run` streams ``status.jsonl`` (every input image and every item, with reasons)
 together from the reader's failures and the shards' stats files, and writes ``manifest.json``
 (config and runtime, data spec, package versions, git revision, counts, items per node,
