@@ -334,3 +334,31 @@ def test_a_takeover_leaves_the_old_holders_temporary_files_alone(coco, clean, tm
     assert theirs.read_bytes() == b"being written by the other driver"
     assert not (out / "run.lock").exists()
     _agrees(out, clean)
+
+
+def test_a_run_cleans_up_only_its_own_temporary_files(tmp_path):
+    """A retried worker's leftover carries this run's token and goes at the end; a temporary
+    file of another driver (one that took this run's lock over, say) stays."""
+    from test_stages import records
+
+    from counterfactual.image import ImageConfig
+    from counterfactual.synth.plan import SynthConfig
+    from counterfactual.synth.runner import run_local
+
+    out = tmp_path / "out"
+    made: dict[str, Path] = {}
+
+    def on_shard(done) -> None:
+        if made:
+            return
+        token = json.loads((out / "run.lock").read_text())["token"]
+        made["ours"] = out / f"shard-000001.tar.{token[:12]}-0badc0de.tmp"
+        made["theirs"] = out / "shard-000001.tar.0123456789ab-0badc0de.tmp"
+        for path in made.values():
+            path.write_bytes(b"half a shard")
+
+    config = SynthConfig(image=ImageConfig(method="zero"), images_per_shard=2)
+    result = run_local(records(tmp_path, 4), out, config, on_shard=on_shard)
+    assert len(result.shards) == 2 and made
+    assert not made["ours"].exists()
+    assert made["theirs"].read_bytes() == b"half a shard"
