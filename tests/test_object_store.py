@@ -184,6 +184,18 @@ def test_resume_on_s3_after_sigkill(s3, tmp_path, capsys):
     assert_same_outputs(tmp_path / "back", clean)
     manifest = json.loads((tmp_path / "back" / "manifest.json").read_text())
     assert manifest["shards_resumed"] == 2 and manifest["shards"] == total
+    # a shard damaged on the store: check finds it, the rerun makes it again
+    assert main(["check", out]) == 0
+    inside = out.removeprefix("s3://")
+    fs.pipe(f"{inside}/shard-000001.tar", fs.cat(f"{inside}/shard-000001.tar")[:5000])
+    capsys.readouterr()
+    assert main(["check", out]) == 1
+    assert capsys.readouterr().out.startswith("shard-000001.tar: damaged: 5,000 bytes")
+    assert main(synth_args(remote, out, *KILL)) == 0
+    assert f"{out}/shard-000001.tar is damaged" in capsys.readouterr().err
+    assert main(["check", out]) == 0
+    s3.download(out, tmp_path / "again")
+    assert_same_outputs(tmp_path / "again", clean)
 
 
 def test_eval_reads_its_queries_from_s3(s3, tmp_path, capsys):
