@@ -188,6 +188,21 @@ def test_a_changed_picture_is_refused(coco, clean, tmp_path, capsys):
     assert "input files changed (their sizes differ)" in err
 
 
+def test_changed_input_is_refused_before_any_shard_is_made(coco, clean, tmp_path, capsys):
+    """Shard 1 unfinished, shard 3's picture changed: the refusal comes first, so no shard is
+    made from the new input beside the old ones."""
+    data = _pictures_copy(coco, tmp_path)
+    out = _copy(clean, tmp_path)
+    for name in ("shard-000001.tar", "shard-000001_stats.json"):
+        (out / name).unlink()
+    picture = data.images / "000000000014.jpg"  # in shard 3
+    picture.write_bytes(picture.read_bytes() + b"\0")
+    code, _, err = _synth(data, out, capsys)
+    assert code == 2 and f"{out / 'shard-000003.tar'} was made from other input" in err
+    assert not (out / "shard-000001.tar").exists()
+    assert not (out / "shard-000001_stats.json").exists()
+
+
 def test_a_touched_picture_is_refused_unless_contents_are_compared(coco, tmp_path, capsys):
     data = _pictures_copy(coco, tmp_path)
     out = tmp_path / "hashed"

@@ -151,15 +151,23 @@ class RunPlan:
             if done is None:
                 yield replace(task, run=self.token, config=digest)
                 continue
-            change = input_change(done.inputs, done.input, task.inputs)
-            if change is not None:
-                raise ValueError(
-                    f"{fs.join(self.out_dir, shard_name('shard', task.index))} was made from "
-                    f"other input than this run reads: {change}; use another --out, or delete "
-                    "the folder to start over"
-                )
+            self.check_input(task)
             if on_resumed is not None:
                 on_resumed(done)
+
+    def check_input(self, task: ShardTask) -> None:
+        """``ValueError`` naming the shard and what changed when ``task``'s shard is committed
+        and was made from other input."""
+        done = self.committed.get(task.index)
+        if done is None:
+            return
+        change = input_change(done.inputs, done.input, task.inputs)
+        if change is not None:
+            raise ValueError(
+                f"{fs.join(self.out_dir, shard_name('shard', task.index))} was made from "
+                f"other input than this run reads: {change}; use another --out, or delete "
+                "the folder to start over"
+            )
 
 
 def prepare_run(
@@ -312,7 +320,13 @@ def run_shards(
             if progress is not None:
                 progress.update(shards=1, inputs=done.images, **done.outcomes())
 
-        tasks = shard_tasks(inputs, config, InputStamps(content=runtime.hash_inputs))
+        tasks: Iterable[ShardTask] = shard_tasks(
+            inputs, config, InputStamps(content=runtime.hash_inputs)
+        )
+        if run.committed and inputs.shard_count(config) is not None:
+            tasks = list(tasks)  # the input is held already: refuse changed input before work
+            for task in tasks:
+                run.check_input(task)
         for done in execute(run.todo(tasks, seen, count)):
             finished[done.index] = done
             count(done)
