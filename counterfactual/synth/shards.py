@@ -273,7 +273,7 @@ class _TarStream:
             fs.atomic_write(path, run=run, durable=True)
         )
         self.hashed = _Hashed(self._file)
-        self._tar = tarfile.open(fileobj=self.hashed, mode="w", format=tarfile.PAX_FORMAT)  # type: ignore[call-overload]
+        self._tar = tarfile.open(fileobj=self.hashed, mode="w", format=tarfile.PAX_FORMAT)
 
     def add(self, name: str, data: bytes) -> None:
         info = tarfile.TarInfo(name)
