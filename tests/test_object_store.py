@@ -222,3 +222,21 @@ def test_eval_reads_its_queries_from_s3(s3, tmp_path, capsys):
         model.pop("seconds")  # how long: not the result
     assert remote["models"][0]["queries"] == 6
     assert remote == local
+
+
+def test_an_input_object_is_stamped_by_its_etag_from_one_listing(s3, tmp_path):
+    from counterfactual.readers.spec import InputStamps
+
+    (tmp_path / "a.jpg").write_bytes(b"one")
+    (tmp_path / "b.jpg").write_bytes(b"three")
+    url = f"{s3.bucket()}/pics"
+    s3.upload(tmp_path, url)
+    fs = s3._fs()
+    stamps = InputStamps()
+    a, b = stamps.of(f"{url}/a.jpg"), stamps.of(f"{url}/b.jpg")
+    assert (a.size, a.stamp) == (3, fs.info(f"{url.removeprefix('s3://')}/a.jpg")["ETag"])
+    assert b.size == 5 and b.stamp != a.stamp and list(stamps._listings) == [url]
+    assert stamps.of(f"{url}/gone.jpg").size == -1
+    assert InputStamps(content=True).of(f"{url}/a.jpg").content == (
+        "7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add73ff431ed"  # sha256("one")
+    )

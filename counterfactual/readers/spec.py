@@ -97,6 +97,9 @@ class Stamp:
 
 
 MISSING = Stamp(-1, "missing", "missing")
+STAMP_KEYS = ("ETag", "etag", "md5Hash", "blob_id", "LastModified", "last_modified", "mtime")
+"""The listing fields that stamp an object, first found wins: S3's ETag, GCS's md5Hash, a
+Hugging Face blob id, else a modification time."""
 
 
 @dataclass
@@ -145,14 +148,7 @@ class InputStamps:
             return _combined([(n, self._remote(f"{url}/{n}")) for n in sorted(inside)])
         if entry.get("type") == "directory":
             return _combined([(n, self._remote(f"{url}/{n}")) for n in sorted(self._listing(url))])
-        stamp = next(
-            (
-                str(entry[k])
-                for k in ("ETag", "etag", "md5Hash", "LastModified", "mtime")
-                if entry.get(k)
-            ),
-            "",
-        )
+        stamp = next((str(entry[k]) for k in STAMP_KEYS if entry.get(k)), "")
         digest = fs.file_sha256(url) if self.content else ""
         return Stamp(int(entry.get("size") or 0), stamp, digest)
 
