@@ -377,3 +377,28 @@ def test_a_run_cleans_up_only_its_own_temporary_files(tmp_path):
     assert len(result.shards) == 2 and made
     assert not made["ours"].exists()
     assert made["theirs"].read_bytes() == b"half a shard"
+
+
+def test_a_local_commit_is_fsynced_tar_and_folder_before_the_stats_file(tmp_path, monkeypatch):
+    from counterfactual import fs
+    from counterfactual.records import Status
+    from counterfactual.synth.shards import Sample, ShardWriter
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(fs.os, "fsync", fsync)
+    writer = ShardWriter(tmp_path, 0, run="ab" * 16)
+    writer.add(Sample("k", b"jpeg", "a caption", {}), Status("k", "written", key="k"))
+    writer.commit()
+    names = [Path(p).name if Path(p) != tmp_path else "OUT" for p in synced]
+    assert [n.split(".", 2)[:2] for n in names[::2]] == [
+        ["shard-000000", "tar"],
+        ["shard-000000_stats", "json"],
+    ]
+    assert names[0].startswith(f"shard-000000.tar.{'ab' * 6}-")  # its run token
+    assert names[1::2] == ["OUT", "OUT"]  # the renames made durable
