@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from counterfactual import __version__
-from counterfactual.image import EditRequest, ImageEditor, make_editor
+from counterfactual.image import EditRequest, ImageEditor, image_model, make_editor
 from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg
 from counterfactual.method.detect import Detection, Detector, to_objects
@@ -283,8 +283,8 @@ class Edit:
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
         image, runtime = config.image, runtime or Runtime()
         resources = None
-        if image.method == "inpaint" and image.backend != "opencv":
-            model = image.lama.model if image.backend == "lama" else image.diffusers.model
+        model = image_model(image)
+        if model is not None:
             resources = Resources(
                 "Inpaint", model, "--inpaint-model", runtime.device, runtime.inpaint_batch_size
             )
@@ -337,6 +337,8 @@ class Edit:
         for job, out in zip(todo, _batch_or_each(self._edit, todo, requests), strict=True):
             if isinstance(out, Status):
                 job.fail(out.reason, out.detail)
+            elif isinstance(out[0], SampleError):  # the model's output was not a picture
+                job.fail(out[0].reason, out[0].detail)
             else:
                 job.edited, choice = out
                 if not self.keep_original:
@@ -349,8 +351,9 @@ class Edit:
 
     def _edit(
         self, requests: Sequence[EditRequest]
-    ) -> list[tuple[np.ndarray, dict[str, Any] | None]]:
-        """Per request: the edited image and, for best-of-n, its pick."""
+    ) -> list[tuple[np.ndarray | SampleError, dict[str, Any] | None]]:
+        """Per request: the edited image (or the failure of its model output) and, for
+        best-of-n, its pick."""
         images = self.editor(requests)
         return list(zip(images, self._choices(len(requests)), strict=True))
 
