@@ -32,7 +32,7 @@ export HF_HUB_DISABLE_TELEMETRY ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install synth eval data test test-fast lint format bench clean
+.PHONY: help install synth eval data test test-fast gpu-check lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ test: $(STAMP) ## the offline test suite
 
 test-fast: $(STAMP) ## the suite without the slow (model-loading, end-to-end) tests
 	$(BIN)/python -m pytest -q -m "not slow"
+
+gpu-check: $(STAMP) ## every model path on CUDA with tiny models [CF_GPU_INPAINT_MODEL=real weights: a 50-image run, images/s]
+	$(BIN)/python -m pytest -q -s -m gpu tests/test_gpu.py
 
 lint: $(STAMP) ## check style (ruff)
 	$(BIN)/ruff check counterfactual pipelines tests benchmarks
