@@ -1213,8 +1213,8 @@ NOTES = {
         "disk (resolution 64, one step). bytes_per_item_*: pickled numpy arrays a GPU actor "
         "receives and returns per item (picture + mask in, edited picture out), the whole "
         "640x480 picture against the diffusers crop (crop_padding 0.25); crop_vs_whole: their "
-        "ratio. The Ray pipeline still ships whole pictures: the crop figure is what shipping "
-        "crops would cost."
+        "ratio. The Ray workers send Edit's actors the crop (crop_for_edit) when the backend "
+        "declares its region and best-of-n is off."
     ),
     "select": (
         "`counterfactual select` as a user runs it (main(argv) in process, imports done): "

@@ -253,3 +253,51 @@ def test_feather_and_channels_last_on_the_real_pipeline(sdxl: Path):
     np.testing.assert_array_equal(out[alpha == 0], request.image[alpha == 0])
     band = (alpha > 0) & (alpha < 1)
     assert np.any(out[band] != request.image[band])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["diffusers", "lama"])
+def test_an_edit_sent_as_crops_gives_the_same_pictures(
+    backend: str, sdxl: Path, tmp_path: Path
+) -> None:
+    """What a Ray worker does for Edit's actor pool (crop_for_edit, Edit on the crops,
+    paste_edit) gives the whole-picture Edit's bytes, and sends a fraction of the pixels."""
+    from PIL import Image
+    from test_stages import records
+    from tiny_lama import build_tiny_lama
+
+    from counterfactual.image import LamaConfig
+    from counterfactual.synth.plan import SynthConfig, plan
+    from counterfactual.synth.steps import Decode, Edit, Job, crop_for_edit, paste_edit
+
+    recs = records(tmp_path, 4)
+    for i in range(len(recs)):  # noise, so that no fill is blank
+        Image.fromarray(random_image(60, 80, seed=i)).save(tmp_path / f"{i}.jpg", quality=95)
+    if backend == "lama":
+        lama = LamaConfig(model=str(build_tiny_lama(tmp_path / "lama.pt")), feather=2)
+        image = ImageConfig(backend="lama", lama=lama)
+    else:
+        diffusers = DiffusersConfig(model=str(sdxl), steps=1, resolution=32, feather=2)
+        image = ImageConfig(backend="diffusers", diffusers=diffusers)
+    config = SynthConfig(image=image)
+    items = [item for out in plan(recs, config) if isinstance(out, list) for item in out]
+
+    def jobs() -> list[Job]:
+        return Decode(config)([Job(0, i, item) for i, item in enumerate(items)])
+
+    edit = Edit(config)
+    whole = edit(jobs())
+    sent = jobs()
+    full = sum(job.image.size for job in sent if job.image is not None)
+    cuts = crop_for_edit(sent, config)
+    assert all(cut is not None for cut in cuts)
+    sent_pixels = sum(job.image.size for job in sent if job.image is not None)
+    # LaMa's crop is at least 256 px: on these 80x60 pictures, the picture itself
+    assert sent_pixels < full if backend == "diffusers" else sent_pixels == full
+    cropped = edit(sent)
+    paste_edit(cropped, cuts)
+    assert [j.ok for j in cropped] == [j.ok for j in whole] and any(j.ok for j in whole)
+    for a, b in zip(whole, cropped, strict=True):
+        if a.ok:
+            np.testing.assert_array_equal(a.edited, b.edited)
+            np.testing.assert_array_equal(a.mask, b.mask)

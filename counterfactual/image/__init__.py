@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
+import numpy as np
+
 from counterfactual.image import diffusion, fills, lama, opencv_inpaint
 from counterfactual.image.base import Edited, EditRequest, Eraser, ImageEditor, Option
 from counterfactual.image.diffusion import RECIPES, DiffusersConfig
@@ -213,6 +215,17 @@ def make_editor(
     )
 
 
+def edit_region(config: ImageConfig, mask: np.ndarray) -> tuple[int, int, int, int] | None:
+    """The crop ``(x0, y0, x1, y1)`` the chosen backend reads and writes for ``mask`` (255 =
+    repaint): editing that crop as a picture gives the same pixels, all others stay the
+    input's. ``None``: the backend declares no region (send the whole picture), or the mask is
+    empty."""
+    eraser = eraser_of(config.method, config.backend)
+    if eraser.region is None:
+        return None
+    return eraser.region(getattr(config, eraser.name), mask)
+
+
 def cli_options() -> list[tuple[str, str, Option]]:
     """The image options on the command line: ``(flag, flat key, option)`` per declared
     option with a flag, once per flag, in :data:`FLAT_KEYS` order."""
@@ -254,6 +267,7 @@ __all__ = [
     "OpenCVConfig",
     "Option",
     "cli_options",
+    "edit_region",
     "eraser_of",
     "flat_default",
     "flat_owner",

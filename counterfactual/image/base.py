@@ -81,6 +81,11 @@ OPTION_KINDS = (
 
 Build = Callable[..., ImageEditor]
 """``build(part, method=, device=, dtype=, batch_size=)``: the editor of a backend's config."""
+Box = tuple[int, int, int, int]
+Region = Callable[[Any, np.ndarray], Box | None]
+"""``region(part, mask)``: the crop ``(x0, y0, x1, y1)`` (exclusive ends) a backend reads and
+writes for ``mask``; editing that crop as a picture of its own gives the same pixels there, and
+every pixel outside it is the input's. ``None``: an empty mask."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +98,8 @@ class Eraser:
     and ``options`` one :class:`Option` per field; ``model`` the field naming the model it
     loads (``""``: none, a CPU backend); ``seeded``: its output depends on the request's seed
     (best-of-n draws candidates from it); ``build`` makes the editor; ``summary`` is the
-    command line's one phrase about it."""
+    command line's one phrase about it; ``region`` (:data:`Region`, optional) lets a runner send
+    the model only the crop it edits."""
 
     name: str
     config: type
@@ -103,6 +109,7 @@ class Eraser:
     methods: tuple[str, ...] = ("inpaint",)
     model: str = ""
     seeded: bool = False
+    region: Region | None = None
 
     def __post_init__(self) -> None:
         names = [f.name for f in fields(self.config)]

@@ -348,13 +348,10 @@ class DiffusionInpainter:
         return [r for r in results if r is not None]
 
     def _prepare(self, index: int, request: EditRequest) -> _Job | None:
-        box = mask_bounds(request.mask)
-        if box is None:
+        crop = region(self.config, request.mask)
+        if crop is None:
             return None
-        height, width = request.mask.shape
-        long_side = max(box[2] - box[0], box[3] - box[1])
-        padding = max(self.config.crop_padding, self.config.feather / long_side)
-        x0, y0, x1, y1 = crop_box(box, padding, height, width)
+        x0, y0, x1, y1 = crop
         size = work_size(x1 - x0, y1 - y0, self.config.resolution)
         side = canvas_side(size, self.config.resolution)
         image = np.asarray(
@@ -427,6 +424,18 @@ class DiffusionInpainter:
             self.config.feather,
         )
         return edited
+
+
+def region(config: DiffusersConfig, mask: np.ndarray) -> tuple[int, int, int, int] | None:
+    """The crop the inpainter edits for ``mask`` (:func:`crop_box` of its bounds, the padding
+    at least ``feather``), ``None`` for an empty mask."""
+    box = mask_bounds(mask)
+    if box is None:
+        return None
+    height, width = mask.shape
+    long_side = max(box[2] - box[0], box[3] - box[1])
+    padding = max(config.crop_padding, config.feather / long_side)
+    return crop_box(box, padding, height, width)
 
 
 def _denoiser(pipeline: Any) -> Any:
@@ -587,4 +596,5 @@ ERASER = Eraser(
     summary="diffusers (any diffusers inpainting pipeline: SD 1.5/2, SDXL, RORem)",
     model="model",
     seeded=True,
+    region=region,
 )

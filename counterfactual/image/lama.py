@@ -177,15 +177,10 @@ class LamaInpainter:
         return results
 
     def _prepare(self, index: int, request: EditRequest) -> _Job | None:
-        box = mask_bounds(request.mask)
-        if box is None:
+        crop = region(self.config, request.mask)
+        if crop is None:
             return None
-        height, width = request.mask.shape
-        long_side = max(box[2] - box[0], box[3] - box[1])
-        # crop_box grows each side by ceil(padding * side): this padding reaches MIN_CROP
-        padding = max(self.config.crop_padding, (MIN_CROP - long_side) / (2 * long_side))
-        padding = max(padding, self.config.feather / long_side)  # the fill covers the band
-        x0, y0, x1, y1 = crop_box(box, padding, height, width)
+        x0, y0, x1, y1 = crop
         image = request.image[y0:y1, x0:x1]
         mask = np.where(request.mask[y0:y1, x0:x1] > 0, 255, 0).astype(np.uint8)
         max_side = self.config.max_side
@@ -249,6 +244,20 @@ class LamaInpainter:
         paste(out[y0:y1, x0:x1], fill, mask[y0:y1, x0:x1], feather)
 
 
+def region(config: LamaConfig, mask: np.ndarray) -> tuple[int, int, int, int] | None:
+    """The crop LaMa edits for ``mask``: :func:`crop_box` of its bounds grown to at least
+    :data:`MIN_CROP` px and by ``feather``; ``None`` for an empty mask."""
+    box = mask_bounds(mask)
+    if box is None:
+        return None
+    height, width = mask.shape
+    long_side = max(box[2] - box[0], box[3] - box[1])
+    # crop_box grows each side by ceil(padding * side): this padding reaches MIN_CROP
+    padding = max(config.crop_padding, (MIN_CROP - long_side) / (2 * long_side))
+    padding = max(padding, config.feather / long_side)  # the fill covers the band
+    return crop_box(box, padding, height, width)
+
+
 def _pad(array: np.ndarray, height: int, width: int) -> np.ndarray:
     """``array`` mirrored at the bottom and right to ``height`` x ``width`` (IOPaint's
     ``pad_img_to_modulo``)."""
@@ -308,4 +317,5 @@ ERASER = Eraser(
     build=_build,
     summary="lama (a TorchScript LaMa)",
     model="model",
+    region=region,
 )
