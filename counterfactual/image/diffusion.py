@@ -97,7 +97,7 @@ the SDXL inpainting 0.1 model card (1024 px, 20 steps, guidance 8.0, strength 0.
 class DiffusersConfig:
     """A diffusers inpainting pipeline and how it is run."""
 
-    model: str = "stabilityai/stable-diffusion-2-inpainting"
+    model: str = "sd2-community/stable-diffusion-2-inpainting"
     """A hub id or a folder written by ``save_pretrained``."""
     steps: int = 30
     guidance_scale: float = 7.5

@@ -207,6 +207,14 @@ def _insert(mapping: dict[str, Any], new: dict[str, Any], after: str | None) -> 
     return out
 
 
+RETIRED_DEFAULTS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("image", "model"): ("stabilityai/stable-diffusion-2-inpainting",),
+}
+"""Former defaults that still read as the default in a recorded config: the same model under
+a new id (Stability deleted its SD 2 inpainting repo in November 2025; the default is now its
+community mirror), so runs recorded before keep their fingerprint."""
+
+
 def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
     """The fingerprint of a config as a run recorded it (:meth:`SynthConfig.to_dict`,
     :meth:`~SynthConfig.record`, or the ``run.json`` of any run since format 2, whose
@@ -223,10 +231,19 @@ def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if key == "detect" and value is None:
             continue
+        if key == "text" and isinstance(value, dict) and "repair" not in value:
+            if value.get("method", "np-removal") == "np-removal":
+                # recorded before repair existed, or while it was off by default: those runs
+                # wrote the paper's exact captions, not today's default
+                value = {**value, "repair": False}
         if isinstance(value, dict):
             base, skip = defaults.get(key) or {}, RUNTIME_FIELDS.get(key, {})
             out[key] = {
-                k: v for k, v in value.items() if k not in skip and (k not in base or v != base[k])
+                k: v
+                for k, v in value.items()
+                if k not in skip
+                and (k not in base or v != base[k])
+                and v not in RETIRED_DEFAULTS.get((key, k), ())
             }
         elif key not in defaults or value != defaults[key]:
             out[key] = value

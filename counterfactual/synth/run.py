@@ -39,6 +39,7 @@ from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import Status, outcome
 from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, write_card
+from counterfactual.synth.models import model_records
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
 from counterfactual.synth.runlock import RunLock
 from counterfactual.synth.samples import verify_summary_from_samples
@@ -404,6 +405,7 @@ def write_manifest(
         **({"verify": result.verify} if result.verify is not None else {}),
         "data": inputs.spec,
         "config": run.config.record(run.runtime),
+        "models": model_records(run.config, run.runtime),
         "versions": package_versions(),
         "python": platform.python_version(),
         "git_revision": git_revision(),
