@@ -971,7 +971,8 @@ def _csv_header(path: str) -> tuple[list[str], int]:
             end = next(_csv_records(_binary_lines(fh), 0), (0, True))[0]
             fh.seek(0)
             data = fh.read(end)
-        header = next(csv.reader(io.StringIO(data.decode("utf-8"), newline="")), None)
+        # utf-8-sig: a byte-order mark (Excel writes one) is no part of the first column's name
+        header = next(csv.reader(io.StringIO(data.decode("utf-8-sig"), newline="")), None)
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, csv.Error) as err:
