@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob as _glob
 import os
 import re
@@ -105,14 +106,33 @@ class StoreLimits:
         return cls(**values)
 
     def storage_options(self) -> dict[str, Any]:
-        """s3fs's options that set these limits (``config_kwargs`` go to botocore)."""
+        """s3fs's options that set these limits (``config_kwargs`` go to aiobotocore's
+        ``AioConfig``)."""
         return {
             "config_kwargs": {
                 "connect_timeout": self.connect,
                 "read_timeout": self.read,
-                "retries": {"max_attempts": self.attempts, "mode": "standard"},
+                "retries": {"total_max_attempts": self.attempts, "mode": "standard"},
+                "http_session_cls": _http_session(),
             }
         }
+
+
+@functools.cache
+def _http_session() -> type:
+    """aiobotocore's HTTP session without ``Expect: 100-continue``: botocore asks for it on
+    every upload, and aiohttp then waits for the server's ``100 Continue`` with no timeout at
+    all, so a stalled store would hang an upload forever. Without it the body goes at once and
+    the read timeout applies to the answer."""
+    from aiobotocore.httpsession import AIOHTTPSession
+
+    class NoContinueSession(AIOHTTPSession):  # type: ignore[misc]
+        async def send(self, request: Any) -> Any:
+            if "Expect" in request.headers:
+                del request.headers["Expect"]
+            return await super().send(request)
+
+    return NoContinueSession
 
 
 _S3_SCHEMES = ("s3", "s3a")
@@ -408,28 +428,40 @@ def store_error(err: BaseException) -> OutputError | None:
     resumes once the store is back."""
     botocore = sys.modules.get("botocore.exceptions")
     limits = StoreLimits.from_env()
-    cause = None
     endpoint = _endpoint(getattr(err, "kwargs", {}).get("endpoint_url"))
+    again = "rerun the same command to resume once it answers"
     if botocore is not None and isinstance(
         err, botocore.NoCredentialsError | botocore.PartialCredentialsError
     ):
         cause = "no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+        again = "rerun the same command to resume once they are set"
     elif botocore is not None and isinstance(err, botocore.ConnectTimeoutError):
-        cause = (
-            f"unreachable (no connection within {limits.connect:g} s, {limits.attempts} attempts)"
-        )
+        cause = f"unreachable (no connection within {limits.connect:g} s, {limits.attempts} tries)"
     elif botocore is not None and isinstance(err, botocore.EndpointConnectionError):
-        cause = f"unreachable ({limits.attempts} attempts)"
+        cause = f"unreachable (connection refused or no route, {limits.attempts} tries)"
     elif (botocore is not None and isinstance(err, botocore.ReadTimeoutError)) or _timeout(err):
-        cause = f"timed out after {limits.read:g} s without an answer ({limits.attempts} attempts)"
+        cause = f"timed out after {limits.read:g} s without an answer ({limits.attempts} tries)"
     elif isinstance(err, FileNotFoundError) and "bucket does not exist" in str(err):
         bucket = _bucket_of(err)
         cause = f"bucket {bucket} does not exist" if bucket else "the bucket does not exist"
-    if cause is None:
+        again = "create it or name another --out"
+    else:
         return None
-    return OutputError(
-        f"object store {endpoint}: {cause}; rerun the same command to resume once it answers"
-    )
+    return OutputError(f"object store {endpoint}: {cause}; {again}")
+
+
+def store_failures() -> tuple[type[BaseException], ...]:
+    """The exceptions an object store that is down, stalled or refusing raises: ``OSError``
+    (s3fs's translations), timeouts, and botocore's own errors when botocore is loaded (they
+    are no ``OSError``). For code that retries or reports such failures, not for samples."""
+    kinds: list[type[BaseException]] = [OSError, TimeoutError]
+    botocore = sys.modules.get("botocore.exceptions")
+    if botocore is not None:
+        kinds += [botocore.BotoCoreError, botocore.ClientError]
+    fsspec_errors = sys.modules.get("fsspec.exceptions")
+    if fsspec_errors is not None:
+        kinds.append(fsspec_errors.FSTimeoutError)
+    return tuple(kinds)
 
 
 def _timeout(err: BaseException) -> bool:
@@ -451,7 +483,13 @@ def _endpoint(url: str | None) -> str:
 
 
 def _bucket_of(err: BaseException) -> str | None:
-    """The bucket an s3fs ``FileNotFoundError`` is about (its filename: ``bucket/key``)."""
+    """The bucket an s3fs ``FileNotFoundError`` is about: S3 names it in the error response
+    of the botocore error it translated (its ``__cause__``), else its filename."""
+    response = getattr(err.__cause__, "response", None)
+    if isinstance(response, dict):
+        bucket = (response.get("Error") or {}).get("BucketName")
+        if isinstance(bucket, str) and bucket:
+            return bucket
     name_ = getattr(err, "filename", None)
     if isinstance(name_, str) and name_:
         return name_.removeprefix("s3://").split("/", 1)[0]

@@ -362,7 +362,7 @@ class RunLock:
                 except LockLost as err:
                     self.lost = err
                     return
-                except OSError:
+                except fs.store_failures():
                     continue  # the next beat tries again; stale_after is four beats away
 
         self._thread = threading.Thread(target=beat, name=f"heartbeat {self.path}", daemon=True)
