@@ -145,23 +145,26 @@ def _committed(server: S3Server, out: str) -> list[str]:
     return sorted(n for n in names if n.endswith("_stats.json"))
 
 
-def _fault_mid_run(coco, store, tmp_path, fault, heal, *parts: str) -> None:
+def _fault_mid_run(
+    coco, store, tmp_path, fault, heal, *parts: str, ray: bool = False, shards: int = 4
+) -> None:
     """Start a run whose shards take seconds, let it commit one, ``fault()`` the store: the run
-    ends with one line within the budget; ``heal()`` it: the same command resumes."""
+    ends with one line within the budget; ``heal()`` it: the same command resumes. ``ray``:
+    on Ray (the fault reaches a worker, its error the driver), a shard at a time."""
     server, _, proxy = store
     out = f"{server.bucket()}/out"
     args = synth_args(coco, out, *EXTRA, "--batch-size", "2")
+    if ray:
+        cmd = _cli(*args, "--runner", "ray", "--num-cpus", "1", "--no-dashboard")
+    else:
+        cmd = [sys.executable, str(KILLING_RUN), "slow", "1", *args]
     log = tmp_path / "run.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, str(KILLING_RUN), "slow", "1", *args],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            env=_env(proxy.endpoint),
-        )
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env(proxy.endpoint))
     try:
         deadline = time.monotonic() + 120
-        while not (_committed(server, out) and "inside shard" in log.read_text()):
+        under_way = "" if ray else "inside shard"
+        while not (_committed(server, out) and under_way in log.read_text()):
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
@@ -185,7 +188,7 @@ def _fault_mid_run(coco, store, tmp_path, fault, heal, *parts: str) -> None:
     assert code == 0, again
     manifest = json.loads(server._fs().cat(f"{out.removeprefix('s3://')}/manifest.json"))
     assert manifest["shards_resumed"] >= len(before)
-    assert manifest["shards"] == 4 and manifest["samples"] == manifest["counts"]["written"]
+    assert manifest["shards"] == shards and manifest["samples"] == manifest["counts"]["written"]
     assert not server._fs().exists(f"{out.removeprefix('s3://')}/run.lock")
 
 
@@ -204,3 +207,17 @@ def test_a_stalled_store_ends_the_run_in_one_line_and_the_rerun_resumes(coco, st
         os.kill(proc.pid, signal.SIGCONT)
 
     _fault_mid_run(coco, store, tmp_path, pause, resume, "timed out after 2 s")
+
+
+@pytest.fixture(scope="module")
+def coco_60(tmp_path_factory):
+    return generate_coco(tmp_path_factory.mktemp("coco60"), 60, seed=4, size=(320, 240))
+
+
+def test_an_outage_mid_run_on_ray_ends_it_in_one_line_and_the_rerun_resumes(
+    coco_60, store, tmp_path
+):
+    pytest.importorskip("ray")
+    _, _, proxy = store
+    fault, heal = proxy.stop, proxy.start
+    _fault_mid_run(coco_60, store, tmp_path, fault, heal, "unreachable", ray=True, shards=20)

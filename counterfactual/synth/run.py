@@ -234,17 +234,17 @@ def run_shards(
                 count(done)
                 if on_shard is not None:
                     on_shard(done)
+            if progress is not None:
+                progress.close()
+            return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
         except signals.Interrupted as stop:
             close = getattr(results, "close", None)
             if close is not None:
-                close()  # the runner stops its workers (Ray: kills the actors)
+                close()  # the runner stops its workers (Ray: cancels their tasks, kills them)
             _remove_temporary(out_dir, fs.listdir(out_dir))  # the abandoned shards' writes
             fs.abort_uploads(out_dir, _is_shard_upload)
             record_interrupted(run, runner, stop.name, finished)
             raise
-        if progress is not None:
-            progress.close()
-        return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
 
 
 _SHARD_UPLOAD = re.compile(r"shard-\d{6,}(?:\.tar|_stats\.json)")
