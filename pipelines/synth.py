@@ -466,7 +466,6 @@ def run_ray(
     whose shards are all committed starts no Ray. ``runtime``: device, dtype and batch sizes,
     as for ``run_local``.
     """
-
     import ray
 
     options, runtime = options or RayOptions(), runtime or Runtime()

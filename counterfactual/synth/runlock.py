@@ -287,6 +287,12 @@ class RunLock:
                 holder = self.read()
                 if holder is None:
                     continue  # released meanwhile
+                if holder.get("token") == self.token:
+                    # our own write: a conditional put whose answer was lost landed, and its
+                    # retry was refused (a slow or flaky store)
+                    self.held = True
+                    self._last_beat = now
+                    return self.took_over
                 if self.alive(holder):
                     raise self._refusal(holder) from None
                 if self._remove_if(str(holder["token"])):
