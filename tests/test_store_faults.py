@@ -153,7 +153,7 @@ def _fault_mid_run(
     on Ray (the fault reaches a worker, its error the driver), a shard at a time."""
     server, _, proxy = store
     out = f"{server.bucket()}/out"
-    args = synth_args(coco, out, *EXTRA, "--batch-size", "2")
+    args = synth_args(coco, out, *EXTRA, "--batch-size", "1")
     if ray:
         cmd = _cli(*args, "--runner", "ray", "--num-cpus", "1", "--no-dashboard")
     else:
