@@ -240,11 +240,6 @@ def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if key == "detect" and value is None:
             continue
-        if key == "text" and isinstance(value, dict) and "repair" not in value:
-            if value.get("method", "np-removal") == "np-removal":
-                # recorded before repair existed, or while it was off by default: those runs
-                # wrote the paper's exact captions, not today's default
-                value = {**value, "repair": False}
         if isinstance(value, dict):
             base, skip = defaults.get(key) or {}, RUNTIME_FIELDS.get(key, {})
             out[key] = {
@@ -254,6 +249,10 @@ def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
                 and (k not in base or v != base[k])
                 and v not in RETIRED_DEFAULTS.get((key, k), ())
             }
+            if key == "text" and value.get("method", "np-removal") == "np-removal":
+                # Repair's default changed (off, then on), so np-removal's fingerprint always
+                # names it; a record without it was made while it was off: the paper's captions.
+                out[key]["repair"] = bool(value.get("repair", False))
         elif key not in defaults or value != defaults[key]:
             out[key] = value
     return out
