@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob as _glob
 import hashlib
 import os
 import re
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -53,13 +56,104 @@ def as_path(path: PathLike) -> str | Path:
     return Path(text)
 
 
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """How long object-store I/O may wait (S3 and S3-compatible stores, through botocore).
+
+    ``connect``: seconds to open a connection; ``read``: seconds without a byte of an answer;
+    ``attempts``: tries of one request (botocore's ``standard`` retry mode: the first and its
+    retries, with exponential backoff of at most 20 s between them). One request therefore
+    gives up after at most :attr:`budget` seconds, and the run ends with one line
+    (:func:`store_error`). Read from the environment (:meth:`from_env`):
+    ``COUNTERFACTUAL_S3_CONNECT_TIMEOUT``, ``COUNTERFACTUAL_S3_READ_TIMEOUT``,
+    ``COUNTERFACTUAL_S3_ATTEMPTS``.
+    """
+
+    connect: float = 10.0
+    read: float = 60.0
+    attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if not (self.connect > 0 and self.read > 0):
+            raise ValueError(
+                f"object-store timeouts must be > 0 s, got connect={self.connect}, read={self.read}"
+            )
+        if self.attempts < 1:
+            raise ValueError(f"object-store attempts must be >= 1, got {self.attempts}")
+
+    @property
+    def budget(self) -> float:
+        """Seconds after which one request has surely given up: every attempt waiting its
+        full connect and read timeouts, and botocore's backoff between them."""
+        backoff = sum(min(2.0**i, 20.0) for i in range(self.attempts - 1))
+        return self.attempts * (self.connect + self.read) + backoff
+
+    @classmethod
+    def from_env(cls) -> StoreLimits:
+        """The limits the ``COUNTERFACTUAL_S3_*`` variables set (``ValueError`` naming a bad
+        one), the defaults for the others."""
+        values: dict[str, Any] = {}
+        for name, field_, kind in (
+            ("COUNTERFACTUAL_S3_CONNECT_TIMEOUT", "connect", float),
+            ("COUNTERFACTUAL_S3_READ_TIMEOUT", "read", float),
+            ("COUNTERFACTUAL_S3_ATTEMPTS", "attempts", int),
+        ):
+            text = os.environ.get(name)
+            if text:
+                try:
+                    values[field_] = kind(text)
+                except ValueError:
+                    raise ValueError(f"{name}={text!r} is not a number") from None
+        return cls(**values)
+
+    def storage_options(self) -> dict[str, Any]:
+        """s3fs's options that set these limits (``config_kwargs`` go to aiobotocore's
+        ``AioConfig``)."""
+        return {
+            "config_kwargs": {
+                "connect_timeout": self.connect,
+                "read_timeout": self.read,
+                "retries": {"total_max_attempts": self.attempts, "mode": "standard"},
+                "http_session_cls": _http_session(),
+            }
+        }
+
+
+@functools.cache
+def _http_session() -> type:
+    """aiobotocore's HTTP session without ``Expect: 100-continue``: botocore asks for it on
+    every upload, and aiohttp then waits for the server's ``100 Continue`` with no timeout at
+    all, so a stalled store would hang an upload forever. Without it the body goes at once and
+    the read timeout applies to the answer."""
+    from aiobotocore.httpsession import AIOHTTPSession
+
+    class NoContinueSession(AIOHTTPSession):  # type: ignore[misc]
+        async def send(self, request: Any) -> Any:
+            if "Expect" in request.headers:
+                del request.headers["Expect"]
+            return await super().send(request)
+
+    return NoContinueSession
+
+
+_S3_SCHEMES = ("s3", "s3a")
+
+
 def filesystem(path: PathLike) -> tuple[Any, str]:
     """``(fsspec filesystem, path inside it)`` for a URL; ``ValueError`` naming the extra to
-    install when its backend is missing."""
+    install when its backend is missing. S3 gets the timeouts and retries of
+    :class:`StoreLimits` (botocore retries; s3fs's own retry loop is set to one pass, so the
+    budget holds)."""
     fsspec = require("fsspec", "s3")
     text = os.fspath(path)
+    scheme = _SCHEME.match(text)
+    s3 = scheme is not None and scheme.group(1).lower() in _S3_SCHEMES
     try:
-        return fsspec.core.url_to_fs(text)
+        if not s3:
+            return fsspec.core.url_to_fs(text)
+        fsys, inside = fsspec.core.url_to_fs(text, **StoreLimits.from_env().storage_options())
+        fsys.retries = 1  # botocore retries (with backoff); s3fs would multiply them
+        return fsys, inside
     except ImportError as err:
         scheme = _SCHEME.match(text)
         extra = EXTRAS.get(scheme.group(1).lower() if scheme else "", "s3")
@@ -342,3 +436,110 @@ def safe_relative_path(name: str) -> str | None:
     if path.is_absolute() or ".." in path.parts or (path.parts and ":" in path.parts[0]):
         return None
     return path.as_posix()
+
+
+def abort_uploads(folder: PathLike, wanted: Callable[[str], bool]) -> int:
+    """Abort the unfinished multipart uploads of objects directly in ``folder`` whose name
+    ``wanted(name)`` accepts (a writer killed mid-upload leaves one, invisible but billed); a
+    no-op for local folders and stores other than S3. Returns how many it aborted."""
+    p = as_path(folder)
+    if isinstance(p, Path):
+        return 0
+    fsys, inside = filesystem(p)
+    protocols = fsys.protocol if isinstance(fsys.protocol, tuple) else (fsys.protocol,)
+    if not set(protocols) & set(_S3_SCHEMES):
+        return 0
+    bucket, _, prefix = inside.strip("/").partition("/")
+    prefix = f"{prefix}/" if prefix else ""
+    aborted = 0
+    marker: dict[str, str] = {}
+    while True:
+        page = fsys.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker)
+        for upload in page.get("Uploads", []):
+            rest = upload["Key"][len(prefix) :]
+            if "/" not in rest and wanted(rest):
+                fsys.call_s3(
+                    "abort_multipart_upload",
+                    Bucket=bucket,
+                    Key=upload["Key"],
+                    UploadId=upload["UploadId"],
+                )
+                aborted += 1
+        if not page.get("IsTruncated"):
+            return aborted
+        marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+
+def store_error(err: BaseException) -> OutputError | None:
+    """The one-line :class:`OutputError` for an object store that cannot be used, naming the
+    endpoint and the cause (``unreachable``, ``no credentials``, ``bucket X does not exist``,
+    ``timed out after N s``); ``None`` for any other error. A rerun of the same command
+    resumes once the store is back."""
+    botocore = sys.modules.get("botocore.exceptions")
+    limits = StoreLimits.from_env()
+    endpoint = _endpoint(getattr(err, "kwargs", {}).get("endpoint_url"))
+    again = "rerun the same command to resume once it answers"
+    if botocore is not None and isinstance(
+        err, botocore.NoCredentialsError | botocore.PartialCredentialsError
+    ):
+        cause = "no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+        again = "rerun the same command to resume once they are set"
+    elif botocore is not None and isinstance(err, botocore.ConnectTimeoutError):
+        cause = f"unreachable (no connection within {limits.connect:g} s, {limits.attempts} tries)"
+    elif botocore is not None and isinstance(err, botocore.EndpointConnectionError):
+        cause = f"unreachable (connection refused or no route, {limits.attempts} tries)"
+    elif (botocore is not None and isinstance(err, botocore.ReadTimeoutError)) or _timeout(err):
+        cause = f"timed out after {limits.read:g} s without an answer ({limits.attempts} tries)"
+    elif isinstance(err, FileNotFoundError) and "bucket does not exist" in str(err):
+        bucket = _bucket_of(err)
+        cause = f"bucket {bucket} does not exist" if bucket else "the bucket does not exist"
+        again = "create it or name another --out"
+    else:
+        return None
+    return OutputError(f"object store {endpoint}: {cause}; {again}")
+
+
+def store_failures() -> tuple[type[BaseException], ...]:
+    """The exceptions an object store that is down, stalled or refusing raises: ``OSError``
+    (s3fs's translations), timeouts, and botocore's own errors when botocore is loaded (they
+    are no ``OSError``). For code that retries or reports such failures, not for samples."""
+    kinds: list[type[BaseException]] = [OSError, TimeoutError]
+    botocore = sys.modules.get("botocore.exceptions")
+    if botocore is not None:
+        kinds += [botocore.BotoCoreError, botocore.ClientError]
+    fsspec_errors = sys.modules.get("fsspec.exceptions")
+    if fsspec_errors is not None:
+        kinds.append(fsspec_errors.FSTimeoutError)
+    return tuple(kinds)
+
+
+def _timeout(err: BaseException) -> bool:
+    """fsspec's and asyncio's timeouts (s3fs raises them for a stalled transfer)."""
+    fsspec_asyn = sys.modules.get("fsspec.exceptions")
+    kinds: tuple[type[BaseException], ...] = (TimeoutError,)
+    if fsspec_asyn is not None:
+        kinds += (fsspec_asyn.FSTimeoutError,)
+    return isinstance(err, kinds) and not isinstance(err, OutputError)
+
+
+def _endpoint(url: str | None) -> str:
+    """``scheme://host:port`` of a request's url, else the configured S3 endpoint."""
+    url = url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if not url:
+        return "AWS S3"
+    found = re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]+", url)
+    return found.group(0) if found else url
+
+
+def _bucket_of(err: BaseException) -> str | None:
+    """The bucket an s3fs ``FileNotFoundError`` is about: S3 names it in the error response
+    of the botocore error it translated (its ``__cause__``), else its filename."""
+    response = getattr(err.__cause__, "response", None)
+    if isinstance(response, dict):
+        bucket = (response.get("Error") or {}).get("BucketName")
+        if isinstance(bucket, str) and bucket:
+            return bucket
+    name_ = getattr(err, "filename", None)
+    if isinstance(name_, str) and name_:
+        return name_.removeprefix("s3://").split("/", 1)[0]
+    return None

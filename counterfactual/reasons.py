@@ -45,7 +45,8 @@ REASONS: dict[str, Reason] = {
     ),
     "duplicate-key": Reason(
         "failed",
-        "a corpus key seen before in the same stream; the first one is processed",
+        "a corpus key seen before in the run (within a tar or piece; a CSV's across its "
+        "pieces and files); the first one is processed",
         "reader",
     ),
     "unsafe-path": Reason(

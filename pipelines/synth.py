@@ -22,6 +22,7 @@ local Ray, or joins the cluster named by ``RAY_ADDRESS`` (or ``--ray-address``);
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -39,6 +40,7 @@ from counterfactual import fs
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
+from counterfactual.synth import signals
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.synth.run import RunResult, preflight, run_shards
 from counterfactual.synth.steps import (
@@ -209,7 +211,7 @@ class ShardWorker:
                 break
             parts.append((chain, size))
         self.maker = ShardMaker(
-            config, out_dir, Staged(parts), self.node, batch_size=runtime.batch_size
+            config, out_dir, Staged(parts), self.node, _stop_if_cancelled, runtime.batch_size
         )
 
     def ready(self) -> str | None:
@@ -397,20 +399,57 @@ def _map_unordered(
     slots = deque(w for _ in range(in_flight) for w in workers)
     running: dict[Any, Any] = {}
     exhausted = False
-    while True:
-        while slots and not exhausted:
-            task = next(tasks, None)
-            if task is None:
-                exhausted = True
-                break
-            worker = slots.popleft()
-            running[worker.run.remote(task)] = worker
-        if not running:
-            return
-        ready, _ = ray.wait(list(running), num_returns=1)
-        worker = running.pop(ready[0])
-        slots.append(worker)
-        yield _get(ready[0])
+    try:
+        while True:
+            while slots and not exhausted:
+                task = next(tasks, None)
+                if task is None:
+                    exhausted = True
+                    break
+                worker = slots.popleft()
+                running[worker.run.remote(task)] = worker
+            if not running:
+                return
+            ready, _ = ray.wait(list(running), num_returns=1)
+            worker = running.pop(ready[0])
+            slots.append(worker)
+            yield _get(ready[0])
+    except BaseException:  # a signal (Interrupted), or the driver stopped reading (close)
+        _cancel(list(running))
+        raise
+
+
+CANCEL_WAIT = 60.0
+"""Seconds the driver waits for cancelled shards to be abandoned before it kills the workers."""
+
+
+def _cancel(refs: Sequence[Any], timeout: float = CANCEL_WAIT) -> None:
+    """Cancel shard tasks and wait (at most ``timeout`` s) until each has ended: one not yet
+    started never starts; a running one stops after its current batch (:class:`_Cancelled`),
+    its worker removing the shard's temporary file or unfinished upload itself. Cancelled
+    tasks are not retried."""
+    import ray
+
+    for ref in refs:
+        ray.cancel(ref)
+    if not refs:
+        return
+    ended, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+    for ref in ended:  # fetched, so that Ray does not report them as unhandled errors
+        with contextlib.suppress(ray.exceptions.RayError, _Cancelled):
+            ray.get(ref)
+
+
+class _Cancelled(Exception):
+    """Raised inside a shard whose task the driver cancelled: the shard is abandoned."""
+
+
+def _stop_if_cancelled(items: int) -> None:
+    """``ShardMaker``'s ``on_batch`` on a worker: end the shard once its task is cancelled."""
+    import ray
+
+    if ray.get_runtime_context().is_canceled():
+        raise _Cancelled("the run was interrupted")
 
 
 def _get(ref: Any) -> Any:
@@ -461,6 +500,7 @@ def run_ray(
         info.clear()
         start = time.perf_counter()
         info.update(init_ray(out_dir, options))
+        signals.rearm()  # ray.init replaced the SIGTERM handler with its own
         layout = layout_actors(stages, options, info["cpus"], info["gpus"])
         info["layout"] = asdict(layout)
         info["seconds"] = {"init": round(time.perf_counter() - start, 3)}

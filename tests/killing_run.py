@@ -10,6 +10,11 @@
     python killing_run.py block S SYNTH_ARGS...    (--runner local) the first shard waits S
                                                    seconds before it starts (a live run that
                                                    holds OUT's lock)
+    python killing_run.py slow S SYNTH_ARGS...     (--runner local) every batch but a shard's
+                                                   first waits S seconds, after printing
+                                                   "inside shard N" (its tar is open: a run
+                                                   to signal, or whose shards outlast the
+                                                   lock's heartbeat period)
 
 A kill timed from outside races a fast run on a busy machine; this one lands where the test
 says, every time. Only the point of the kill is hooked: the run is the real command.
@@ -72,6 +77,18 @@ def _hook_local(target: str, n: int) -> None:
         if target == "block" and started == 1:
             print(f"blocking for {n} s", file=sys.stderr, flush=True)
             time.sleep(n)
+        if target == "slow":
+            process, calls = self.__dict__.setdefault("unslowed", self.process), 0
+
+            def slow(batch):
+                nonlocal calls
+                calls += 1
+                if calls >= 2:  # the first batch's samples are in the shard's open tar
+                    print(f"inside shard {task.index}", file=sys.stderr, flush=True)
+                    time.sleep(n)
+                return process(batch)
+
+            self.process = slow
         if target == "local" and started == n + 1:
             process, calls = self.process, 0
 
@@ -90,7 +107,7 @@ def _hook_local(target: str, n: int) -> None:
 
 if __name__ == "__main__":
     target, n, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    if target in ("local", "block"):
+    if target in ("local", "block", "slow"):
         _hook_local(target, n)
     else:
         ray_synth._map_unordered = _hook(target, n, Path(argv[argv.index("--out") + 1]))

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -265,3 +266,40 @@ def test_a_full_disk_while_taking_the_lock_is_the_disk_full_error(tmp_path, monk
         pass
     assert str(err.value).startswith(f"disk full while writing {tmp_path / 'run.lock'}")
     assert list(tmp_path.iterdir()) == []  # no temporary file left
+
+
+def test_a_create_whose_answer_was_lost_is_our_lock(tmp_path, monkeypatch):
+    """A conditional put that landed but whose answer timed out is retried and refused (the
+    object exists): the lock found is this run's own, so the run holds it, not refuses itself."""
+    create = RunLock._create
+
+    def lost_answer(self, data):
+        create(self, data)
+        raise FileExistsError(str(self.path))  # the retry, refused
+
+    monkeypatch.setattr(RunLock, "_create", lost_answer)
+    lock = RunLock(tmp_path, runner="local")
+    assert lock.acquire() is None and lock.held
+    assert json.loads((tmp_path / "run.lock").read_text())["token"] == lock.token
+    assert lock.release() and not (tmp_path / "run.lock").exists()
+
+
+def test_the_heartbeat_timer_beats_without_being_asked(tmp_path):
+    clock = [1_000_000.0]
+    lock = RunLock(tmp_path, runner="local", clock=lambda: clock[0], stale_after=0.2)
+    lock.acquire()
+    first = json.loads((tmp_path / "run.lock").read_text())["heartbeat"]
+    clock[0] += 60
+    lock.start_heartbeat()
+    deadline = time.monotonic() + 10
+    while json.loads((tmp_path / "run.lock").read_text())["heartbeat"] == first:
+        assert time.monotonic() < deadline, "no beat in 10 s (every 0.05 s asked)"
+        time.sleep(0.01)
+    (tmp_path / "run.lock").unlink()  # another driver's doing: the timer notices
+    deadline = time.monotonic() + 10
+    while lock.lost is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with pytest.raises(LockLost):
+        lock.check()
+    assert not lock.release()

@@ -2,10 +2,13 @@
 ``register(subparsers)``, which adds a parser whose ``func(args) -> int`` does the work.
 ``main(argv)`` takes an argument list so tests call it directly.
 
-A bad setup (options, config, input or output files, a full disk) ends with one line,
+A bad setup (options, config, input or output files, a full disk, an object store that is
+down, stalled, or lacks credentials or the bucket) ends with one line,
 ``counterfactual CMD: error: MESSAGE``, and exit code 2; ``--debug`` (before or after the
 subcommand) shows the traceback instead. An option that does not parse prints its line and a
-pointer to ``--help`` (argparse's ``SystemExit(2)``)."""
+pointer to ``--help`` (argparse's ``SystemExit(2)``). A run stopped by a signal
+(:class:`~counterfactual.synth.signals.Interrupted`) prints one line and exits with 128 + the
+signal's number (130 for Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import NoReturn
+
+from counterfactual import fs
 
 SUBCOMMANDS = (
     "select",
@@ -99,6 +104,9 @@ def setup_error(err: BaseException) -> BaseException | None:
             return found
     if isinstance(err, BrokenPipeError):
         return None
+    store = fs.store_error(err)  # an object store down, stalled, without credentials or bucket
+    if store is not None:
+        return store
     return err if isinstance(err, SETUP_ERRORS) else None
 
 
@@ -150,6 +158,12 @@ def _run(parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namesp
     except BrokenPipeError:  # e.g. `counterfactual select ... | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt as err:  # a synth run's Interrupted names its signal
+        if args.debug:
+            raise
+        message = getattr(err, "message", "interrupted")
+        print(f"counterfactual {args.command}: {message}", file=sys.stderr)
+        return int(getattr(err, "exit_code", 130))
     except Exception as err:
         found = setup_error(err)
         if found is None or args.debug:

@@ -94,7 +94,7 @@ import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import IO, Any
@@ -106,6 +106,7 @@ from counterfactual._lazy import require
 from counterfactual.fs import safe_relative_path
 from counterfactual.imageio import SampleError
 from counterfactual.readers.clean import clean_text
+from counterfactual.readers.keyset import KeySet
 from counterfactual.records import (
     Caption,
     Dataset,
@@ -291,6 +292,9 @@ class InputPiece:
     offset: int = 0
     end: int | None = None
     table: TableLayout | None = None
+    repeated: frozenset[int] = frozenset()
+    """Rows (numbered as ``start``) whose id an earlier row of the run already had, found by
+    the planner (:func:`plan_pieces`, CSV): they become ``duplicate-key`` rows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,13 +341,15 @@ def plan_pieces(
     if rows_per_piece < 1:
         raise ValueError(f"rows_per_piece must be at least 1, not {rows_per_piece}")
     files = _plan_files(pattern, kind, images, caption_column, image_column, id_column)
-    return _pieces(files, rows_per_piece)
+    return _pieces(files, rows_per_piece, KeySet() if kind == "csv" else None)
 
 
 def read_piece(piece: InputPiece) -> Iterator[ImageRecord | Status]:
     """The records and ``failed`` statuses of one piece, as :func:`iter_wds` /
     :func:`iter_table` yield them for those rows (same ids, ``file``, ``source``, captions and
-    failure reasons), except that ``duplicate-key`` is checked only within the piece."""
+    failure reasons), except that ``duplicate-key`` is checked within the piece and, for the
+    rows the planner found repeating an earlier piece's id (CSV: ``piece.repeated``), across
+    the run."""
     return _read_piece(piece, {})
 
 
@@ -371,9 +377,10 @@ def _plan_files(
 
 
 def _pieces(
-    files: list[_File | Status], rows_per_piece: int | None
+    files: list[_File | Status], rows_per_piece: int | None, keys: KeySet | None = None
 ) -> Iterator[InputPiece | Status]:
-    """Cut each planned file; ``rows_per_piece=None``: one piece per file, nothing scanned."""
+    """Cut each planned file; ``rows_per_piece=None``: one piece per file, nothing scanned.
+    ``keys``: the run's ids so far, to find the CSV rows that repeat one."""
     for file in files:
         if isinstance(file, Status):
             yield file
@@ -385,7 +392,7 @@ def _pieces(
             for start in range(0, file.rows, rows_per_piece):
                 yield _piece(file, start, min(start + rows_per_piece, file.rows))
         else:
-            yield from _csv_pieces(file, rows_per_piece)
+            yield from _csv_pieces(file, rows_per_piece, keys)
 
 
 def _piece(
@@ -971,7 +978,8 @@ def _csv_header(path: str) -> tuple[list[str], int]:
             end = next(_csv_records(_binary_lines(fh), 0), (0, True))[0]
             fh.seek(0)
             data = fh.read(end)
-        header = next(csv.reader(io.StringIO(data.decode("utf-8"), newline="")), None)
+        # utf-8-sig: a byte-order mark (Excel writes one) is no part of the first column's name
+        header = next(csv.reader(io.StringIO(data.decode("utf-8-sig"), newline="")), None)
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, csv.Error) as err:
@@ -1065,8 +1073,11 @@ def _table_row(
     origin: Origin | None,
     seen: dict[str, str],
 ) -> ImageRecord | Status:
-    image_id = f"{stem}-{row:08d}" if ident is None or ident == "" else str(ident)
+    image_id = _row_id(stem, row, ident)
     where = f"{fs.name(piece.path)}#{row}"
+    if row in piece.repeated:
+        detail = f"{piece.path}#{row}: an earlier row of this run has the same id"
+        return Status(image_id, "failed", "duplicate-key", detail)
     if image_id in seen:
         detail = f"first at {seen[image_id]}, again at {piece.path}#{row}"
         return Status(image_id, "failed", "duplicate-key", detail)
@@ -1085,6 +1096,11 @@ def _table_row(
     if file is None:
         return Status(image_id, "failed", "unsafe-path", repr(cell))
     return ImageRecord(image_id, file, 0, 0, (), captions, root, None, kind, None, origin)
+
+
+def _row_id(stem: str, row: int, ident: Any) -> str:
+    """A table row's id: its id cell, else ``STEM-ROW`` (the file's stem, the row from 0)."""
+    return f"{stem}-{row:08d}" if ident is None or ident == "" else str(ident)
 
 
 def _inside(cell: str, root: str | Path) -> str | None:
@@ -1257,9 +1273,29 @@ def _csv_records(lines: Iterable[bytes], pos: int) -> Iterator[tuple[int, bool]]
         yield pos, False
 
 
-def _csv_pieces(file: _File, rows_per_piece: int) -> Iterator[InputPiece | Status]:
-    """Cut a CSV after every ``rows_per_piece``-th non-blank record, scanning it once."""
+def _csv_pieces(
+    file: _File, rows_per_piece: int, keys: KeySet | None = None
+) -> Iterator[InputPiece | Status]:
+    """Cut a CSV after every ``rows_per_piece``-th non-blank record, scanning it once; with
+    ``keys``, each piece's rows whose id the run had already (:func:`_csv_ids`, a second
+    pass) are its ``repeated``."""
     rows, offset = 0, file.offset
+    ids = _csv_ids(file) if keys is not None else None
+
+    def piece(start: int, stop: int, end: int | None) -> InputPiece:
+        nonlocal ids
+        found = _piece(file, start, stop, offset, end)
+        if keys is None or ids is None:
+            return found
+        batch = [next(ids, _NO_MORE) for _ in range(stop - start)]
+        if any(ident is _NO_MORE for ident in batch):
+            ids = None  # the second pass ended early: the rest is checked within pieces
+            return found
+        stem = PurePosixPath(fs.name(file.path)).stem
+        repeats = keys.add([_row_id(stem, start + i, ident) for i, ident in enumerate(batch)])
+        repeated = frozenset(start + i for i, again in enumerate(repeats) if again)
+        return replace(found, repeated=repeated) if repeated else found
+
     try:
         with _open(file.path) as fh:
             fh.seek(file.offset)
@@ -1268,7 +1304,7 @@ def _csv_pieces(file: _File, rows_per_piece: int) -> Iterator[InputPiece | Statu
                     continue
                 rows += 1
                 if rows % rows_per_piece == 0:
-                    yield _piece(file, rows - rows_per_piece, rows, offset, end)
+                    yield piece(rows - rows_per_piece, rows, end)
                     offset = end
     except FileNotFoundError:
         yield Status(file.path, "failed", "missing-file", f"no such {file.kind}")
@@ -1277,7 +1313,32 @@ def _csv_pieces(file: _File, rows_per_piece: int) -> Iterator[InputPiece | Statu
         yield Status(file.path, "failed", "bad-shard", f"{type(err).__name__}: {err}")
         return
     if rows % rows_per_piece:
-        yield _piece(file, rows - rows % rows_per_piece, rows, offset, None)
+        yield piece(rows - rows % rows_per_piece, rows, None)
+
+
+_NO_MORE = object()
+
+
+def _csv_ids(file: _File) -> Iterator[str | None]:
+    """The id cell of each non-blank data row of a CSV (``None`` when empty or absent; all
+    ``None`` without an id column), read as :func:`_csv_rows` reads them. Bytes that are not
+    UTF-8 are replaced (the worker fails the piece that holds them); a file that cannot be
+    read or parsed ends the ids there (its rows are then checked within their piece only)."""
+    table = file.table
+    if table is None or table.id is None:
+        while True:
+            yield None
+    at = table.header.index(table.id)
+    try:
+        with _open(file.path) as fh:
+            fh.seek(file.offset)
+            buffered = io.BufferedReader(_Window(fh, None), _SCAN_BLOCK)
+            text = io.TextIOWrapper(buffered, encoding="utf-8", errors="replace", newline="")
+            for cells in csv.reader(text):
+                if cells:
+                    yield cells[at] if at < len(cells) and cells[at] else None
+    except (OSError, csv.Error):
+        return
 
 
 class _Window(io.RawIOBase):

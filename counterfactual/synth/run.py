@@ -43,6 +43,7 @@ from counterfactual.json_types import check_type
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import Status, outcome
+from counterfactual.synth import signals
 from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, write_card
 from counterfactual.synth.models import model_records
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
@@ -237,6 +238,8 @@ def prepare_run(
     if shards is not None:
         _refuse_extra_shards(out_dir, names, shards)
     _remove_temporary(out_dir, names, spare=spare)
+    if not spare:  # uploads of a writer killed mid-upload (a holder that may live keeps its)
+        fs.abort_uploads(out_dir, _is_shard_upload)
     sizes = file_sizes(out_dir)
     committed: dict[int, ShardDone] = {}
     for i, stats in iter_stats(out_dir):
@@ -291,14 +294,19 @@ def run_shards(
 ) -> RunResult:
     """The driver's loop: tasks out, counts back, records at the end (see the module doc).
 
-    Holds ``OUT/run.lock`` for the length of the run (:class:`~counterfactual.synth.runlock.RunLock`:
-    a second run into the same OUT is refused while this one lives). ``on_shard`` hears of every
+    Holds ``OUT/run.lock`` for the length of the run (:class:`~counterfactual.synth.runlock.RunLock`,
+    its heartbeat rewritten by a timer thread: a second run into the same OUT is refused while
+    this one lives). SIGINT, SIGTERM and SIGHUP end it gracefully
+    (:mod:`counterfactual.synth.signals`): the runner abandons its in-flight shards, their
+    temporary files and unfinished uploads are removed, ``manifest.json`` records the run as
+    interrupted, the lock is released and :class:`~counterfactual.synth.signals.Interrupted`
+    is raised. ``on_shard`` hears of every
     shard made by this run, ``progress`` counts every shard, resumed ones included.
     """
     out_dir = fs.as_path(out_dir)
     check_out_dir(out_dir)
     runtime = runtime or Runtime()
-    with RunLock(out_dir, runner=runner) as lock:
+    with signals.watch(), RunLock(out_dir, runner=runner) as lock:
         if lock.message:
             print(lock.message, file=sys.stderr)
         run = prepare_run(
@@ -316,8 +324,10 @@ def run_shards(
         if progress is not None and inputs.failures:
             progress.update(inputs=len(inputs.failures), failed=len(inputs.failures))
 
+        lock.start_heartbeat()  # a timer: a shard of any length keeps the lock fresh
+
         def count(done: ShardDone) -> None:
-            lock.heartbeat_if_due()
+            lock.check()
             if progress is not None:
                 progress.update(shards=1, inputs=done.images, **done.outcomes())
 
@@ -328,14 +338,61 @@ def run_shards(
             tasks = list(tasks)  # the input is held already: refuse changed input before work
             for task in tasks:
                 run.check_input(task)
-        for done in execute(run.todo(tasks, seen, count)):
-            finished[done.index] = done
-            count(done)
-            if on_shard is not None:
-                on_shard(done)
-        if progress is not None:
-            progress.close()
-        return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
+        results = execute(run.todo(tasks, seen, count))
+        try:
+            for done in results:
+                finished[done.index] = done
+                count(done)
+                if on_shard is not None:
+                    on_shard(done)
+            if progress is not None:
+                progress.close()
+            return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
+        except signals.Interrupted as stop:
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()  # the runner stops its workers (Ray: cancels their tasks, kills them)
+            # the abandoned shards' writes (this run's own temporary names)
+            _remove_temporary(out_dir, fs.listdir(out_dir), only=run.token)
+            fs.abort_uploads(out_dir, _is_shard_upload)
+            record_interrupted(run, runner, stop.name, finished)
+            raise
+
+
+def _is_shard_upload(name: str) -> bool:
+    """Whether an unfinished upload named ``name`` in OUT is one of a run's shard files."""
+    return _shard_file_index(name) is not None
+
+
+def record_interrupted(
+    run: RunPlan, runner: str, signal_name: str, finished: dict[int, ShardDone]
+) -> None:
+    """Add a run that a signal stopped to the ``runs`` of ``manifest.json`` (a manifest of only
+    ``runs`` when no run into this OUT has finished yet; the rest describes the last finished
+    run)."""
+    path = fs.join(run.out_dir, MANIFEST_FILE)
+    manifest: dict[str, Any] = {}
+    if fs.exists(path):
+        try:
+            manifest = json.loads(fs.read_text(path))
+        except ValueError:
+            manifest = {}
+    if not isinstance(manifest, dict):
+        manifest = {}
+    history = manifest.get("runs")
+    started = datetime.fromtimestamp(run.started, UTC).isoformat(timespec="seconds")
+    this = {
+        "runner": runner,
+        "started": started,
+        "seconds": round(time.time() - run.started, 3),
+        "command": sys.argv,
+        "shards_run": len(finished),
+        "items_run": sum(d.items for d in finished.values()),
+        "interrupted": signal_name,
+    }
+    manifest["runs"] = [*(history if isinstance(history, list) else []), this]
+    text = json.dumps(manifest, indent=1, default=str, ensure_ascii=False)
+    fs.write_text(path, text, run=run.token)
 
 
 @dataclass

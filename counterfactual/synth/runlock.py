@@ -36,6 +36,7 @@ import os
 import shlex
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -113,9 +114,10 @@ class RunLock:
 
     ``out``: a local folder or an fsspec URL. ``runner``: ``"local"`` or ``"ray"`` (recorded).
     ``clock``: wall-clock seconds since the epoch (the heartbeat is compared across hosts).
-    ``stale_after``: seconds without a heartbeat after which another host's lock is stale; the
-    holder calls :meth:`heartbeat` well within that (:meth:`heartbeat_if_due` does it every
-    quarter of it).
+    ``stale_after``: seconds without a heartbeat after which another host's lock is stale
+    (default: ``COUNTERFACTUAL_LOCK_STALE_AFTER``, else 600); the holder's
+    :meth:`start_heartbeat` thread rewrites the heartbeat every quarter of it, however long a
+    shard takes (:meth:`heartbeat_if_due` does it from the caller's own loop instead).
     """
 
     def __init__(
@@ -124,10 +126,12 @@ class RunLock:
         *,
         runner: str,
         clock: Callable[[], float] = time.time,
-        stale_after: float = 600.0,
+        stale_after: float | None = None,
     ) -> None:
         if not runner:
             raise ValueError("runner must name the runner, e.g. 'local' or 'ray'")
+        if stale_after is None:
+            stale_after = _stale_after_from_env()
         if not stale_after > 0:
             raise ValueError(f"stale_after must be > 0 seconds, got {stale_after}")
         self.out = fs.as_path(out)
@@ -145,6 +149,11 @@ class RunLock:
         self._clock = clock
         self._record: dict[str, Any] = {}
         self._last_beat = 0.0
+        self._writing = threading.Lock()  # the heartbeat thread and release take turns
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost: LockLost | None = None
+        """Set by the heartbeat thread when the lock was taken or removed (:meth:`check`)."""
 
     # -- reading and writing the file ------------------------------------------------------
 
@@ -278,6 +287,12 @@ class RunLock:
                 holder = self.read()
                 if holder is None:
                     continue  # released meanwhile
+                if holder.get("token") == self.token:
+                    # our own write: a conditional put whose answer was lost landed, and its
+                    # retry was refused (a slow or flaky store)
+                    self.held = True
+                    self._last_beat = now
+                    return self.took_over
                 if self.alive(holder):
                     raise self._refusal(holder) from None
                 if self._remove_if(str(holder["token"])):
@@ -299,6 +314,10 @@ class RunLock:
 
     def heartbeat(self) -> None:
         """Rewrite the heartbeat; :class:`LockLost` when the lock is no longer ours."""
+        with self._writing:
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
         if not self.held:
             raise RuntimeError(f"{self.path} is not held by this RunLock")
         try:
@@ -324,13 +343,57 @@ class RunLock:
         self.heartbeat()
         return True
 
-    def release(self) -> bool:
-        """Remove the lock if it is still ours (a lock another driver took is kept). Returns
-        whether it removed it."""
+    def start_heartbeat(self, interval: float | None = None) -> None:
+        """Rewrite the heartbeat every ``interval`` seconds (default: a quarter of
+        ``stale_after``) from a daemon thread until :meth:`release`, independent of what the
+        run is doing: a shard that takes an hour keeps its run alive to other hosts. A write
+        that fails (the store is briefly down) is tried again at the next beat; a lock taken
+        or removed by another driver stops the thread and is raised by :meth:`check`."""
         if not self.held:
-            return False
-        self.held = False
-        return self._remove_if(self.token)
+            raise RuntimeError(f"{self.path} is not held by this RunLock")
+        if self._thread is not None:
+            return
+        period = self.stale_after / 4 if interval is None else float(interval)
+        if not period > 0:
+            raise ValueError(f"heartbeat interval must be > 0 seconds, got {interval}")
+        self._stop.clear()
+
+        def beat() -> None:
+            while not self._stop.wait(period):
+                try:
+                    with self._writing:
+                        if self._stop.is_set() or not self.held:
+                            return
+                        self._heartbeat()
+                except LockLost as err:
+                    self.lost = err
+                    return
+                except fs.store_failures():
+                    continue  # the next beat tries again; stale_after is four beats away
+
+        self._thread = threading.Thread(target=beat, name=f"heartbeat {self.path}", daemon=True)
+        self._thread.start()
+
+    def check(self) -> None:
+        """:class:`LockLost` when the heartbeat thread found the lock taken or removed."""
+        if self.lost is not None:
+            raise self.lost
+
+    def _stop_heartbeat(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self.stale_after)
+
+    def release(self) -> bool:
+        """Stop the heartbeat and remove the lock if it is still ours (a lock another driver
+        took is kept). Returns whether it removed it."""
+        self._stop_heartbeat()
+        with self._writing:
+            if not self.held:
+                return False
+            self.held = False
+            return self._remove_if(self.token)
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -343,6 +406,21 @@ class RunLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+STALE_AFTER_ENV = "COUNTERFACTUAL_LOCK_STALE_AFTER"
+
+
+def _stale_after_from_env() -> float:
+    """``COUNTERFACTUAL_LOCK_STALE_AFTER`` seconds, else 600 (``ValueError`` naming a bad
+    value)."""
+    text = os.environ.get(STALE_AFTER_ENV)
+    if not text:
+        return 600.0
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{STALE_AFTER_ENV}={text!r} is not a number of seconds") from None
 
 
 def _create_local(path: Path, data: bytes) -> None:
