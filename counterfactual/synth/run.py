@@ -216,7 +216,13 @@ def run_shards(
         def count(done: ShardDone) -> None:
             lock.heartbeat_if_due()
             if progress is not None:
-                progress.update(shards=1, inputs=done.images, **done.outcomes())
+                progress.update(
+                    shards=1,
+                    inputs=done.images,
+                    items=done.items,
+                    shard=done.index,
+                    **done.outcomes(),
+                )
 
         for done in execute(run.todo(shard_tasks(inputs, config), seen, count)):
             finished[done.index] = done
