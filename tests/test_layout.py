@@ -133,7 +133,7 @@ def test_the_heavy_share_and_the_actors_can_be_set():
             ("inpaint", "verify"),
             one_node(0, 8),
             {},
-            r"^stage Inpaint \(edit on cuda\) asks for 1 actor x 1 GPU and 1 CPU but the "
+            r"^stage Inpaint \(edit on cuda\) asks for 1 actor x 0.9 GPU and 1 CPU but the "
             r"cluster has no GPU and 8 CPUs on 1 node; run it with --device cpu",
         ),
         (

@@ -166,7 +166,8 @@ def plan_layout(
     light = [g and not h for g, h in zip(gpu, heavy, strict=True)]
     n_heavy, n_light = sum(heavy), sum(light)
     slots = [slot for node in cluster.nodes for slot in node.gpu_slots()]
-    unit = 1.0 if any(s >= 1 - _EPS for s in slots) else max(slots, default=0.0)
+    # the shares are of one GPU; of the largest fraction when the cluster has no whole one
+    unit = max(slots) if slots and all(s < 1 - _EPS for s in slots) else 1.0
     light_share = round(LIGHT_GPU * unit, 4)
     if gpus_per_actor is not None:
         heavy_share = gpus_per_actor
@@ -183,8 +184,8 @@ def plan_layout(
             actors[i] = model_actors or 1
             continue
         shares[i] = heavy_share if heavy[i] else light_share
-        if not cluster.gpus or not shares[i]:
-            raise SetupError(_ask(stage, max(1, model_actors or 1), shares[i] or 1.0, cluster))
+        if not cluster.gpus:
+            raise SetupError(_ask(stage, model_actors or 1, shares[i], cluster))
         if model_actors is not None:
             actors[i] = model_actors
         elif light[i]:
