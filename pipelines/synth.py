@@ -382,15 +382,13 @@ def _start(
         models = list(started)
         _wait_ready(models, board, options, layout.cluster)  # the workers look them up by name
         # a lost worker is not restarted: its shards go to the others (_map_unordered)
-        worker = ray.remote(ShardWorker).options(
-            num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD"
-        )
+        worker = ray.remote(ShardWorker)
         workers = []
         for i in range(layout.workers):
             name = f"{run}-worker-{i}"
-            handle = worker.options(name=name).remote(
-                config, runtime, out_dir, stages, names, sizes, i, board
-            )
+            handle = worker.options(
+                name=name, num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD"
+            ).remote(config, runtime, out_dir, stages, names, sizes, i, board)
             workers.append(
                 _Actor(handle, name, f"shard worker {i + 1} of {layout.workers} (1 CPU)")
             )
@@ -491,7 +489,11 @@ def _map_unordered(
             return
         ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_SECONDS)
         if handle is not None and on_items is not None:
-            for shard, items in ray.get(handle.take.remote()).items():
+            try:
+                reported = ray.get(handle.take.remote())
+            except ray.exceptions.RayActorError:  # progress by shard only from now on
+                handle, reported = None, {}
+            for shard, items in reported.items():
                 on_items(shard, items)
         if not ready:
             continue
@@ -564,6 +566,7 @@ def run_ray(
     as for ``run_local``.
     """
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     options, runtime = options or RayOptions(), runtime or Runtime()
     preflight(config, runtime)
@@ -585,7 +588,10 @@ def run_ray(
             on_start(info)
         actors: list[Any] = []
         board = f"cf-{uuid.uuid4().hex[:8]}-board"
-        actors.append(ray.remote(RunBoard).options(name=board, num_cpus=0).remote())
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        actors.append(  # on the driver's node: it lives as long as the driver
+            ray.remote(RunBoard).options(name=board, num_cpus=0, scheduling_strategy=here).remote()
+        )
         on_items = None if progress is None else progress.shard_items
         try:
             models, workers = _start(config, runtime, out, stages, layout, options, board)

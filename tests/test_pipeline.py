@@ -178,7 +178,7 @@ def test_resume_after_sigkill_of_the_driver(cluster, big, big_clean, tmp_path):
 
 def test_a_killed_worker_loses_nothing(cluster, big, big_clean, tmp_path):
     out = tmp_path / "out"
-    # Ray restarts the actor and retries its batches, so the run finishes by itself.
+    # The lost worker's shard goes to the other worker, so the run finishes by itself.
     assert _run_and_kill(cluster, big, out, "worker", 8) == 0
     assert "killed worker" in (tmp_path / "out.log").read_text()
     assert run_outputs(out) == run_outputs(big_clean)
