@@ -404,14 +404,15 @@ def _start(
 def _wait_ready(
     actors: Sequence[_Actor], board: str, options: RayOptions, cluster: Cluster
 ) -> None:
-    """Wait until every actor is ready, at most ``place_timeout`` seconds for the cluster to
-    place it and ``load_timeout`` more for its model; :class:`SetupError` (one line) with the
-    first error an actor reports (a model that does not load), or the first it timed out."""
+    """Wait until every actor is ready: at most ``place_timeout`` seconds until the cluster
+    has placed them all (each tells the board when its process starts), then at most
+    ``load_timeout`` seconds for their models; :class:`SetupError` (one line) with the first
+    error an actor reports (a model that does not load), or the first actor that timed out."""
     import ray
 
     pending = {a.handle.ready.remote(): a for a in actors}
     begin = time.monotonic()
-    placed = False
+    placed_at: float | None = None
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
         for ref in ready:
@@ -422,11 +423,15 @@ def _wait_ready(
                 raise SetupError(f"{actor.what} died while starting: {one_line(err)}") from err
             if error:
                 raise SetupError(error)
-        elapsed = time.monotonic() - begin
-        if pending and not placed and elapsed > options.place_timeout:
+        if not pending:
+            return
+        now = time.monotonic()
+        if placed_at is None:
             started = set(ray.get(_board(board).started.remote()))
             waiting = [a for a in pending.values() if a.name not in started]
-            if waiting:
+            if not waiting:
+                placed_at = now
+            elif now - begin > options.place_timeout:
                 free = ray.available_resources()
                 raise SetupError(
                     f"{waiting[0].what} was not placed within {options.place_timeout:g} s "
@@ -435,8 +440,7 @@ def _wait_ready(
                     "(another job holds the rest?); free them, or lower --model-actors, "
                     "--gpus-per-actor or --cpu-actors"
                 )
-            placed = True
-        if pending and elapsed > options.place_timeout + options.load_timeout:
+        elif now - placed_at > options.load_timeout:
             actor = next(iter(pending.values()))
             raise SetupError(
                 f"{actor.what} did not load its model within {options.load_timeout:g} s "
