@@ -26,6 +26,7 @@ import functools
 import itertools
 import logging
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -510,8 +511,9 @@ def _map_unordered(
                 raise
             if id(worker) not in lost:
                 lost.add(id(worker))
-                logging.getLogger(__name__).warning(
-                    "a shard worker was lost (%d so far); its shards go to the others", len(lost)
+                print(
+                    f"a shard worker was lost ({len(lost)} so far); its shards go to the others",
+                    file=sys.stderr,
                 )
             slots = deque(w for w in slots if w is not worker)
             again.append(task)
