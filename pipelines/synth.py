@@ -14,10 +14,17 @@ own, one actor class per declared stage (``Inpaint``, ``Caption``, ``Detect``, `
 pictures through Ray's object store and go on with the CPU steps, so several workers keep a GPU
 fed. On CPU a worker runs every step itself (``--model-actors N`` makes model pools on CPU too).
 
-Before any shard starts, impossible setups fail in seconds with one line: a stage that needs
-more GPUs than the cluster has, an actor whose model does not load. ``ray.init()`` starts a
-local Ray, or joins the cluster named by ``RAY_ADDRESS`` (or ``--ray-address``); under
-``ray job submit`` it joins the job's cluster.
+How many actors of each stage, with what share of a GPU, is
+:func:`counterfactual.synth.layout.plan_layout`'s answer for the cluster's nodes (the inpainter
+one per GPU, the light stages beside it); :func:`dry_run` prints it without starting anything.
+Before any shard starts, impossible setups fail in seconds with one line: a layout the cluster
+cannot hold, an actor whose model does not load; and nothing waits without a bound: an actor
+not placed within ``place_timeout`` or not loaded within ``load_timeout`` ends the run with one
+line. The actors tell a :class:`RunBoard` when they start and how many items each shard has
+finished, so progress moves as items finish. A shard worker that is lost (its process or node
+died) leaves the pool and its shards go to the others. ``ray.init()`` starts a local Ray, or
+joins the cluster named by ``RAY_ADDRESS`` (or ``--ray-address``); under ``ray job submit`` it
+joins the job's cluster.
 """
 
 from __future__ import annotations
