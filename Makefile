@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # torch and a torchvision built for it, installed first so no other package picks a torch.
 # torchvision must match torch: PyPI's torchvision beside another torch build fails at import
-# (and then transformers cannot load OWLv2). x86_64: PyPI's 2.14.1 pair (it also runs on a CPU);
-# aarch64: PyPI's CPU pair. On a GPU host set TORCH to the builds you want.
-TORCH ?= $(if $(filter aarch64 arm64,$(shell uname -m)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
-
+# (and then transformers cannot load OWLv2). Unset, TORCH is what counterfactual/torch_build.py
+# picks for this host from its NVIDIA driver (nvidia-smi): PyPI's 2.14.1 pair (CUDA 13.0, R580+,
+# and without a GPU, as it runs on a CPU too), the CUDA 12.6 pair for R525-R575, aarch64's CPU
+# pair; otherwise it stops with one line naming the TORCH= to set (README: "The right torch").
+TORCH ?=
 DATASET ?= demo
 CONFIG ?= pipelines/configs/$(DATASET).yaml
 RUNNER ?= ray
@@ -26,36 +27,44 @@ EVAL_OUT ?= out/$(DATASET)-eval
 TEST_SPLIT_coco = --coco-set val2014 --split-file $(ROOT)/dataset_coco.json --split test
 TEST_SPLIT_flickr30k = --split test
 
-# Nothing in the offline demo, the tests or the benchmarks reaches the network.
-export HF_HUB_OFFLINE ?= 1
+# Nothing in the demo, the tests or the benchmarks reaches the network: OFFLINE is set on
+# those commands only. A real run may download (`make models` fetches on purpose first).
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
+OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+DEMO_OFFLINE = $(if $(filter demo,$(DATASET)),$(OFFLINE))
+# make models: TO=DIR puts the models in a folder instead of the Hugging Face cache
+TO ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install synth eval data test test-fast lint format bench clean
+.PHONY: help install models synth eval data test test-fast lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
+	@torch='$(TORCH)'; [ -n "$$torch" ] || torch="$$($(PYTHON) counterfactual/torch_build.py)" \
+		|| exit 2; echo "torch for this host: $$torch"; \
+		$(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q --upgrade pip \
+		&& $(BIN)/pip install -q $$torch
 	$(BIN)/pip install -q -e ".[all,dev]"
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install the package with every extra (torch first)
 
-synth: $(STAMP) ## make shards on Ray: DATASET=demo|coco|flickr30k|wds|parquet|csv|files [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
-	$(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) --out $(OUT) \
+models: $(STAMP) ## fetch the models a config names: DATASET=coco|coco-rorem|... [TO=DIR ARGS="synth options"]
+	$(BIN)/counterfactual models pull --config $(CONFIG) $(if $(TO),--to '$(TO)') $(if $(ARGS),-- $(ARGS))
+
+synth: $(STAMP) ## make shards on Ray: DATASET=demo|coco|coco-rorem|flickr30k|wds|parquet|csv|files [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
+	$(DEMO_OFFLINE) $(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) --out $(OUT) \
 		$(if $(ROOT),--root '$(ROOT)') $(if $(IMAGE),--image-method $(IMAGE)) \
 		$(if $(TEXT),--text-method $(TEXT)) $(ARGS)
 
 eval: $(STAMP) ## ODmAP@k + R@K report: MODEL="spec ..." [DATASET= ROOT= QUERIES= EVAL_OUT= ARGS=]
 	@test -n "$(MODEL)" || { echo "make eval needs MODEL=hf-clip:ID_OR_PATH (or blip:..., open_clip:ARCH:TAG)"; exit 2; }
-	$(if $(QUERIES),,$(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) \
+	$(if $(QUERIES),,$(DEMO_OFFLINE) $(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) \
 		--out $(EVAL_OUT)/queries $(if $(ROOT),--root $(ROOT)) $(TEST_SPLIT_$(DATASET)))
-	$(BIN)/counterfactual eval --dataset $(DATASET) --queries $(or $(QUERIES),$(EVAL_OUT)/queries) \
+	$(DEMO_OFFLINE) $(BIN)/counterfactual eval --dataset $(DATASET) --queries $(or $(QUERIES),$(EVAL_OUT)/queries) \
 		--out $(EVAL_OUT)/report $(if $(ROOT),--root $(ROOT)) $(foreach m,$(MODEL),--model $(m)) $(ARGS)
 
 data: $(STAMP) ## fetch and verify the official files: DATASET=coco|flickr30k [ROOT=data/DATASET DOWNLOAD=0 lists only]
@@ -63,10 +72,10 @@ data: $(STAMP) ## fetch and verify the official files: DATASET=coco|flickr30k [R
 		$(if $(filter 1 yes true,$(DOWNLOAD)),--download) $(ARGS)
 
 test: $(STAMP) ## the offline test suite
-	$(BIN)/python -m pytest -q
+	$(OFFLINE) $(BIN)/python -m pytest -q
 
 test-fast: $(STAMP) ## the suite without the slow (model-loading, end-to-end) tests
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP) ## check style (ruff)
 	$(BIN)/ruff check counterfactual pipelines tests benchmarks
@@ -77,7 +86,7 @@ format: $(STAMP) ## fix style (ruff)
 	$(BIN)/ruff format counterfactual pipelines tests benchmarks
 
 bench: $(STAMP) ## speed figures as ratios; writes benchmarks/latest.json
-	$(BIN)/python benchmarks/bench.py --out benchmarks/latest.json $(ARGS)
+	$(OFFLINE) $(BIN)/python benchmarks/bench.py --out benchmarks/latest.json $(ARGS)
 
 clean: ## remove generated output (keeps .venv)
 	rm -rf out .pytest_cache .ruff_cache

@@ -8,6 +8,10 @@ baseline measured in the same run, because the machine is shared and absolute ti
   images at COCO statistics, beside the one-image-at-a-time path it replaced;
 - np-removal: captions/s end to end (word pre-check, spaCy parse of the rest, rewrite), beside
   spaCy's own parse rate on the same captions;
+- captions: caption quality of np-removal on ``benchmarks/data/captions.tsv`` (captions written
+  for it, with the classes to remove): shares fully removed, fluent by the rules of
+  :mod:`counterfactual.text.fluency`, unchanged, and captions/s, for the default (repair on)
+  and the paper's exact output (``--no-repair-captions``) side by side;
 - image path: per method, decode -> edit -> encode on real photos at 640x480 with about 15% of
   the pixels masked, as a ratio to a decode -> encode loop over the same files (the floor);
 - pipeline: the whole run (blur, np-removal) on a generated COCO-format dataset, Ray on every
@@ -45,8 +49,11 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -164,6 +171,32 @@ def coco_statistics_json(path: Path, n: int, seed: int = 0, size=(640, 480)) -> 
     return path
 
 
+def bench_select_cli(work: Path, small: int = 20_000, large: int = 100_000) -> dict[str, float]:
+    """``counterfactual select`` as a user runs it: the CLI in a child process (default
+    workers), on a ``small`` and a ``large`` file at COCO statistics, for each policy; the
+    marginal rate ``(large - small) / (t_large - t_small)`` leaves start-up (imports, process
+    launch) out. Runs alternate sizes and policies; best of 3 each."""
+    files = {n: coco_statistics_json(work / "select-cli" / f"{n}.json", n) for n in (small, large)}
+    out = work / "select-cli" / "plans.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(3):
+        for policy in ("uniform", "all"):
+            for n, path in files.items():
+                argv = [sys.executable, "-m", "counterfactual", "select", "--annotations"]
+                argv += [str(path), "--policy", policy, "--out", str(out)]
+                seconds = _seconds(
+                    lambda argv=argv: subprocess.run(argv, env=env, check=True, capture_output=True)
+                )
+                best[(policy, n)] = min(best.get((policy, n), math.inf), seconds)
+    figures = {"select_cli_small_images": float(small), "select_cli_large_images": float(large)}
+    for policy in ("uniform", "all"):
+        extra = best[(policy, large)] - best[(policy, small)]
+        figures[f"select_cli_{policy}_marginal_images_per_s"] = (large - small) / extra
+        figures[f"select_cli_{policy}_large_seconds"] = best[(policy, large)]
+    return figures
+
+
 def _select_one_at_a_time(instances: Path, out: Path, config: SelectionConfig) -> None:
     """``counterfactual select`` before it used the batched rules: one image at a time, one
     ``json.dumps`` per plan (ids written as the records' strings)."""
@@ -253,6 +286,53 @@ def bench_np_removal(work: Path, n: int) -> dict[str, float]:
         "np_removal_share_parsed": len(mentioning) / len(requests),
         "np_removal_parsed_only_captions_per_s": rate_mentioning,
     }
+
+
+CAPTION_CORPUS = Path(__file__).resolve().parent / "data" / "captions.tsv"
+
+
+def read_caption_corpus(path: Path = CAPTION_CORPUS) -> list[tuple[str, tuple[str, ...]]]:
+    """``(caption, classes to remove)`` per line of the caption corpus (``#`` lines skipped)."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        caption, classes = line.split("\t")
+        rows.append((caption, tuple(c.strip() for c in classes.split(","))))
+    return rows
+
+
+def bench_captions(repeat: int = 3) -> dict[str, float]:
+    from counterfactual.text.fluency import caption_quality
+
+    rows = read_caption_corpus()
+    vocabulary = coco_vocabulary()
+    unknown = {c for _, r in rows for c in r} - set(vocabulary.classes)
+    if unknown:
+        raise ValueError(f"{CAPTION_CORPUS}: not COCO classes: {sorted(unknown)}")
+    requests = [RewriteRequest(c, r) for c, r in rows]
+    figures: dict[str, float] = {"captions_corpus_size": len(rows)}
+    for name, repair in (("default", True), ("paper", False)):
+        rewriter = make_rewriter(TextConfig(repair=repair))
+
+        def run(rewriter=rewriter) -> None:
+            rewriter._cache.clear()  # type: ignore[attr-defined]  # measure parses, not the cache
+            rewriter(requests)
+
+        rate = best_rate(len(requests), run, repeat=repeat)
+        texts = [r.text for r in rewriter(requests)]
+        quality = caption_quality(
+            [c for c, _ in rows], [r for _, r in rows], texts, vocabulary, rewriter.nlp
+        )  # type: ignore[attr-defined]
+        figures |= {
+            f"captions_{name}_fully_removed": quality.fully_removed,
+            f"captions_{name}_fluent": quality.fluent,
+            f"captions_{name}_unchanged": quality.unchanged,
+            f"captions_{name}_empty": quality.empty,
+            f"captions_{name}_per_s": rate,
+        }
+    figures["captions_originals_fluent"] = quality.originals_fluent
+    return figures
 
 
 def real_photos(work: Path, n: int) -> tuple[list[Path], list[np.ndarray]]:
@@ -1095,7 +1175,9 @@ MAX_TARGETS = {
 SECTIONS = (
     "selection",
     "select",
+    "select-cli",
     "np-removal",
+    "captions",
     "images",
     "pipeline",
     "diffusion",
@@ -1107,6 +1189,24 @@ SECTIONS = (
     "run_layer",
 )
 NOTES = {
+    "select-cli": (
+        "`counterfactual select` as a user runs it: the CLI in a child process with its default "
+        "workers (one per usable core), on files of select_cli_small_images and "
+        "select_cli_large_images images at generate_coco's statistics, each policy; "
+        "*_marginal_images_per_s = extra images / extra seconds between the two sizes, so "
+        "start-up (interpreter, imports, process launch) is left out. Best of 3, alternated."
+    ),
+    "captions": (
+        "np-removal with the default COCO vocabulary on benchmarks/data/captions.tsv (COCO-style "
+        "captions written for this benchmark, each with the classes to remove). default: "
+        "repair on; paper: --no-repair-captions, the paper's exact output. fully_removed: "
+        "share whose rewrite names no removed class (ClassVocabulary.mentioned; no caption "
+        "left counts as removed); fluent: share whose rewrite breaks none of the rules of "
+        "counterfactual/text/fluency.py (dangling article, conjunction or preposition, doubled "
+        "word, orphan comma, 'between' with one object); unchanged: share returned as they "
+        "were; empty: no words left; per_s: captions per second, parse cache cleared, best of 3 "
+        "on one core; originals_fluent: the human-written originals that pass the rules."
+    ),
     "select": (
         "`counterfactual select` as a user runs it (main(argv) in process, imports done): "
         "read an instances file of select_images images at generate_coco's statistics (boxes "
@@ -1221,8 +1321,12 @@ def main(argv: list[str] | None = None) -> int:
             figures |= bench_selection(work, args.images)
         if "select" in todo:
             figures |= bench_select(work, args.select_images)
+        if "select-cli" in todo:
+            figures |= bench_select_cli(work)
         if "np-removal" in todo:
             figures |= bench_np_removal(work, args.captions_images)
+        if "captions" in todo:
+            figures |= bench_captions()
         if "images" in todo:
             figures |= bench_images(work, args.photos)
         if "pipeline" in todo:

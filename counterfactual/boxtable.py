@@ -9,6 +9,7 @@ a hundred thousand images is a few array operations, not a hundred thousand reco
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,13 +78,60 @@ class BoxTable:
         )
 
     def clipped(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(xyxy, visible)``: each box clipped to its image, and whether it keeps an area."""
+        """``(xyxy, visible)``: each box clipped to its image (pixels), and whether it keeps an
+        area on the snapping grid (see :meth:`snapped`)."""
+        snapped = self.snapped()
+        return snapped.xyxy, snapped.visible
+
+    def snapped(self) -> SnappedBoxes:
+        """Each box clipped to its image and snapped to its image's grid (see
+        :class:`SnappedBoxes`)."""
         xyxy = self.bbox.copy()
         xyxy[:, 2:] += xyxy[:, :2]
         xyxy[:, 0::2] = np.clip(xyxy[:, 0::2], 0.0, self.width[self.owner][:, None])
         xyxy[:, 1::2] = np.clip(xyxy[:, 1::2], 0.0, self.height[self.owner][:, None])
-        visible = (xyxy[:, 2] > xyxy[:, 0]) & (xyxy[:, 3] > xyxy[:, 1])
-        return xyxy, visible
+        bits = snap_bits(self.width, self.height)
+        units = np.rint(np.ldexp(xyxy, bits[self.owner][:, None]))
+        visible = (units[:, 2] > units[:, 0]) & (units[:, 3] > units[:, 1])
+        return SnappedBoxes(xyxy, units, visible, bits)
 
 
-__all__ = ["BoxTable"]
+@dataclass(frozen=True, slots=True)
+class SnappedBoxes:
+    """The boxes of a :class:`BoxTable` as the alpha rules measure them.
+
+    ``xyxy`` ``(N, 4)`` float64 pixels, clipped to the image; ``units`` the same on the image's
+    snapping grid: float64 holding integers, in units of ``2**-bits`` px, rounded to the nearest
+    (ties to even); ``visible`` ``(N,)`` whether the snapped box keeps an area; ``bits`` ``(I,)``
+    per image, :func:`snap_bits`. Areas in these units are integers below ``2**52``, so float64
+    sums of them are exact whatever the summation order (BLAS kernel, SIMD width, batch shape).
+    """
+
+    xyxy: np.ndarray
+    units: np.ndarray
+    visible: np.ndarray
+    bits: np.ndarray
+
+
+SNAP_BITS = 8
+"""Box coordinates are snapped to multiples of ``2**-SNAP_BITS`` pixel (1/256 px) before any area
+is measured: each edge moves by at most half a unit (1/512 px)."""
+_EXACT_BITS = 52  # areas in snapping units stay below 2**52, exact in float64
+
+
+def snap_bits(width: np.ndarray, height: np.ndarray) -> np.ndarray:
+    """The snapping precision of each image: :data:`SNAP_BITS`, less for an image so large
+    (``2**36`` px or more, 262,144 px square) that its area in units would not stay below
+    ``2**52``. Exact integer arithmetic on the exponent, no logarithm."""
+    area = np.maximum(np.asarray(width, np.float64) * np.asarray(height, np.float64), 1.0)
+    _, exponent = np.frexp(area)  # area <= 2**exponent
+    return np.clip((_EXACT_BITS - exponent) // 2, 0, SNAP_BITS).astype(np.intp)
+
+
+def snap_bits_of(width: float, height: float) -> int:
+    """:func:`snap_bits` of one image."""
+    _, exponent = math.frexp(max(float(width) * float(height), 1.0))
+    return max(0, min(SNAP_BITS, (_EXACT_BITS - exponent) // 2))
+
+
+__all__ = ["SNAP_BITS", "BoxTable", "SnappedBoxes", "snap_bits", "snap_bits_of"]

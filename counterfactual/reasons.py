@@ -97,6 +97,12 @@ REASONS: dict[str, Reason] = {
         "the rewritten caption has no words left (np-removal, captioner, perturb)",
         "steps",
     ),
+    "caption-still-names": Reason(
+        "failed",
+        "the new caption still names a removed class (np-removal, prompt, captioner; detail: "
+        "the classes and the caption): a wrong training pair, not written",
+        "steps",
+    ),
     "nothing-kept": Reason("failed", "prompt: no kept class to name", "steps"),
     "no-image": Reason("failed", "captioner: the item has no picture", "steps"),
     "bad-image": Reason("failed", "captioner: the picture is not an RGB array", "steps"),

@@ -5,8 +5,9 @@ the class name; entries may be several words, e.g. ``hot dog`` or ``glass of win
 starting with ``#`` are comments). The COCO lists ship with the package
 (``data/coco_synonyms.txt``, Rohrbach et al. 2018, BSD-2-Clause, see ``data/NOTICE.md``), and so
 do the words the examples of seed 002 need on top of them (``data/paper_synonyms.txt``:
-"equestrian" is a person, "glasses of wine" a wine glass, "bat" a baseball bat), which
-:func:`coco_vocabulary` adds by default.
+"equestrian" is a person, "glasses of wine" a wine glass, "bat" a baseball bat), and the
+compounds and hyponyms a careful annotator counts (``data/annotator_synonyms.txt``: "teaspoon"
+is a spoon, "armchair" a chair, "necktie" a tie), which :func:`coco_vocabulary` adds by default.
 
 Matching works on tokens: a span of tokens matches an entry when the tokens' lower-cased text,
 or their lemmas, or the text with the last token lemmatised, equal the entry's words (so
@@ -181,19 +182,23 @@ def _read_words(path: str | Path) -> dict[str, tuple[int, list[str]]]:
 
 
 @cache
-def coco_vocabulary(paper_words: bool = True) -> ClassVocabulary:
+def coco_vocabulary(paper_words: bool = True, more_words: bool = True) -> ClassVocabulary:
     """The 80 COCO classes with the word lists of Rohrbach et al. (2018) and, unless
-    ``paper_words`` is false, the words seed 002's examples add (``data/paper_synonyms.txt``)."""
+    ``paper_words`` is false, the words seed 002's examples add (``data/paper_synonyms.txt``),
+    and unless ``more_words`` is false the compounds and hyponyms of
+    ``data/annotator_synonyms.txt`` ("teaspoon", "armchair", "necktie")."""
     data = resources.files("counterfactual") / "data"
     with (
         resources.as_file(data / "coco_synonyms.txt") as coco,
         resources.as_file(data / "paper_synonyms.txt") as paper,
+        resources.as_file(data / "annotator_synonyms.txt") as more,
     ):
-        return ClassVocabulary.from_file(coco, [paper] if paper_words else [])
+        extra = [paper] if paper_words else []
+        return ClassVocabulary.from_file(coco, [*extra, more] if more_words else extra)
 
 
 @cache
 def load_vocabulary(path: str | None = None) -> ClassVocabulary:
-    """The vocabulary in ``path``, or :func:`coco_vocabulary` (paper words included) when
-    ``None``."""
+    """The vocabulary in ``path``, or :func:`coco_vocabulary` (paper and annotator words
+    included) when ``None``."""
     return coco_vocabulary() if path is None else ClassVocabulary.from_file(path)

@@ -10,7 +10,8 @@ from counterfactual.text.prompts import TEMPLATES, fill, join_classes
 from counterfactual.text.tidy import tidy
 from counterfactual.vocab import ClassVocabulary, coco_vocabulary
 
-# (caption, removed classes, expected caption); each checked by a person.
+# (caption, removed classes, expected caption with --no-repair-captions, the paper's exact
+# np-removal); each checked by a person.
 NP_CASES = [
     ("Two dogs fighting over a frisbee", ("frisbee",), "Two dogs fighting over"),  # the paper's
     ("A man riding a horse next to a dog.", ("horse",), "A man riding next to a dog."),
@@ -95,7 +96,7 @@ NP_CASES = [
 
 @pytest.fixture(scope="module")
 def remover():
-    return make_rewriter(TextConfig())
+    return make_rewriter(TextConfig(repair=False))
 
 
 @pytest.mark.parametrize("caption,removed,expected", NP_CASES)
@@ -119,7 +120,7 @@ def test_prefilter_never_changes_the_result(remover):
 
     vocab = coco_vocabulary()
     everything = ParseAll({c: vocab.words(c) for c in vocab.classes})
-    full = NounPhraseRemover(TextConfig(), vocabulary=everything)
+    full = NounPhraseRemover(TextConfig(repair=False), vocabulary=everything)
     for caption, removed, expected in NP_CASES:
         assert full([RewriteRequest(caption, removed)])[0].text == expected
 
@@ -199,6 +200,9 @@ def test_bad_text_config():
 
 def test_caption_command(capsys):
     assert main(["caption", "--remove", "frisbee", "Two dogs fighting over a frisbee"]) == 0
+    assert capsys.readouterr().out == "Two dogs fighting\n"  # repaired by default
+    paper = ["caption", "--no-repair-captions", "--remove", "frisbee"]
+    assert main([*paper, "Two dogs fighting over a frisbee"]) == 0
     assert capsys.readouterr().out == "Two dogs fighting over\n"
     assert main(["caption", "--remove", "dog,tv", "A puppy watches television."]) == 0
     assert capsys.readouterr().out == "Watches.\n"

@@ -169,7 +169,8 @@ def test_ray_runner_matches_the_local_run(owl, samples, tmp_path):
 
 
 def test_corpus_needs_root_and_has_no_dataset_boxes(owl, samples, tmp_path, capsys):
-    assert main(["synth", "--dataset", "wds", "--out", str(tmp_path / "o")]) == 2
+    owl_args = ["--detector-model", str(owl)]  # a local model: the missing root answers first
+    assert main(["synth", "--dataset", "wds", *owl_args, "--out", str(tmp_path / "o")]) == 2
     assert "needs --root" in capsys.readouterr().err
     args = ["synth", "--dataset", "csv", "--root", str(tmp_path / "x.csv"), "--boxes", "dataset"]
     assert main([*args, "--out", str(tmp_path / "o")]) == 2

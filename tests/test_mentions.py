@@ -29,7 +29,9 @@ def indexer() -> MentionIndexer:
         ("Two dogs fighting over a frisbee", {"dog", "frisbee"}),
         ("A man eating a hot dog", {"person", "hot dog"}),  # "man" is a person word
         ("A man eating hot dogs.", {"person", "hot dog"}),  # longest match: not a dog
-        ("Two people ride bikes past a hot-dog stand", {"person", "bicycle", "dog"}),
+        ("Two people ride bikes past a hot-dog stand", {"person", "bicycle", "hot dog"}),
+        ("A man in a suit and tie.", {"person", "tie"}),  # "tie" is no noun chunk here
+        ("A coach trains his dog.", {"dog"}),  # a verb, not a train
         ("Ein Hund 🐕 — naïve café with a DOG", {"dog"}),
         ("A cat\u00a0on a mat\u200b", {"cat"}),
         ("", set()),

@@ -26,12 +26,20 @@ INPAINT_VERIFY = (
     "inpaint",
     "--inpaint-backend",
     "diffusers",
-    "--inpaint-model",
-    "sd2-community/stable-diffusion-2-inpainting",  # never loaded: nothing here is placed
     "--device",
     "cuda",
     "--verify",
 )
+"""A dry run loads no model and looks none up: the default hub ids stay."""
+
+
+def unloaded_models(tmp_path: Path) -> tuple[str, ...]:
+    """Model folders that exist (the driver's checks pass) but are never loaded: their actors
+    are never placed."""
+    sd, clip = tmp_path / "sd", tmp_path / "clip"
+    sd.mkdir()
+    clip.mkdir()
+    return ("--inpaint-model", str(sd), "--verify-model", str(clip))
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +115,10 @@ def test_a_gpu_held_by_another_job_ends_the_run_in_one_line(one_gpu, coco, tmp_p
     holder = ray.remote(num_gpus=1, num_cpus=0)(Holder).remote()
     ray.get(holder.ping.remote())
     out = tmp_path / "out"
-    argv = synth_args(coco, out, *INPAINT_VERIFY, "--runner", "ray", "--place-timeout", "3")
+    models = unloaded_models(tmp_path)
+    argv = synth_args(
+        coco, out, *INPAINT_VERIFY, *models, "--runner", "ray", "--place-timeout", "3"
+    )
     start = time.monotonic()
     assert main([*argv, "--contact-sheet", "0"]) == 2
     assert time.monotonic() - start < 90

@@ -6,7 +6,7 @@ made before the split still resume.
 configs below: each one's ``run.json`` fingerprint and its ``manifest.json`` config."""
 
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from test_stages import records
 
 from counterfactual.cli import build_parser
 from counterfactual.cli.synth import build_config, build_runtime
-from counterfactual.image import ImageConfig, make_editor
+from counterfactual.image import DiffusersConfig, ImageConfig, make_editor
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.verify import VerifyConfig
 from counterfactual.synth import steps as stages
@@ -72,6 +72,7 @@ LIBRARY = {
         Runtime(device="cuda", inpaint_batch_size=3, verify_batch_size=7, batch_size=5),
     ),
 }
+RETIRED_SD2 = "stabilityai/stable-diffusion-2-inpainting"
 SAME = {"library-defaults": "cli-coco-defaults", "cli-coco-defaults": "library-defaults"}
 """Cases that are one config (the CLI's defaults are the library's)."""
 
@@ -84,6 +85,16 @@ def now(name: str) -> tuple[SynthConfig, Runtime]:
     return build_config(args), build_runtime(args)
 
 
+def then(name: str) -> SynthConfig:
+    """The case's config as this code builds it, with caption repair as it was by default when
+    the case was recorded (off): an old np-removal record without ``repair`` wrote the paper's
+    exact captions, which today's default (repair on) does not."""
+    config, _ = now(name)
+    if name != "cli-repair" and config.text.method == "np-removal":
+        config = replace(config, text=replace(config.text, repair=False))
+    return config
+
+
 def test_every_case_is_covered():
     assert set(OLD) == set(CLI) | set(LIBRARY)
 
@@ -92,7 +103,11 @@ def test_every_case_is_covered():
 def test_the_manifest_records_the_config_as_before(name):
     config, runtime = now(name)
     recorded = config.record(runtime)
-    assert json.dumps(recorded) == json.dumps(OLD[name]["recorded"])  # same keys, same order
+    # the default inpainting model is now the community mirror of the deleted Stability repo
+    old = json.dumps(OLD[name]["recorded"]).replace(RETIRED_SD2, DiffusersConfig().model)
+    expected = json.loads(old)
+    expected["text"]["repair"] = True  # caption repair is the default since issue 23
+    assert json.dumps(recorded) == json.dumps(expected)  # same keys, same order
 
 
 @pytest.mark.parametrize("name", sorted(OLD))
@@ -100,18 +115,26 @@ def test_an_old_fingerprint_is_recognised_and_only_by_its_config(name):
     old = OLD[name]["fingerprint"]
     assert old["format"] == 2
     for other in OLD:
-        config, _ = now(other)
-        same = fingerprint_of(old["config"]) == config.fingerprint()
+        same = fingerprint_of(old["config"]) == then(other).fingerprint()
         assert same == (other in (name, SAME.get(name))), other
+    # today's default would write repaired captions: such a rerun is another config
+    config, _ = now(name)
+    if then(name) != config:
+        assert fingerprint_of(old["config"]) != config.fingerprint()
 
 
 def test_the_fingerprint_holds_only_what_differs_from_the_defaults():
-    assert SynthConfig().fingerprint() == {"selection": {}, "mask": {}, "image": {}, "text": {}}
+    # np-removal always names caption repair, whose default changed (see fingerprint_of)
+    text = {"repair": True}
+    assert SynthConfig().fingerprint() == {"selection": {}, "mask": {}, "image": {}, "text": text}
+    # run.json holds the fingerprint itself: read back, it is the same (a rerun resumes)
+    for config in (SynthConfig(), SynthConfig(text=TextConfig(repair=False))):
+        assert fingerprint_of(config.fingerprint()) == config.fingerprint()
     config, runtime = now("cli-diffusers")
     assert config.fingerprint()["image"] == {"backend": "diffusers", "steps": 20, "candidates": 3}
     wds, _ = now("cli-wds-detect")
     assert wds.fingerprint()["detect"] == {"model": "owl", "score_threshold": 0.3}
-    assert wds.fingerprint()["text"] == {"skip_unchanged": True}
+    assert wds.fingerprint()["text"] == {"skip_unchanged": True, "repair": True}
     # a detector at its defaults is still a detector
     assert SynthConfig(detect=DetectConfig()).fingerprint()["detect"] == {}
     # the runtime is nowhere in it, and the record and the fingerprint agree
@@ -122,14 +145,27 @@ def test_the_fingerprint_holds_only_what_differs_from_the_defaults():
 def test_an_option_added_with_its_default_leaves_old_fingerprints_as_they_were():
     """What the hand-kept pop-list did for repair, skip_unchanged, lama_max_side and
     candidates, the defaults do for any option: an old record that lacks a key reads as its
-    default."""
+    default, but for caption repair, whose default changed: a record without it wrote the
+    paper's exact captions."""
     old = OLD["cli-coco-defaults"]["fingerprint"]["config"]
     for part, key in (("text", "repair"), ("text", "skip_unchanged"), ("image", "candidates")):
         assert key not in old[part]
-    assert fingerprint_of(old) == SynthConfig().fingerprint()
+    paper = SynthConfig(text=TextConfig(repair=False))
+    assert fingerprint_of(old) == paper.fingerprint() != SynthConfig().fingerprint()
     trimmed = {k: v for k, v in old.items() if k != "image"}
-    assert fingerprint_of({**trimmed, "image": {}}) == SynthConfig().fingerprint()
-    assert fingerprint_of({**old, "image": {"new_option": 1}}) != SynthConfig().fingerprint()
+    assert fingerprint_of({**trimmed, "image": {}}) == paper.fingerprint()
+    assert fingerprint_of({**old, "image": {"new_option": 1}}) != paper.fingerprint()
+    # repair means nothing to the other text methods: their old records match as they were
+    prompt = {**old, "text": {"method": "prompt"}}
+    assert fingerprint_of(prompt) == SynthConfig(text=TextConfig(method="prompt")).fingerprint()
+
+
+def test_a_run_recorded_with_the_deleted_sd2_id_keeps_its_fingerprint():
+    """Runs recorded before the default moved to the community mirror resume (the same model
+    under a new id); any other model is still a different config."""
+    old = json.loads(json.dumps(OLD["cli-coco-defaults"]["fingerprint"]["config"]))
+    assert fingerprint_of({**old, "image": {"model": RETIRED_SD2}}) == fingerprint_of(old)
+    assert fingerprint_of({**old, "image": {"model": "x/y"}}) != fingerprint_of(old)
 
 
 def test_the_vocabulary_is_one_setting():
@@ -138,6 +174,7 @@ def test_the_vocabulary_is_one_setting():
     assert config.record()["text"]["vocabulary"] == "words.txt"  # where the manifest kept it
     assert list(config.record()["text"])[:3] == ["method", "spacy_model", "vocabulary"]
     old = {**OLD["cli-coco-defaults"]["fingerprint"]["config"], "text": {"vocabulary": "words.txt"}}
+    config = replace(config, text=TextConfig(repair=False))  # as recorded then
     assert fingerprint_of(old) == config.fingerprint()  # an old record with text.vocabulary
 
 

@@ -42,6 +42,7 @@ def last_line(stderr: str) -> str:
 
 
 def test_gpu_stage_on_a_ray_without_gpus(coco, tmp_path):
+    (tmp_path / "sd").mkdir()
     code, err, seconds = synth(
         coco,
         tmp_path / "out",
@@ -51,6 +52,8 @@ def test_gpu_stage_on_a_ray_without_gpus(coco, tmp_path):
         "inpaint",
         "--inpaint-backend",
         "diffusers",
+        "--inpaint-model",
+        str(tmp_path / "sd"),  # a local model: no hub check, the layout is refused first
         "--device",
         "cuda",
         "--contact-sheet",

@@ -149,7 +149,9 @@ def test_a_working_or_absent_torchvision_is_left_alone(tmp_path):
 @pytest.mark.slow
 def test_synth_with_a_broken_torchvision_fails_in_one_line(tmp_path):
     files = generate_coco(tmp_path / "coco", 4, seed=1, size=(64, 48))
-    args = synth_args(files, tmp_path / "out", "--boxes", "detector", "--detector-model", "x/y")
+    (tmp_path / "owl").mkdir()  # a local folder: torchvision fails before it is read
+    owl = str(tmp_path / "owl")
+    args = synth_args(files, tmp_path / "out", "--boxes", "detector", "--detector-model", owl)
     site = fake_torchvision(tmp_path / "site", f"raise RuntimeError({NMS!r})")
     proc = run(f"import sys\nfrom counterfactual.cli import main\nsys.exit(main({args!r}))", site)
     assert proc.returncode == 2, proc.stderr

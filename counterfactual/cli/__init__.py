@@ -29,8 +29,10 @@ SUBCOMMANDS = (
     "mix",
     "train",
     "data",
+    "models",
     "eval",
     "report",
+    "check",
     "cooccurrence",
 )
 
@@ -143,6 +145,7 @@ def _run(parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namesp
             sub = args._subcommands[args.command]
             sub.set_defaults(**load_config(args.config, sub))
             args = _parse(parser, argv)
+        args._argv = argv  # what the command was given (synth names it in its fixes)
         return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `counterfactual select ... | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

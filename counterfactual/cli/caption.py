@@ -6,7 +6,14 @@ import argparse
 import sys
 
 from counterfactual.cli.common import nonnegative_int
-from counterfactual.text import RewriteRequest, TextConfig, make_rewriter
+from counterfactual.text import (
+    CAPTION_STILL_NAMES,
+    RewriteRequest,
+    TextConfig,
+    make_rewriter,
+)
+from counterfactual.text.np_removal import MentionCheck
+from counterfactual.vocab import load_vocabulary
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "caption",
         help="rewrite a caption without the removed classes",
         description='Example: counterfactual caption --remove frisbee "Two dogs fighting over '
-        'a frisbee"  ->  Two dogs fighting over',
+        'a frisbee"  ->  Two dogs fighting. Exits 1 when no caption is left or the new '
+        "caption still names a removed class (reason caption-still-names).",
     )
     p.add_argument("text", help="the caption")
     p.add_argument("--remove", required=True, help="class(es) to remove, comma-separated")
@@ -29,6 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="np-removal",
         help="np-removal: cut the noun phrases naming a removed class; prompt: a CLIP "
         "template of the kept classes (default: %(default)s)",
+    )
+    p.add_argument(
+        "--repair-captions",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="np-removal: drop prepositions, conjunctions, articles and commas the cut left "
+        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output",
     )
     p.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
     p.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
@@ -46,20 +61,28 @@ def _classes(value: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = TextConfig(method=args.method, spacy_model=args.spacy_model)
+    config = TextConfig(
+        method=args.method, spacy_model=args.spacy_model, repair=args.repair_captions
+    )
     removed = _classes(args.remove)
     rewriter = make_rewriter(config, args.vocabulary)
-    vocabulary = getattr(rewriter, "vocabulary", None)
-    if vocabulary is not None:
-        unknown = [c for c in removed if c not in vocabulary.classes]
-        if unknown:
-            raise ValueError(
-                f"unknown class(es) {unknown}; the vocabulary has e.g. "
-                f"{list(vocabulary.classes[:5])}"
-            )
+    vocabulary = load_vocabulary(args.vocabulary)
+    unknown = [c for c in removed if c not in vocabulary.classes]
+    if unknown:
+        raise ValueError(
+            f"unknown class(es) {unknown}; the vocabulary has e.g. {list(vocabulary.classes[:5])}"
+        )
     result = rewriter([RewriteRequest(args.text, removed, _classes(args.keep), seed=args.seed)])[0]
     if result.text is None:
         print(f"no caption left ({result.reason})", file=sys.stderr)
         return 1
     print(result.text)
+    (named,) = MentionCheck(vocabulary, args.spacy_model)([result.text], [removed])
+    if named:
+        print(
+            f"{CAPTION_STILL_NAMES}: the new caption still names {', '.join(named)}; a synth run "
+            "records such a sample as failed and does not write it",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -26,7 +26,7 @@ import msgspec
 from counterfactual.boxtable import BoxTable
 from counterfactual.cli.common import add_selection_args, nonnegative_int, selection_config
 from counterfactual.method.cooccurrence import CooccurrenceStats
-from counterfactual.method.selection import SelectionConfig, candidates_table, select_table
+from counterfactual.method.selection import SelectionConfig, select_rows
 from counterfactual.readers.coco import read_coco
 from counterfactual.readers.coco_boxes import read_coco_boxes
 
@@ -98,21 +98,12 @@ def _select(job: _Job) -> _Done:
     """One chunk's plans (and with ``rejected`` then each image's refused candidates) as JSON
     lines, ``image_id`` as the input file has it."""
     with _collector_paused():
-        chosen = select_table(job.table, job.config, job.stats, seed=job.seed)
-        every = candidates_table(job.table, job.config) if job.rejected else None
-        rows = []
-        plans = refused = 0
-        for i, selection in enumerate(chosen):
-            mine = list(selection.plans)
-            plans += len(mine)
-            if every is not None:
-                bad = [c for c in every[i].candidates if not c.valid]
-                mine += bad
-                refused += len(bad)
-            for plan in mine:
-                row = plan.to_dict()
-                row["image_id"] = job.ids[i]
-                rows.append(row)
+        rows, plans, refused = select_rows(
+            job.table, job.config, job.stats, seed=job.seed, rejected=job.rejected
+        )
+        position = {ident: n for n, ident in enumerate(job.table.image_ids)}
+        for row in rows:
+            row.image_id = job.ids[position[row.image_id]]
         return _Done(msgspec.json.Encoder().encode_lines(rows), plans, refused)
 
 

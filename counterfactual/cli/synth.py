@@ -265,9 +265,11 @@ def _add_text_args(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument(
         "--repair-captions",
-        action="store_true",
-        help="np-removal: drop prepositions, conjunctions and commas a cut left dangling "
-        "(off: the paper's captions exactly)",
+        action=argparse.BooleanOptionalAction,
+        default=_TEXT.repair,
+        help="np-removal: drop prepositions, conjunctions, articles and commas a cut left "
+        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output, the "
+        "faithful setting, which may be broken English",
     )
     t.add_argument(
         "--captions-per-image",
@@ -354,6 +356,19 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
         default=_RUNTIME.batch_size,
         help="items per batch of the CPU steps (decode, select, fills, encode) (default: "
         "%(default)s)",
+    )
+    o.add_argument(
+        "--verify-shards",
+        action="store_true",
+        help="on resume, check every committed shard's SHA-256 against its stats file (its "
+        "size is always checked; a damaged shard is made again): reads the whole output, about "
+        "0.8 s per GB besides the read",
+    )
+    o.add_argument(
+        "--hash-inputs",
+        action="store_true",
+        help="fingerprint the input files by their contents (SHA-256, read once by the driver) "
+        "instead of their modification time or ETag; their sizes are always compared",
     )
 
 
@@ -478,6 +493,8 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         inpaint_batch_size=args.inpaint_batch_size,
         detect_batch_size=args.detect_batch_size,
         verify_batch_size=args.verify_batch_size,
+        verify_shards=args.verify_shards,
+        hash_inputs=args.hash_inputs,
     )
 
 
@@ -574,6 +591,13 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ValueError("--out is required (on the command line or in --config)")
     config, runtime = build_config(args), build_runtime(args)
+    check_models(args, config, runtime)
+    if runtime.device.startswith("cuda") and args.runner == "local":
+        from counterfactual.models.embed import check_cuda
+
+        # a torch that cannot see the GPU: why, in one line (on Ray each model actor checks
+        # its own node: the driver's may have no GPU)
+        check_cuda(runtime.device)
     from counterfactual.synth.run import check_out_dir
 
     check_out_dir(args.out)  # before the input is read: a bad OUT fails in a second
@@ -618,6 +642,25 @@ def dry_run(args: argparse.Namespace) -> int:
     layout = layout_of(build_config(args), ray_options(args), build_runtime(args))
     print(json.dumps(layout.to_json()))
     return 0
+
+
+def check_models(args: argparse.Namespace, config: SynthConfig, runtime: Runtime) -> None:
+    """Before anything starts: every hub model and known model file (LaMa's) the run loads is
+    on this machine or can be had from the hub, else one line names each, why, and the
+    ``counterfactual models pull`` command that fetches them (exit 2). Other local paths are
+    left to the steps, which name the stage that cannot load them."""
+    from counterfactual.cli.models import pull_command
+    from counterfactual.models.hub import KNOWN_FILES, check_available, is_local
+    from counterfactual.synth.models import needed_models
+
+    refs = [
+        ref
+        for ref in needed_models(config, runtime)
+        if (ref.kind == "hub" and not is_local(ref.name))
+        or (ref.kind == "file" and Path(ref.name).name in KNOWN_FILES)
+    ]
+    if refs:
+        check_available(refs, pull_command(args.config, getattr(args, "_argv", ())))
 
 
 def _describe(inputs: RunInput, spec: DataSpec) -> str:

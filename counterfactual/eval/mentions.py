@@ -1,7 +1,7 @@
 """Which classes each caption mentions, for ODmAP@k's relevance (SPEC 1.5).
 
-A caption mentions a class when one of its spaCy noun chunks matches one of the class's words,
-exactly as ``np-removal`` matches them (:mod:`counterfactual.text.np_removal`): the same
+A caption mentions a class when one of its spaCy noun chunks, or a word outside them, matches
+one of the class's words, exactly as ``np-removal`` matches them (:mod:`counterfactual.text.np_removal`): the same
 pipeline (``load_spacy(..., fast_pos=True)``), the same chunks, the same
 :meth:`ClassVocabulary.match`. So a class is in a caption's set exactly when ``np-removal``
 removing that class changes the caption.
@@ -26,9 +26,10 @@ from counterfactual.text.nlp import default_model_name, load_spacy
 from counterfactual.text.np_removal import chunk_mentions
 from counterfactual.vocab import ClassVocabulary, load_vocabulary
 
-CACHE_FORMAT = 2
-"""Bumped when matching changes (2: entries matched across noun chunks, 'glasses of wine'),
-so a cache made by older code is recomputed."""
+CACHE_FORMAT = 3
+"""Bumped when matching changes (2: entries matched across noun chunks, 'glasses of wine';
+3: class words outside noun chunks count, 'a suit and tie'), so a cache made by older code is
+recomputed."""
 
 
 class MentionIndexer:

@@ -94,7 +94,7 @@ class LamaConfig:
 class DiffusersConfig:
     """A diffusers inpainting pipeline (:mod:`counterfactual.image.diffusion`)."""
 
-    model: str = "stabilityai/stable-diffusion-2-inpainting"
+    model: str = "sd2-community/stable-diffusion-2-inpainting"
     """A hub id or a folder written by ``save_pretrained``."""
     steps: int = 30
     guidance_scale: float = 7.5

@@ -20,16 +20,18 @@ its kept classes: :func:`counterfactual.synth.samples.synthetic_class_sets` read
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from counterfactual.boxtable import BoxTable
+from counterfactual.boxtable import BoxTable, snap_bits_of
 from counterfactual.records import ImageRecord
 
 MEASURES = ("pmi", "frequency")
@@ -38,15 +40,34 @@ DPI = 100
 
 def present_classes(record: ImageRecord) -> frozenset[str]:
     """The classes with at least one visible object (box ``xywh`` pixels, clipped to the image,
-    of positive area): the class set the alpha rules work on."""
+    of positive area on the snapping grid, as :meth:`BoxTable.snapped`): the class set the
+    alpha rules work on."""
     found = set()
+    scale = 2.0 ** snap_bits_of(record.width, record.height)
     for obj in record.objects:
         x, y, w, h = obj.bbox
         x0, x1 = max(0.0, x), min(float(record.width), x + w)
         y0, y1 = max(0.0, y), min(float(record.height), y + h)
-        if x1 > x0 and y1 > y0:
+        # round() is half to even, as np.rint
+        if round(x1 * scale) > round(x0 * scale) and round(y1 * scale) > round(y0 * scale):
             found.add(obj.category)
     return frozenset(found)
+
+
+_LN = decimal.Context(prec=40)
+
+
+def _log_ratio(num: Fraction, den: Fraction) -> float:
+    """``log(num / den)`` of exact fractions, correctly rounded in decimal and then to float:
+    integer arithmetic, so the same bits on every CPU (numpy's ``log`` dispatches to SIMD
+    code whose last bit differs between AVX2 and AVX-512 hosts)."""
+    if den == 0:
+        return math.nan if num == 0 else math.inf
+    if num == 0:
+        return -math.inf
+    exact = num / den
+    ratio = _LN.divide(decimal.Decimal(exact.numerator), decimal.Decimal(exact.denominator))
+    return float(_LN.ln(ratio))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -164,10 +185,17 @@ class CooccurrenceStats:
         """
         if not smoothing >= 0.0 or not math.isfinite(smoothing):
             raise ValueError(f"smoothing must be a finite number >= 0, got {smoothing}")
-        diag = np.diag(self.counts).astype(np.float64)
-        expected = np.outer(diag, diag) / max(self.n_images, 1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.log((self.counts + smoothing) / (expected + smoothing))
+        diag = np.diag(self.counts).tolist()
+        n = max(self.n_images, 1)
+        s = Fraction(smoothing)
+        cache: dict[tuple[int, int], float] = {}
+        out = np.empty(self.counts.shape, dtype=np.float64)
+        for (a, b), count in np.ndenumerate(self.counts):
+            key = (int(count), diag[a] * diag[b])
+            if (value := cache.get(key)) is None:
+                value = cache[key] = _log_ratio(key[0] + s, Fraction(key[1], n) + s)
+            out[a, b] = value
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -18,16 +18,17 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from counterfactual.boxtable import BoxTable
 from counterfactual.draws import draw_index
 from counterfactual.method.cooccurrence import CooccurrenceStats
-from counterfactual.method.geometry import class_cells
+from counterfactual.method.geometry import at_least, class_cells, exceeds
 from counterfactual.records import ImageRecord
 
 POLICIES = ("uniform", "all", "spurious")
@@ -118,39 +119,113 @@ class RemovalPlan:
         sample's json has one schema (Arrow, Hugging Face ``datasets``). Older shards hold
         objects keyed by class name; :class:`counterfactual.synth.samples.PlanMeta` reads both.
         """
-        out: dict[str, Any] = {
-            "image_id": self.image_id,
-            "target": self.target,
-            "removed": list(self.removed),
-            "kept": list(self.kept),
-            "kind": self.kind,
-            "valid": self.valid,
-            "rejected_by": self.rejected_by,
-            "evidence": {
-                "co_removal": [
-                    {"class": c, "ratio": r, "alpha2": self.alpha2, "co_removed": r > self.alpha2}
-                    for c, r in self.co_removal.items()
-                ],
-                "keep_overlap": [
-                    {"class": k, "ratio": r, "alpha1": self.alpha1, "ok": r < self.alpha1}
-                    for k, r in self.keep_overlap.items()
-                ],
-                "removed_fraction": {
-                    "ratio": self.removed_fraction,
-                    "alpha3": self.alpha3,
-                    "ok": self.removed_fraction < self.alpha3,
-                },
-            },
-            "mask_boxes": [list(b) for b in self.mask_boxes],
-        }
-        if self.pmi is not None:
-            out["evidence"]["pmi"] = {
-                "with_kept": [{"class": k, "pmi": v} for k, v in self.pmi.items()],
-                "score": spurious_score(self.pmi.values()),
-                "aggregate": "mean",
-                "smoothing": SPURIOUS_SMOOTHING,
-            }
-        return out
+        return msgspec.to_builtins(
+            _row(
+                self.image_id,
+                self.target,
+                list(self.removed),
+                list(self.kept),
+                self.co_removal.items(),
+                self.keep_overlap.items(),
+                self.removed_fraction,
+                [list(b) for b in self.mask_boxes],
+                (self.alpha1, self.alpha2, self.alpha3),
+                self.rejected_by,
+                self.pmi,
+            )
+        )
+
+
+# The JSON form of a plan (RemovalPlan.to_dict, what `select` writes), field order = key order.
+class _CoRemoval(msgspec.Struct, gc=False):
+    name: str = msgspec.field(name="class")
+    ratio: float
+    alpha2: float
+    co_removed: bool
+
+
+class _KeepOverlap(msgspec.Struct, gc=False):
+    name: str = msgspec.field(name="class")
+    ratio: float
+    alpha1: float
+    ok: bool
+
+
+class _RemovedFraction(msgspec.Struct, gc=False):
+    ratio: float
+    alpha3: float
+    ok: bool
+
+
+class _PMIWith(msgspec.Struct, gc=False):
+    name: str = msgspec.field(name="class")
+    pmi: float
+
+
+class _PMIEvidence(msgspec.Struct, gc=False):
+    with_kept: list[_PMIWith]
+    score: float
+    aggregate: str
+    smoothing: float
+
+
+class _Evidence(msgspec.Struct, gc=False, omit_defaults=True):
+    co_removal: list[_CoRemoval]
+    keep_overlap: list[_KeepOverlap]
+    removed_fraction: _RemovedFraction
+    pmi: _PMIEvidence | None = None
+
+
+class PlanRow(msgspec.Struct, gc=False):
+    """A plan as ``select`` writes it and :meth:`RemovalPlan.to_dict` gives it (encode with
+    ``msgspec.json``; ``image_id`` may be the input file's integer id)."""
+
+    image_id: int | str
+    target: str
+    removed: list[str]
+    kept: list[str]
+    kind: str
+    valid: bool
+    rejected_by: str | None
+    evidence: _Evidence
+    mask_boxes: list[list[float]]
+
+
+def _row(
+    image_id: str,
+    target: str,
+    removed: list[str],
+    kept: list[str],
+    co_removal: Iterable[tuple[str, float]],
+    keep_overlap: Iterable[tuple[str, float]],
+    removed_fraction: float,
+    mask_boxes: list[list[float]],
+    alphas: tuple[float, float, float],
+    rejected_by: str | None,
+    pmi: dict[str, float] | None,
+) -> PlanRow:
+    alpha1, alpha2, alpha3 = alphas
+    # The flags repeat the decisions, which compare exact areas (a ratio rounded to alpha
+    # itself is decided on the exact fraction): valid plans and plans rejected by the size
+    # rule passed the keep rule for every kept class.
+    valid = rejected_by is None
+    keep_ok = valid or rejected_by == TOO_LARGE
+    fraction_ok = valid or (rejected_by != TOO_LARGE and removed_fraction < alpha3)
+    evidence = _Evidence(
+        [_CoRemoval(c, r, alpha2, c in removed) for c, r in co_removal],
+        [_KeepOverlap(k, r, alpha1, keep_ok or r < alpha1) for k, r in keep_overlap],
+        _RemovedFraction(removed_fraction, alpha3, fraction_ok),
+        None
+        if pmi is None
+        else _PMIEvidence(
+            [_PMIWith(k, v) for k, v in pmi.items()],
+            spurious_score(pmi.values()),
+            "mean",
+            SPURIOUS_SMOOTHING,
+        ),
+    )
+    kind = "single" if len(removed) == 1 else "multi"
+    return PlanRow(image_id, target, removed, kept, kind, valid, rejected_by, evidence, mask_boxes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,8 +297,8 @@ def _evaluate(table: BoxTable, config: SelectionConfig) -> _Evaluated:
     """Evaluate every candidate of every image of ``table``, vectorised over images with
     similar box counts."""
     n_images = len(table)
-    xyxy, visible = table.clipped()
-    vis = np.flatnonzero(visible)
+    snapped = table.snapped()
+    vis = np.flatnonzero(snapped.visible)
     owner, category = table.owner[vis], table.category[vis]
     # (image, class) groups of the visible boxes in first-seen order within each image
     key = owner * max(1, len(table.classes)) + category
@@ -243,7 +318,17 @@ def _evaluate(table: BoxTable, config: SelectionConfig) -> _Evaluated:
     qualified = np.flatnonzero(n_classes >= 2)
     counts, back = np.unique(n_boxes[qualified], return_inverse=True)
     padded = np.array([_bucket(c) for c in counts.tolist()], dtype=np.intp)[back.reshape(-1)]
-    layout = _Layout(xyxy[vis], box_slot, box_start, n_boxes, group_class, group_start, n_classes)
+    layout = _Layout(
+        snapped.xyxy[vis],
+        snapped.units[vis],
+        snapped.bits,
+        box_slot,
+        box_start,
+        n_boxes,
+        group_class,
+        group_start,
+        n_classes,
+    )
     for size in np.unique(padded).tolist():
         members = qualified[padded == size]
         step = max(1, _CHUNK_CELLS // (size * (2 * size - 1) ** 2))
@@ -257,11 +342,14 @@ def _evaluate(table: BoxTable, config: SelectionConfig) -> _Evaluated:
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """Where each image's visible boxes and classes are: ``boxes`` (xyxy) and ``slot`` (the
-    class slot of each box) from ``box_start[i]``, ``n_boxes[i]`` of them; ``classes`` (class
-    codes in first-seen order) from ``class_start[i]``, ``n_classes[i]`` of them."""
+    """Where each image's visible boxes and classes are: ``boxes`` (xyxy pixels), ``units``
+    (the same in snapping units, ``2**-bits[i]`` px) and ``slot`` (the class slot of each box)
+    from ``box_start[i]``, ``n_boxes[i]`` of them; ``classes`` (class codes in first-seen
+    order) from ``class_start[i]``, ``n_classes[i]`` of them."""
 
     boxes: np.ndarray
+    units: np.ndarray
+    bits: np.ndarray
     slot: np.ndarray
     box_start: np.ndarray
     n_boxes: np.ndarray
@@ -280,45 +368,44 @@ def _evaluate_chunk(
     row, column, source = _ragged(layout.box_start[images], n_boxes)
     boxes = np.zeros((n, size, 4))
     boxes[row, column] = layout.boxes[source]
+    units = np.zeros((n, size, 4))
+    units[row, column] = layout.units[source]
     group = np.full((n, size), k_max)
     group[row, column] = layout.slot[source]
     row, column, source = _ragged(layout.class_start[images], n_classes)
     classes = np.full((n, k_max), -1)
     classes[row, column] = layout.classes[source]
-    # The cell grid of each image (padding boxes are empty and cover no cell).
-    cover, cell_area = class_cells(boxes, group, k_max)
+    # The cell grid of each image (padding boxes are empty and cover no cell). Every area below
+    # is an integer number of squared units, exact in float64 whatever the summation order.
+    cover, cell_area = class_cells(units, group, k_max)
     weighted = cover * cell_area[:, None, :]
     inter = cover @ weighted.transpose(0, 2, 1)  # [r, c] = area(B_r ∩ B_c)
     area = inter.diagonal(axis1=1, axis2=2)
     real = np.arange(k_max)[None, :] < n_classes[:, None]
-    safe_area = np.where(real, area, 1.0)[:, None, :]
+    safe_area = np.where(real, area, 1.0)[:, None, :]  # a real class has a positive area
     co_ratio = inter / safe_area
-    removed = (co_ratio > config.alpha2) & real[:, None, :]
+    removed = exceeds(inter, safe_area, config.alpha2) & real[:, None, :]
     removed |= np.eye(k_max, dtype=bool)[None]
-    image_area = table.width[images] * table.height[images]
-    # A single-class candidate removes B_r only: its keep ratios are its co-removal ratios and
-    # its removed area is area(B_r). Only multi-class candidates need the union B_R.
-    keep_ratio = co_ratio.copy()
-    fraction = area / image_area[:, None]
+    bits = layout.bits[images]
+    image_area = np.ldexp(table.width[images] * table.height[images], 2 * bits)  # in units
+    # A single-class candidate removes B_r only: its keep overlaps are its co-removal overlaps
+    # and its removed area is area(B_r). Only multi-class candidates need the union B_R.
+    keep_inter = inter.copy()  # [r, k'] = area(B_R ∩ B_k')
+    removed_area = area.copy()  # [r] = area(B_R)
     multi_i, multi_r = np.nonzero(removed.sum(axis=2) > 1)
     if len(multi_i):
         cover_r = np.minimum(
             np.einsum("pk,pkc->pc", removed[multi_i, multi_r].astype(np.float64), cover[multi_i]),
             1.0,
         )
-        keep_ratio[multi_i, multi_r] = (
-            np.einsum("pc,pkc->pk", cover_r, weighted[multi_i]) / safe_area[multi_i, 0]
-        )
-        fraction[multi_i, multi_r] = (cover_r * cell_area[multi_i]).sum(axis=1) / image_area[
-            multi_i
-        ]
+        keep_inter[multi_i, multi_r] = np.einsum("pc,pkc->pk", cover_r, weighted[multi_i])
+        removed_area[multi_i, multi_r] = (cover_r * cell_area[multi_i]).sum(axis=1)
+    keep_ratio = keep_inter / safe_area
+    fraction = removed_area / image_area[:, None]
     kept = ~removed & real[:, None, :]
-    worst_keep = np.where(kept, keep_ratio, -1.0).max(axis=2)
-    code = np.where(
-        ~kept.any(axis=2),
-        1,
-        np.where(worst_keep >= config.alpha1, 2, np.where(fraction >= config.alpha3, 3, 0)),
-    )
+    keep_fails = (kept & at_least(keep_inter, safe_area, config.alpha1)).any(axis=2)
+    too_large = at_least(removed_area, image_area[:, None], config.alpha3)
+    code = np.where(~kept.any(axis=2), 1, np.where(keep_fails, 2, np.where(too_large, 3, 0)))
     return _Chunk(
         images=images.tolist(),
         n_classes=n_classes.tolist(),
@@ -335,48 +422,76 @@ def _evaluate_chunk(
 
 
 def _plans(
-    table: BoxTable, ev: _Evaluated, picks: list[tuple[int, int]], config: SelectionConfig
-) -> list[RemovalPlan]:
-    """The plans of candidates ``(image, r)``, in the order given. The rows of each chunk are
-    taken from its arrays together, and what each plan lists (removed and kept classes, the
-    removed boxes) is decided there as masks, so a plan is a few ``compress`` calls."""
-    out: list[RemovalPlan | None] = [None] * len(picks)
+    table: BoxTable,
+    ev: _Evaluated,
+    picks: Sequence[tuple[int, int]],
+    config: SelectionConfig,
+    pmi: Sequence[dict[str, float] | None] | None = None,
+    rows: bool = False,
+) -> list[Any]:
+    """The plans of candidates ``(image, r)``, in the order given: :class:`RemovalPlan`, or
+    with ``rows`` their :class:`PlanRow` (made straight from the arrays); ``pmi[p]`` is pick
+    ``p``'s PMI evidence. The rows of each chunk are taken from its arrays together, and what
+    each plan lists (removed and kept classes, the removed boxes) is decided there as masks,
+    so a plan is a few ``compress`` calls."""
+    out: list[Any] = [None] * len(picks)
     by_chunk: dict[int, list[int]] = {}
     for p, (i, _) in enumerate(picks):
         by_chunk.setdefault(ev.where[i][0], []).append(p)  # type: ignore[index]
-    alphas = {"alpha1": config.alpha1, "alpha2": config.alpha2, "alpha3": config.alpha3}
+    alphas = (config.alpha1, config.alpha2, config.alpha3)
     for c, positions in by_chunk.items():
         chunk = ev.chunks[c]
-        rows = np.array([ev.where[picks[p][0]][1] for p in positions])  # type: ignore[index]
+        at = np.array([ev.where[picks[p][0]][1] for p in positions])  # type: ignore[index]
         targets = np.array([picks[p][1] for p in positions])
-        removed = chunk.removed[rows, targets]
+        removed = chunk.removed[at, targets]
         other = np.arange(removed.shape[1])[None, :] != targets[:, None]
-        group = chunk.group[rows]
-        padded = np.concatenate([removed, np.zeros((len(rows), 1), bool)], axis=1)
-        erased = np.take_along_axis(padded, group, axis=1)  # each box: is its class removed
-        xywh = chunk.boxes[rows]
-        xywh[:, :, 2:] -= xywh[:, :, :2]
-        co, keep = chunk.co_ratio[rows, targets].tolist(), chunk.keep_ratio[rows, targets].tolist()
-        fraction = chunk.fraction[rows, targets].tolist()
+        padded = np.concatenate([removed, np.zeros((len(at), 1), bool)], axis=1)
+        erased = np.take_along_axis(padded, chunk.group[at], axis=1)  # is each box's class removed
+        # the removed boxes of every pick, xywh, one after the other
+        xywh = chunk.boxes[at][erased]
+        xywh[:, 2:] -= xywh[:, :2]
+        ends = np.cumsum(erased.sum(axis=1)).tolist()
+        boxes = xywh.tolist()
+        co, keep = chunk.co_ratio[at, targets].tolist(), chunk.keep_ratio[at, targets].tolist()
+        fraction = chunk.fraction[at, targets].tolist()
         also, kept, other_l = (removed & other).tolist(), (~removed).tolist(), other.tolist()
-        erased_l, xywh_l = erased.tolist(), xywh.tolist()
+        names_of: dict[int, list[str]] = {}
+        start = 0
         for q, p in enumerate(positions):
             i, r = picks[p]
-            j = int(rows[q])
-            names = [table.classes[code] for code in chunk.classes[j][: chunk.n_classes[j]]]
+            j = int(at[q])
+            if (names := names_of.get(j)) is None:
+                codes = chunk.classes[j][: chunk.n_classes[j]]
+                names = names_of[j] = [table.classes[code] for code in codes]
+            mask_boxes, start = boxes[start : ends[q]], ends[q]
+            gone = [names[r], *compress(names, also[q])]
+            left = list(compress(names, kept[q]))
+            co_pairs = compress(zip(names, co[q], strict=False), other_l[q])
+            keep_pairs = compress(zip(names, keep[q], strict=False), kept[q])
+            why = _REJECTIONS[chunk.code[j][r]]
+            evidence = None if pmi is None else pmi[p]
+            if rows:
+                out[p] = _row(
+                    table.image_ids[i], names[r], gone, left, co_pairs, keep_pairs,
+                    fraction[q], mask_boxes, alphas, why, evidence,
+                )  # fmt: skip
+                continue
             out[p] = RemovalPlan(
                 image_id=table.image_ids[i],
                 target=names[r],
-                removed=(names[r], *compress(names, also[q])),
-                kept=tuple(compress(names, kept[q])),
-                co_removal=dict(compress(zip(names, co[q], strict=False), other_l[q])),
-                keep_overlap=dict(compress(zip(names, keep[q], strict=False), kept[q])),
+                removed=tuple(gone),
+                kept=tuple(left),
+                co_removal=dict(co_pairs),
+                keep_overlap=dict(keep_pairs),
                 removed_fraction=fraction[q],
-                mask_boxes=tuple(map(tuple, compress(xywh_l[q], erased_l[q]))),
-                rejected_by=_REJECTIONS[chunk.code[j][r]],
-                **alphas,
+                mask_boxes=tuple(map(tuple, mask_boxes)),
+                alpha1=alphas[0],
+                alpha2=alphas[1],
+                alpha3=alphas[2],
+                rejected_by=why,
+                pmi=evidence,
             )
-    return out  # type: ignore[return-value]
+    return out
 
 
 def candidates_table(table: BoxTable, config: SelectionConfig) -> list[Selection]:
@@ -464,6 +579,62 @@ def select_table(
 ) -> list[Selection]:
     """:func:`select_many` on the images of a :class:`BoxTable` (one selection per image, in
     table order)."""
+    ev = _evaluate(table, config)
+    done, chosen = _choose(table, ev, config, stats, targets, seed)
+    picks = [(i, r) for i, rs, _, _ in chosen for r in rs]
+    evidence = [pmi for _, rs, _, pmi in chosen for _ in rs]
+    plans = iter(_plans(table, ev, picks, config, evidence))
+    for i, rs, others, _ in chosen:
+        mine = tuple(next(plans) for _ in rs)
+        done[i] = Selection(table.image_ids[i], (), ev.ignored[i], None, mine, others)
+    return done  # type: ignore[return-value]
+
+
+def select_rows(
+    table: BoxTable,
+    config: SelectionConfig,
+    stats: CooccurrenceStats | None = None,
+    seed: int = 0,
+    rejected: bool = False,
+) -> tuple[list[PlanRow], int, int]:
+    """:func:`select_table`'s chosen plans as :class:`PlanRow` (encoded, the bytes of
+    :meth:`RemovalPlan.to_dict`), image by image
+    in table order (and with ``rejected`` after each image's plans its refused candidates),
+    built from the rules' arrays without making the plans: what ``counterfactual select``
+    writes. Returns ``(rows, plans, refused)``."""
+    ev = _evaluate(table, config)
+    _, chosen = _choose(table, ev, config, stats, None, seed)
+    picks: list[tuple[int, int]] = []
+    evidence: list[dict[str, float] | None] = []
+    plans = 0
+    refused = 0
+    by_image = {i: (rs, pmi) for i, rs, _, pmi in chosen}
+    for i, place in enumerate(ev.where):
+        rs, pmi = by_image.get(i, ((), None))
+        picks += [(i, r) for r in rs]
+        evidence += [pmi] * len(rs)
+        plans += len(rs)
+        if rejected and place is not None:
+            chunk, j = ev.chunks[place[0]], place[1]
+            bad = [r for r in range(chunk.n_classes[j]) if chunk.code[j][r] != 0]
+            picks += [(i, r) for r in bad]
+            evidence += [None] * len(bad)
+            refused += len(bad)
+    return _plans(table, ev, picks, config, evidence, rows=True), plans, refused
+
+
+def _choose(
+    table: BoxTable,
+    ev: _Evaluated,
+    config: SelectionConfig,
+    stats: CooccurrenceStats | None,
+    targets: Sequence[Collection[str] | None] | None,
+    seed: int,
+) -> tuple[
+    list[Selection | None], list[tuple[int, list[int], tuple[str, ...], dict[str, float] | None]]
+]:
+    """The policy on evaluated candidates: a :class:`Selection` for each image with no plan,
+    and for the others ``(image, chosen targets, targets not drawn, PMI evidence)``."""
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     pmi = None
@@ -471,7 +642,6 @@ def select_table(
         pmi = _PMILookup(stats if stats is not None else CooccurrenceStats.from_table(table))
     if targets is not None and len(targets) != len(table):
         raise ValueError(f"{len(targets)} target limits for {len(table)} records")
-    ev = _evaluate(table, config)
     done: list[Selection | None] = [None] * len(table)
     chosen: list[tuple[int, list[int], tuple[str, ...], dict[str, float] | None]] = []
     for i, place in enumerate(ev.where):
@@ -485,8 +655,11 @@ def select_table(
         if not valid:
             done[i] = Selection(ident, (), ev.ignored[i], NO_REMOVABLE_CLASS)
             continue
-        names = [table.classes[c] for c in chunk.classes[j][: chunk.n_classes[j]]]
         allowed = None if targets is None else targets[i]
+        if config.policy == "all" and allowed is None:
+            chosen.append((i, valid, (), None))
+            continue
+        names = [table.classes[c] for c in chunk.classes[j][: chunk.n_classes[j]]]
         if allowed is not None:
             if not (limited := [r for r in valid if names[r] in allowed]):
                 others = tuple(names[r] for r in valid)
@@ -502,13 +675,7 @@ def select_table(
             picked = [pick]
         others = tuple(names[r] for r in valid if r not in picked)
         chosen.append((i, picked, others, evidence))
-    plans = iter(_plans(table, ev, [(i, r) for i, rs, _, _ in chosen for r in rs], config))
-    for i, rs, others, evidence in chosen:
-        mine = tuple(next(plans) for _ in rs)
-        if evidence is not None:
-            mine = (replace(mine[0], pmi=evidence),)
-        done[i] = Selection(table.image_ids[i], (), ev.ignored[i], None, mine, others)
-    return done  # type: ignore[return-value]
+    return done, chosen
 
 
 def select_many(
@@ -556,6 +723,7 @@ def select(
 __all__: Sequence[str] = (
     "CAPTION_UNCHANGED",
     "POLICIES",
+    "PlanRow",
     "SPURIOUS_SMOOTHING",
     "RemovalPlan",
     "Selection",
@@ -566,6 +734,7 @@ __all__: Sequence[str] = (
     "draw_index",
     "select",
     "select_many",
+    "select_rows",
     "select_table",
     "spurious_score",
 )

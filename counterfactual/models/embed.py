@@ -147,14 +147,35 @@ class Embedder(Protocol):
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """``device`` as a ``torch.device``; ``None`` means ``cuda`` when available, else ``cpu``."""
+    """``device`` as a ``torch.device``; ``None`` means ``cuda`` when available, else ``cpu``.
+    A CUDA device this torch cannot use is a ``ValueError`` saying why (:func:`check_cuda`)."""
     torch = require("torch", "models")
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        resolved = torch.device(device)
     except (RuntimeError, TypeError) as err:
         raise ValueError(f"device {device!r} is not a torch device") from err
+    if resolved.type == "cuda":
+        check_cuda(str(device))
+    return resolved
+
+
+def check_cuda(device: str = "cuda") -> None:
+    """Raise a one-line ``ValueError`` when torch cannot use CUDA, saying why: a CPU build of
+    torch, no NVIDIA driver on this host, a driver older than the one torch's CUDA needs
+    (:func:`counterfactual.torch_build.cuda_problem`), or no GPU visible."""
+    torch = require("torch", "models")
+    if torch.cuda.is_available():
+        return
+    from counterfactual.torch_build import DriverError, cuda_problem, driver_version
+
+    try:
+        driver: str | None | DriverError = driver_version()
+    except DriverError as err:
+        driver = err
+    why = cuda_problem(torch.__version__, torch.version.cuda, driver)
+    raise ValueError(f"--device {device}: {why}")
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

@@ -51,7 +51,15 @@ from counterfactual.synth.samples import (
     VerifyMeta,
 )
 from counterfactual.synth.shards import Sample
-from counterfactual.text import RewriteRequest, RewriteResult, TextRewriter, make_rewriter
+from counterfactual.text import (
+    CAPTION_STILL_NAMES,
+    REMOVING_METHODS,
+    RewriteRequest,
+    RewriteResult,
+    TextRewriter,
+    make_rewriter,
+)
+from counterfactual.text.np_removal import MentionCheck
 from counterfactual.vocab import load_vocabulary
 
 MODEL_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
@@ -408,6 +416,11 @@ class Rewrite:
         )
         self.info = self.rewriter.describe()
         self.skip_unchanged = config.text.skip_unchanged
+        self.check = (
+            MentionCheck(load_vocabulary(config.vocabulary), config.text.spacy_model)
+            if config.text.method in REMOVING_METHODS
+            else None
+        )
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         start = time.perf_counter()
@@ -427,18 +440,27 @@ class Rewrite:
                     seed=it.seed,
                 )
             )
-        for job, result in zip(todo, _batch_or_each(self.rewriter, todo, requests), strict=True):
+        results = _batch_or_each(self.rewriter, todo, requests)
+        still = [[] for _ in todo] if self.check is None else self._still_named(todo, results)
+        for job, result, named in zip(todo, results, still, strict=True):
             if isinstance(result, Status):
                 job.fail(result.reason, result.detail)
             elif result.text is None:
                 job.fail(result.reason)
             elif self.skip_unchanged and not result.removed_phrases:
                 job.fail(CAPTION_UNCHANGED, "the caption mentions no removed class", "skipped")
+            elif named:  # a wrong training pair: never written silently
+                job.fail(CAPTION_STILL_NAMES, f"names {', '.join(named)}: {one_line(result.text)}")
             else:
                 job.caption = result
                 job.methods["text_method"] = self.info
         _timed(self.name, jobs, start)
         return jobs
+
+    def _still_named(self, jobs: list[Job], results: list[Any]) -> list[list[str]]:
+        """The removed classes each new caption still names (:class:`MentionCheck`)."""
+        texts = [r.text if isinstance(r, RewriteResult) else None for r in results]
+        return self.check([*texts], [job.plan.removed for job in jobs])  # type: ignore[misc]
 
 
 def sample_meta(job: Job, seed: int) -> dict[str, Any]:
@@ -770,6 +792,20 @@ def setup_failure(spec: StepSpec, err: BaseException) -> SetupError:
     return SetupError(f"{stage} could not start: {type(err).__name__}: {one_line(err)}{fix}")
 
 
+def check_device(spec: StepSpec) -> None:
+    """A model step on CUDA whose torch cannot use it: a :class:`SetupError` saying why (a
+    CPU build, no driver, a driver too old for the build), before any model loads."""
+    res = spec.resources
+    if res is None or not str(res.device).startswith("cuda"):
+        return
+    from counterfactual.models.embed import check_cuda
+
+    try:
+        check_cuda(res.device)
+    except ValueError as err:
+        raise SetupError(f"{res.stage} could not start: {one_line(err)}") from err
+
+
 def check_order(specs: Sequence[StepSpec], given: Iterable[str]) -> frozenset[str]:
     """The fields jobs holding ``given`` hold after ``specs`` ran in this order; a
     ``ValueError`` naming the first step that needs a field no step before it leaves."""
@@ -846,6 +882,8 @@ def start_steps(
     does not load) reported as a one-line :class:`SetupError` naming its stage and the fix."""
     steps: list[Step] = []
     for name in names or step_order(config):
+        if name in STEP_CLASSES:
+            check_device(STEP_CLASSES[name].declare(config, runtime))
         try:
             steps += build_steps(config, [name], editor, rewriter, None, detector, runtime)
         except (OSError, RuntimeError, ImportError, ValueError) as err:

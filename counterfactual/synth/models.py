@@ -1,0 +1,56 @@
+"""The models a synthesis run loads, read off its config: what ``counterfactual models`` lists
+and pulls, what ``synth`` checks before it starts, what ``manifest.json`` records (``models``:
+each with its resolved revision, the hub commit or the file's sha256)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from counterfactual.models.embed import parse_model_spec
+from counterfactual.models.hub import Located, ModelRef, locate
+from counterfactual.synth.plan import Runtime, SynthConfig
+
+
+def needed_models(config: SynthConfig, runtime: Runtime | None = None) -> tuple[ModelRef, ...]:
+    """Every model ``config`` loads, in run order: the detector (detected boxes), the
+    inpainter (``inpaint`` with the diffusers or lama backend), the captioner (``captioner``
+    text), the verifier's CLIP (``--verify``/``--filter``, or best-of-n's scorer). Hub weights
+    prefer the ``fp16`` variant when the run computes in float16."""
+    runtime = runtime or Runtime()
+    variant = "fp16" if runtime.dtype == "float16" else None
+    refs: list[ModelRef] = []
+    if config.detect is not None:
+        refs.append(ModelRef("detector", "--detector-model", "hub", config.detect.model))
+    image = config.image
+    if image.method == "inpaint" and image.backend == "diffusers":
+        refs.append(ModelRef("inpainter", "--inpaint-model", "hub", image.diffusers.model, variant))
+    elif image.method == "inpaint" and image.backend == "lama":
+        refs.append(ModelRef("inpainter", "--inpaint-model", "file", image.lama.model))
+    if config.text.method == "captioner":
+        refs.append(ModelRef("captioner", "--captioner-model", "hub", config.text.model))
+    if config.verify.enabled or image.diffusers.candidates > 1:
+        refs.append(_embedder_ref("verifier", "--verify-model", config.verify.model))
+    return tuple(refs)
+
+
+def _embedder_ref(role: str, option: str, spec_text: str) -> ModelRef:
+    """A zero-shot model spec (``hf-clip:ID``, ``blip:ID``, ``open_clip:...``, a folder) as the
+    model to fetch: the hub id or folder, or open_clip's own download."""
+    if Path(spec_text).expanduser().is_dir():
+        return ModelRef(role, option, "hub", spec_text)
+    spec = parse_model_spec(spec_text)
+    if spec.kind != "open_clip":
+        return ModelRef(role, option, "hub", spec.name)
+    if spec.name.startswith("hf-hub:"):
+        return ModelRef(role, option, "hub", spec.name.removeprefix("hf-hub:"))
+    return ModelRef(role, option, "open_clip", str(spec))
+
+
+def model_records(config: SynthConfig, runtime: Runtime | None = None) -> list[dict[str, Any]]:
+    """What ``manifest.json`` records of each model, as the driver finds it (no network)."""
+    return [locate(ref).to_dict() for ref in needed_models(config, runtime)]
+
+
+def located_models(config: SynthConfig, runtime: Runtime | None = None) -> list[Located]:
+    return [locate(ref) for ref in needed_models(config, runtime)]
