@@ -37,7 +37,7 @@ DEMO_OFFLINE = $(if $(filter demo,$(DATASET)),$(OFFLINE))
 TO ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install models synth eval data test test-fast lint format bench clean
+.PHONY: help install models synth eval data test test-fast gpu-check lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -76,6 +76,9 @@ test: $(STAMP) ## the offline test suite
 
 test-fast: $(STAMP) ## the suite without the slow (model-loading, end-to-end) tests
 	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow"
+
+gpu-check: $(STAMP) ## every model path on CUDA with tiny models [CF_GPU_INPAINT_MODEL=real weights: a 50-image run, images/s]
+	$(BIN)/python -m pytest -q -s -m gpu tests/test_gpu.py
 
 lint: $(STAMP) ## check style (ruff)
 	$(BIN)/ruff check counterfactual pipelines tests benchmarks

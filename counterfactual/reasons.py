@@ -92,6 +92,17 @@ REASONS: dict[str, Reason] = {
     "model-error": Reason(
         "failed", "a model step raised on this item (detail: the error)", "steps"
     ),
+    "non-finite-output": Reason(
+        "failed",
+        "the inpainter's output has NaN or inf values (e.g. a float16 overflow); nothing pasted",
+        "steps",
+    ),
+    "blank-output": Reason(
+        "failed",
+        "the inpainter's output is blank, one colour (all black: a safety checker, an "
+        "overflow); nothing pasted",
+        "steps",
+    ),
     "empty-caption": Reason(
         "failed",
         "the rewritten caption has no words left (np-removal, captioner, perturb)",

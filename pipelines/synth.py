@@ -57,9 +57,12 @@ from counterfactual.synth.steps import (
     SetupError,
     Stage,
     Staged,
+    crop_for_edit,
     in_chunks,
     one_line,
+    paste_edit,
     plan_stages,
+    ships_crops,
     start_steps,
 )
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
@@ -146,15 +149,30 @@ class _RemoteStep:
     """A pooled model step as seen from a worker: a batch cut into the model's batch size,
     spread over the pool's actors, results back in order."""
 
-    def __init__(self, actors: Sequence[str], batch_size: int, start: int) -> None:
+    def __init__(
+        self,
+        actors: Sequence[str],
+        batch_size: int,
+        start: int,
+        crops: SynthConfig | None = None,
+    ) -> None:
         import ray
 
         # by name: handles among a restartable actor's constructor arguments would make Ray
         # keep them in the object store (and warn on every run)
         self.actors = [ray.get_actor(name) for name in actors]
         self.batch_size, self.next = batch_size, start
+        self.crops = crops  # Edit's pool: send crops, not whole pictures (crop_for_edit)
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
+        if self.crops is None:
+            return self._send(jobs)
+        cuts = crop_for_edit(jobs, self.crops)
+        done = self._send(jobs)
+        paste_edit(done, cuts)
+        return done
+
+    def _send(self, jobs: list[Job]) -> list[Job]:
         import ray
 
         refs = []
@@ -234,7 +252,8 @@ class ShardWorker:
         parts: list[tuple[Process, int | None]] = []
         for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
             if pool and size:  # cut into the model's batches, spread over the pool
-                parts.append((_RemoteStep(pool, size, position), None))
+                crops = config if "edit" in stage.steps and ships_crops(config) else None
+                parts.append((_RemoteStep(pool, size, position, crops), None))
                 continue
             chain, self.error = _build(config, runtime, stage)
             if self.error:

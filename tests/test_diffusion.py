@@ -208,14 +208,15 @@ def test_batch_of_different_sizes(model_path: Path, editor: DiffusionInpainter) 
     requests = [
         # 20x20 mask -> 30x30 crop -> 64x64
         EditRequest(image=_image(48, 64, 1), mask=_mask(48, 64, 10, 30, 10, 30), seed=1),
-        # 40x10 mask in a 40-pixel-high image -> 60x40 crop -> 64x40
+        # 40x10 mask in a 40-pixel-high image -> 60x40 crop -> 64x40 on the 64x64 canvas
         EditRequest(image=_image(40, 100, 4), mask=_mask(40, 100, 0, 40, 45, 55), seed=4),
         # 30x30 mask -> 46x46 crop -> 64x64, batched with the first
         EditRequest(image=_image(80, 56, 2), mask=_mask(80, 56, 40, 70, 20, 50), seed=2),
         EditRequest(image=_image(32, 32, 3), mask=np.zeros((32, 32), np.uint8), seed=3),
     ]
     outputs = batched(requests)
-    assert counting.calls == [(2, 64, 64), (1, 64, 40)]
+    # every crop is mirrored onto the one 64x64 canvas: full batches, whatever the crop's shape
+    assert counting.calls == [(2, 64, 64), (1, 64, 64)]
     assert [o.shape for o in outputs] == [r.image.shape for r in requests]
     for request, out in zip(requests, outputs, strict=True):
         outside = request.mask == 0

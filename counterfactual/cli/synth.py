@@ -15,13 +15,22 @@ from counterfactual.cli.common import (
     add_selection_args,
     data_spec,
     gpu_share,
+    nonnegative_float,
     nonnegative_int,
     positive_float,
+    positive_fraction,
     positive_int,
     selection_config,
     unit_interval,
 )
-from counterfactual.image import IMAGE_METHODS, INPAINT_BACKENDS, ImageConfig
+from counterfactual.image import (
+    ERASERS,
+    IMAGE_METHODS,
+    INPAINT_BACKENDS,
+    ImageConfig,
+    cli_options,
+    flat_default,
+)
 from counterfactual.method.detect import QUERY_MODES, DetectConfig
 from counterfactual.method.masks import MASK_SOURCES, MaskConfig
 from counterfactual.method.verify import VerifyConfig
@@ -146,22 +155,11 @@ def _add_image_args(p: argparse.ArgumentParser) -> None:
         "--inpaint-backend",
         choices=INPAINT_BACKENDS,
         default=_IMAGE.backend,
-        help="inpainter of --image-method inpaint: opencv (Telea, CPU), diffusers (a Stable "
-        "Diffusion inpainting model) or lama (a TorchScript LaMa) (default: %(default)s)",
+        help="inpainter of --image-method inpaint: "
+        + ", ".join(e.summary for e in ERASERS.values() if "inpaint" in e.methods)
+        + " (default: %(default)s)",
     )
-    i.add_argument(
-        "--inpaint-model",
-        default=_IMAGE.diffusers.model,
-        help="diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt) "
-        "(default: %(default)s)",
-    )
-    i.add_argument(
-        "--lama-max-side",
-        type=nonnegative_int,
-        default=_IMAGE.lama.max_side,
-        help="lama: cap the crop's long side in px, >= 0 (0: native resolution; default: "
-        "%(default)s)",
-    )
+    _add_eraser_args(i)
     i.add_argument(
         "--device",
         default=_RUNTIME.device,
@@ -176,43 +174,10 @@ def _add_image_args(p: argparse.ArgumentParser) -> None:
         "float32; default: %(default)s)",
     )
     i.add_argument(
-        "--steps",
-        type=positive_int,
-        default=_IMAGE.diffusers.steps,
-        help="diffusers: denoising steps, >= 1 (default: %(default)s)",
-    )
-    i.add_argument(
-        "--resolution",
-        type=nonnegative_int,
-        default=_IMAGE.diffusers.resolution,
-        help="diffusers: working size in px, >= 0 (0: native, the crop's size, at least 512; "
-        "default: %(default)s)",
-    )
-    i.add_argument(
         "--inpaint-batch-size",
         type=positive_int,
         default=_RUNTIME.inpaint_batch_size,
         help="diffusers, lama: crops per inpainter call (default: %(default)s)",
-    )
-    i.add_argument(
-        "--candidates",
-        type=positive_int,
-        default=_IMAGE.diffusers.candidates,
-        help="diffusers: best-of-n, draw N seeded candidates per image and keep the one the "
-        "verifier's model (--verify-model) sees the removed classes least in (default: "
-        "%(default)s: no best-of-n)",
-    )
-    i.add_argument(
-        "--prompt",
-        default=_IMAGE.diffusers.prompt,
-        help="diffusers: the prompt template; {background} is 'empty background, nothing "
-        "there', {kept} and {removed} the class names (default: '%(default)s')",
-    )
-    i.add_argument(
-        "--negative-prompt",
-        default=_IMAGE.diffusers.negative_prompt,
-        help="diffusers: the negative prompt template, same fields as --prompt (default: "
-        "'%(default)s')",
     )
     i.add_argument(
         "--mask-source",
@@ -227,12 +192,37 @@ def _add_image_args(p: argparse.ArgumentParser) -> None:
         default=_MASK.dilate,
         help="grow the mask by N pixels, >= 0; helps inpainters erase edges (default: %(default)s)",
     )
-    i.add_argument(
-        "--blur-sigma",
-        type=positive_float,
-        default=_IMAGE.fill.blur_sigma,
-        help="blur: Gaussian sigma in px, > 0 (default: %(default)s)",
-    )
+
+
+_KINDS = {
+    "positive_int": positive_int,
+    "nonnegative_int": nonnegative_int,
+    "positive_float": positive_float,
+    "nonnegative_float": nonnegative_float,
+    "positive_fraction": positive_fraction,
+}
+"""The argparse type of each :class:`~counterfactual.image.Option` kind (``text``: a string)."""
+
+
+def _add_eraser_args(group: argparse._ArgumentGroup) -> None:
+    """The backends' declared options (:func:`counterfactual.image.cli_options`). Each
+    defaults to ``None`` (not given), so that a recipe's values hold where the user gave none;
+    the help shows the backend's default."""
+    for flag, key, option in cli_options():
+        default = flat_default(key, "diffusers" if key == "model" else _IMAGE.backend)
+        if option.kind == "flag":
+            group.add_argument(flag, action="store_true", default=None, help=option.help)
+            continue
+        shown = f"'{default}'" if isinstance(default, str) else default
+        if option.choices:
+            shown = "none" if default == "" else shown
+        group.add_argument(
+            flag,
+            type=_KINDS.get(option.kind, str),
+            choices=option.choices or None,
+            default=None,
+            help=f"{option.help} (default: {shown})",
+        )
 
 
 def _add_text_args(p: argparse.ArgumentParser) -> None:
@@ -512,21 +502,14 @@ def _detect_config(args: argparse.Namespace) -> DetectConfig:
 def _image_config(args: argparse.Namespace) -> ImageConfig:
     """The image options by their flat names (:meth:`ImageConfig.from_flat`), which puts each in
     its backend's part: ``--inpaint-model`` is LaMa's file with ``--inpaint-backend lama``, else
-    the diffusers model."""
-    return ImageConfig.from_flat(
-        {
-            "method": args.image_method,
-            "backend": args.inpaint_backend,
-            "model": args.inpaint_model,
-            "steps": args.steps,
-            "resolution": args.resolution,
-            "prompt": args.prompt,
-            "negative_prompt": args.negative_prompt,
-            "blur_sigma": args.blur_sigma,
-            "lama_max_side": args.lama_max_side,
-            "candidates": args.candidates,
-        }
-    )
+    the diffusers model. Options not given are left out: they take the recipe's value, if
+    any, else the default."""
+    options = {"method": args.image_method, "backend": args.inpaint_backend}
+    for flag, key, _ in cli_options():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            options[key] = value
+    return ImageConfig.from_flat(options)
 
 
 def _text_config(args: argparse.Namespace, detect: DetectConfig | None) -> TextConfig:

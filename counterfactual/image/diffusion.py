@@ -1,15 +1,27 @@
-"""Erase objects with a diffusers inpainting pipeline (Stable Diffusion inpainting and kin).
+"""Erase objects with a diffusers inpainting pipeline (Stable Diffusion 1.5/2, SDXL, RORem, ...).
+
+Any inpainting pipeline loads through one path (:func:`load_pipeline`): ``AutoPipelineForInpainting``
+(which also turns a text-to-image checkpoint into its inpainting pipeline), else the class its
+``model_index.json`` names, checked to take a ``mask_image``. In half precision the ``fp16``
+weight variant is read where the model has one (half the download). A recipe
+(:data:`RECIPES`, ``--inpaint-recipe``) sets a published model's own settings: ``rorem`` is
+RORem (Li et al. 2025, an SDXL-inpainting fine-tune for object removal) as its authors run it.
 
 Each request is edited in a square crop around its mask rather than on the whole image: the crop
 is the mask's bounding box grown by ``crop_padding`` times its size on each side, made square
 where the image allows (context helps the model), and scaled so that its long side is
 ``resolution`` pixels (a multiple of 8; ``0``: native, the crop's own size, scaled up only when
-its long side is under 512). Small crops are scaled *up*: Stable Diffusion models are
+its long side is under 512), then mirrored at the bottom and right onto a square canvas of a few
+fixed sizes (:func:`canvas_side`: ``resolution`` itself, or with ``0`` the next of
+:data:`NATIVE_CANVASES`), so that every crop of a batch shares one working size and a batch is
+one pipeline call (and ``torch.compile`` sees one shape). Small crops are scaled *up*: Stable Diffusion models are
 trained at 512 px (or 768, 1024) and produce noise at the 50-200 px that a typical COCO object
 occupies, so running them at native crop size gives poor fills. The model's output is scaled back
-to the crop and pasted into the original only where the mask is > 0; every other pixel is the
-input's, byte for byte (the pipeline re-encodes the whole crop through its VAE, which would
-otherwise shift colours everywhere).
+to the crop and pasted into the original only where the mask is > 0 (with ``feather``, faded
+into the picture over that many pixels outside the mask); every other pixel is the input's, byte
+for byte (the pipeline re-encodes the whole crop through its VAE, which would otherwise shift
+colours everywhere). An output with a NaN or inf, or blank (one colour), is that request's
+``SampleError`` (``non-finite-output``, ``blank-output``) and is never pasted.
 
 Prompts are :class:`~counterfactual.image.DiffusersConfig`'s ``prompt`` and ``negative_prompt``
 formatted with ``background`` (:data:`BACKGROUND`), ``kept`` and ``removed`` (class names joined
@@ -20,6 +32,7 @@ and steer away from the removed classes: for ``removed=("dog", "frisbee")`` the 
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Sequence
@@ -30,8 +43,15 @@ import numpy as np
 from PIL import Image
 
 from counterfactual._lazy import require
-from counterfactual.image import DiffusersConfig, EditRequest
-from counterfactual.image.checks import check_request
+from counterfactual.image.base import (
+    Edited,
+    EditRequest,
+    Eraser,
+    Option,
+    at_least,
+    output_failure,
+)
+from counterfactual.image.checks import check_request, paste
 from counterfactual.method.masks import mask_bounds
 
 BACKGROUND = "empty background, nothing there"
@@ -39,6 +59,91 @@ BACKGROUND = "empty background, nothing there"
 
 _MULTIPLE = 8
 _DTYPES = ("float32", "float16", "bfloat16")
+
+ROREM_PROMPT = (
+    "4K, high quality, masterpiece, Highly detailed, Sharp focus, Professional, "
+    "photorealistic, realistic"
+)
+ROREM_NEGATIVE = (
+    "low quality, worst, bad proportions, blurry, extra finger, Deformed, disfigured, "
+    "unclear background"
+)
+RECIPES: dict[str, dict[str, Any]] = {
+    "rorem": {
+        "model": "LetsThink/RORem",
+        "steps": 50,
+        "guidance_scale": 1.0,
+        "strength": 0.99,
+        "prompt": ROREM_PROMPT,
+        "negative_prompt": ROREM_NEGATIVE,
+        "resolution": 512,
+    },
+    "sdxl": {
+        "model": "diffusers/stable-diffusion-xl-1.0-inpainting-0.1",
+        "steps": 20,
+        "guidance_scale": 8.0,
+        "strength": 0.99,
+        "resolution": 1024,
+    },
+}
+"""Published models with their authors' settings (``--inpaint-recipe``); options given
+explicitly win. ``rorem``: the RORem README's inference (fp16 variant, 512 px, 50 steps (15-30
+also work), strength 0.99 ("below 1.0"), guidance 1.0, i.e. no classifier-free guidance, so the
+negative prompt is not used; its masks are dilated by 20 px: add ``--dilate 20``). ``sdxl``:
+the SDXL inpainting 0.1 model card (1024 px, 20 steps, guidance 8.0, strength 0.99)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DiffusersConfig:
+    """A diffusers inpainting pipeline and how it is run."""
+
+    model: str = "sd2-community/stable-diffusion-2-inpainting"
+    """A hub id or a folder written by ``save_pretrained``."""
+    steps: int = 30
+    guidance_scale: float = 7.5
+    strength: float = 1.0
+    prompt: str = "{background}"
+    negative_prompt: str = "{removed}"
+    resolution: int = 512
+    """Working size of a crop's long side, px, a multiple of 8 (0 = native, at least 512)."""
+    candidates: int = 1
+    """Best-of-n: candidates drawn per image; a zero-shot model keeps the one that shows the
+    removed classes least (:mod:`counterfactual.image.best_of_n`)."""
+    crop_padding: float = 0.25
+    """Context around the mask's bounding box, as a fraction of its size, for the crop."""
+    recipe: str = ""
+    """The :data:`RECIPES` entry whose settings the other fields took (``""``: none)."""
+    feather: int = 0
+    """Soft paste: the fill fades into the picture over this many px outside the mask (0: a
+    hard paste, only masked pixels change)."""
+    compile: bool = False
+    """``torch.compile`` the denoiser (a slow first batch, faster after; one working size per
+    run keeps it from recompiling)."""
+    channels_last: bool = False
+    """Denoiser and VAE in channels-last memory format (often faster convolutions on GPUs)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.resolution < 0 or self.resolution % 8:
+            raise ValueError(
+                f"resolution must be 0 (native) or a positive multiple of 8, got {self.resolution}"
+            )
+        if not 0 < self.strength <= 1:
+            raise ValueError(f"strength must be in (0, 1], got {self.strength}")
+        if self.recipe and self.recipe not in RECIPES:
+            raise ValueError(f"recipe {self.recipe!r} is not one of {', '.join(RECIPES)}")
+        at_least("guidance_scale", self.guidance_scale, 0)
+        at_least("candidates", self.candidates, 1)
+        at_least("crop_padding", self.crop_padding, 0)
+        at_least("feather", self.feather, 0)
+
+    @classmethod
+    def from_recipe(cls, recipe: str, **options: Any) -> DiffusersConfig:
+        """``recipe``'s settings (:data:`RECIPES`) under ``options``; ``""``: the defaults."""
+        if recipe and recipe not in RECIPES:
+            raise ValueError(f"recipe {recipe!r} is not one of {', '.join(RECIPES)}")
+        return cls(**{**RECIPES.get(recipe, {}), **options, "recipe": recipe})
 
 
 def _grow(lo: int, hi: int, size: int, limit: int) -> tuple[int, int]:
@@ -89,13 +194,33 @@ def work_size(crop_width: int, crop_height: int, resolution: int) -> tuple[int, 
     return snap(crop_width), snap(crop_height)
 
 
+NATIVE_CANVASES = (512, 768, 1024, 1536, 2048)
+"""The canvas sides of ``resolution=0``: a crop's scaled size goes onto the smallest that holds
+it (beyond the last, the next multiple of 512), so native crops of a batch share few sizes."""
+
+
+def canvas_side(size: tuple[int, int], resolution: int) -> int:
+    """The side of the square canvas a crop of working ``size`` (:func:`work_size`) is run on:
+    ``resolution``, or with ``0`` (native) the smallest of :data:`NATIVE_CANVASES` that holds
+    it."""
+    if resolution:
+        return resolution
+    long_side = max(size)
+    for side in NATIVE_CANVASES:
+        if long_side <= side:
+            return side
+    return -(-long_side // 512) * 512
+
+
 @dataclass(frozen=True, slots=True)
 class _Job:
-    """One non-empty request, cropped and scaled for the pipeline."""
+    """One non-empty request, cropped, scaled (to ``size``) and mirrored onto its square
+    canvas (``side``) for the pipeline."""
 
     index: int
     crop: tuple[int, int, int, int]
     size: tuple[int, int]
+    side: int
     image: Image.Image
     mask: Image.Image
 
@@ -103,11 +228,12 @@ class _Job:
 class DiffusionInpainter:
     """Inpaint masked regions with a diffusers inpainting pipeline loaded once.
 
-    ``config.model`` is a Hugging Face hub id or a local folder written by ``save_pretrained``;
-    it is loaded with ``AutoPipelineForInpainting`` in ``dtype`` on ``device``. Requests are
-    processed in chunks of ``batch_size`` that share a working size; each request draws its
-    noise from its own generator seeded with ``request.seed``, so its output does not depend on
-    what else is in the batch (up to floating-point noise).
+    ``config.model`` is a Hugging Face hub id or a local folder written by ``save_pretrained``,
+    loaded by :func:`load_pipeline` in ``dtype`` on ``device``. Requests are processed in chunks
+    of ``batch_size`` that share a canvas (one canvas per run unless ``resolution=0``), one
+    pipeline call per chunk; each request draws its noise from its own generator seeded with
+    ``request.seed``, so its output does not depend on what else is in the batch (up to
+    floating-point noise).
     """
 
     def __init__(
@@ -149,26 +275,23 @@ class DiffusionInpainter:
         self.config = config
         self.device, self.dtype, self.batch_size = device, dtype, batch_size
         self._torch = require("torch", "models")
-        diffusers = require("diffusers", "models")
-        torch_dtype = getattr(self._torch, dtype)
-        try:
-            with warnings.catch_warnings():
-                # diffusers >= 0.42 renames torch_dtype to dtype; older ones only know torch_dtype.
-                warnings.filterwarnings("ignore", ".*torch_dtype", FutureWarning)
-                pipeline = diffusers.AutoPipelineForInpainting.from_pretrained(
-                    config.model, torch_dtype=torch_dtype, safety_checker=None
-                )
-        except (OSError, ValueError) as err:
-            raise ValueError(
-                f"cannot load inpainting model {config.model!r} (a hub id or a folder with "
-                f"model_index.json): {err}"
-            ) from err
-        self._pipeline = pipeline.to(device)
+        self._pipeline, self.variant = load_pipeline(config.model, dtype)
+        self._pipeline = self._pipeline.to(device)
         self._pipeline.set_progress_bar_config(disable=True)
+        denoiser = _denoiser(self._pipeline)
+        if config.channels_last:
+            for module in (denoiser, getattr(self._pipeline, "vae", None)):
+                if module is not None:
+                    module.to(memory_format=self._torch.channels_last)
+        if config.compile:
+            if denoiser is None:
+                raise ValueError(f"{config.model!r}: no unet or transformer to torch.compile")
+            name = "unet" if getattr(self._pipeline, "unet", None) is denoiser else "transformer"
+            setattr(self._pipeline, name, self._torch.compile(denoiser))
 
     def describe(self) -> dict[str, Any]:
         c = self.config
-        return {
+        out = {
             "method": "inpaint",
             "backend": "diffusers",
             "model": c.model,
@@ -183,9 +306,19 @@ class DiffusionInpainter:
             "negative_prompt": c.negative_prompt,
             "background": BACKGROUND,
         }
+        extra = {
+            "recipe": c.recipe,
+            "feather": c.feather,
+            "variant": self.variant,
+            "compile": c.compile,
+            "channels_last": c.channels_last,
+        }
+        out.update({k: v for k, v in extra.items() if v})  # as before when unused
+        return out
 
-    def __call__(self, batch: Sequence[EditRequest]) -> list[np.ndarray]:
-        """Edited ``(H, W, 3)`` uint8 images, one per request, in order.
+    def __call__(self, batch: Sequence[EditRequest]) -> list[Edited]:
+        """Edited ``(H, W, 3)`` uint8 images, one per request, in order; a request whose output
+        is non-finite or blank gets that ``SampleError`` instead, nothing pasted.
 
         A request whose mask is all zero comes back as a copy of its image. Raises
         ``ValueError`` if an image is not ``(H, W, 3)`` uint8 or a mask not ``(H, W)`` uint8.
@@ -195,35 +328,51 @@ class DiffusionInpainter:
                 check_request(request)
             except ValueError as err:
                 raise ValueError(f"request {index}: {err}") from err
-        results: list[np.ndarray | None] = [None] * len(batch)
-        groups: dict[tuple[int, int], list[_Job]] = {}
+        results: list[Edited | None] = [None] * len(batch)
+        groups: dict[int, list[_Job]] = {}
         for index, request in enumerate(batch):
             job = self._prepare(index, request)
             if job is None:
                 results[index] = request.image.copy()
             else:
-                groups.setdefault(job.size, []).append(job)
+                groups.setdefault(job.side, []).append(job)
         step = self.batch_size
         for jobs in groups.values():
             for start in range(0, len(jobs), step):
                 chunk = jobs[start : start + step]
                 for job, output in zip(chunk, self._run(chunk, batch), strict=True):
-                    results[job.index] = self._paste(batch[job.index], job, output)
+                    width, height = job.size
+                    output = output[:height, :width]  # the mirrored margin cut off
+                    failure = output_failure(output, f"{type(self._pipeline).__name__} output")
+                    results[job.index] = failure or self._paste(batch[job.index], job, output)
         return [r for r in results if r is not None]
 
     def _prepare(self, index: int, request: EditRequest) -> _Job | None:
-        box = mask_bounds(request.mask)
-        if box is None:
+        crop = region(self.config, request.mask)
+        if crop is None:
             return None
-        height, width = request.mask.shape
-        x0, y0, x1, y1 = crop_box(box, self.config.crop_padding, height, width)
+        x0, y0, x1, y1 = crop
         size = work_size(x1 - x0, y1 - y0, self.config.resolution)
-        image = Image.fromarray(request.image[y0:y1, x0:x1]).resize(size, Image.Resampling.LANCZOS)
+        side = canvas_side(size, self.config.resolution)
+        image = np.asarray(
+            Image.fromarray(request.image[y0:y1, x0:x1]).resize(size, Image.Resampling.LANCZOS)
+        )
         # Bilinear resampling then "> 0": any pixel touched by the mask is repainted, so the
         # working mask covers every masked pixel after scaling back.
         mask = Image.fromarray(request.mask[y0:y1, x0:x1]).resize(size, Image.Resampling.BILINEAR)
-        mask = mask.point(lambda v: 255 if v > 0 else 0)
-        return _Job(index=index, crop=(x0, y0, x1, y1), size=size, image=image, mask=mask)
+        mask = np.where(np.asarray(mask) > 0, 255, 0).astype(np.uint8)
+        # onto the square canvas: the picture mirrored at the bottom and right, kept (mask 0)
+        rows, cols = side - size[1], side - size[0]
+        image = np.pad(image, ((0, rows), (0, cols), (0, 0)), mode="symmetric")
+        mask = np.pad(mask, ((0, rows), (0, cols)))
+        return _Job(
+            index=index,
+            crop=(x0, y0, x1, y1),
+            size=size,
+            side=side,
+            image=Image.fromarray(image),
+            mask=Image.fromarray(mask),
+        )
 
     def _prompts(self, request: EditRequest) -> tuple[str, str]:
         fields = {
@@ -234,38 +383,218 @@ class DiffusionInpainter:
         return self.config.prompt.format(**fields), self.config.negative_prompt.format(**fields)
 
     def _run(self, chunk: Sequence[_Job], batch: Sequence[EditRequest]) -> np.ndarray:
-        """Pipeline output for jobs of one working size: float array (N, h, w, 3) in [0, 1]."""
+        """Pipeline output for jobs of one canvas: float array (N, side, side, 3), in [0, 1]
+        unless the model failed (NaN, inf)."""
         c = self.config
         prompts, negatives = zip(*(self._prompts(batch[job.index]) for job in chunk), strict=True)
         generators = [
             self._torch.Generator(device=self.device).manual_seed(batch[job.index].seed)
             for job in chunk
         ]
-        width, height = chunk[0].size
-        result = self._pipeline(
-            prompt=list(prompts),
-            negative_prompt=list(negatives),
-            image=[job.image for job in chunk],
-            mask_image=[job.mask for job in chunk],
-            height=height,
-            width=width,
-            num_inference_steps=c.steps,
-            guidance_scale=c.guidance_scale,
-            strength=c.strength,
-            generator=generators,
-            output_type="np",
-        )
+        side = chunk[0].side
+        with warnings.catch_warnings():
+            # a NaN output warns in the cast to uint8 inside diffusers; it is checked here
+            warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)
+            result = self._pipeline(
+                prompt=list(prompts),
+                negative_prompt=list(negatives),
+                image=[job.image for job in chunk],
+                mask_image=[job.mask for job in chunk],
+                height=side,
+                width=side,
+                num_inference_steps=c.steps,
+                guidance_scale=c.guidance_scale,
+                strength=c.strength,
+                generator=generators,
+                output_type="np",
+            )
         return np.asarray(result.images)
 
-    @staticmethod
-    def _paste(request: EditRequest, job: _Job, output: np.ndarray) -> np.ndarray:
+    def _paste(self, request: EditRequest, job: _Job, output: np.ndarray) -> np.ndarray:
         x0, y0, x1, y1 = job.crop
         pixels = (np.clip(output, 0.0, 1.0) * 255.0).round().astype(np.uint8)
         patch = np.asarray(
             Image.fromarray(pixels).resize((x1 - x0, y1 - y0), Image.Resampling.LANCZOS)
         )
         edited = request.image.copy()
-        region = edited[y0:y1, x0:x1]
-        inside = request.mask[y0:y1, x0:x1] > 0
-        region[inside] = patch[inside]
+        paste(
+            edited[y0:y1, x0:x1],
+            np.ascontiguousarray(patch),
+            np.ascontiguousarray(request.mask[y0:y1, x0:x1]),
+            self.config.feather,
+        )
         return edited
+
+
+def region(config: DiffusersConfig, mask: np.ndarray) -> tuple[int, int, int, int] | None:
+    """The crop the inpainter edits for ``mask`` (:func:`crop_box` of its bounds, the padding
+    at least ``feather``), ``None`` for an empty mask."""
+    box = mask_bounds(mask)
+    if box is None:
+        return None
+    height, width = mask.shape
+    long_side = max(box[2] - box[0], box[3] - box[1])
+    padding = max(config.crop_padding, config.feather / long_side)
+    return crop_box(box, padding, height, width)
+
+
+def _denoiser(pipeline: Any) -> Any:
+    """The pipeline's denoising network: its ``unet``, else its ``transformer``."""
+    return getattr(pipeline, "unet", None) or getattr(pipeline, "transformer", None)
+
+
+def load_pipeline(model: str, dtype: str = "float32") -> tuple[Any, str]:
+    """The inpainting pipeline of ``model`` (a hub id or a ``save_pretrained`` folder) in
+    ``dtype``, and the weight variant read (``"fp16"`` or ``""``).
+
+    ``AutoPipelineForInpainting`` loads it (an SD 1.5/2, SDXL or other checkpoint it maps to
+    its inpainting pipeline); a class it does not map is loaded as the class
+    ``model_index.json`` names, which must take a ``mask_image``. In float16 and bfloat16 the
+    ``fp16`` weight files are read where the model has them. Any failure is a ``ValueError``
+    naming the model."""
+    torch = require("torch", "models")
+    diffusers = require("diffusers", "models")
+    try:
+        index = diffusers.DiffusionPipeline.load_config(model)
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"cannot load inpainting model {model!r} (a hub id or a folder with "
+            f"model_index.json): {err}"
+        ) from err
+    kwargs: dict[str, Any] = {"torch_dtype": getattr(torch, dtype)}
+    if "safety_checker" in index:
+        kwargs["safety_checker"] = None  # the run judges its outputs itself (blank-output)
+    variants = ("fp16", "") if dtype != "float32" else ("",)
+    last: Exception | None = None
+    for variant in variants:
+        extra = {"variant": variant} if variant else {}
+        for loader in (diffusers.AutoPipelineForInpainting, diffusers.DiffusionPipeline):
+            try:
+                with warnings.catch_warnings():
+                    # diffusers >= 0.42 renames torch_dtype to dtype; older ones know torch_dtype
+                    warnings.filterwarnings("ignore", ".*torch_dtype", FutureWarning)
+                    pipeline = loader.from_pretrained(model, **kwargs, **extra)
+            except (OSError, ValueError, KeyError) as err:
+                last = err
+                continue
+            if "mask_image" not in inspect.signature(pipeline.__call__).parameters:
+                raise ValueError(
+                    f"{model!r} loads as {type(pipeline).__name__}, which takes no mask_image: "
+                    "not an inpainting pipeline"
+                )
+            return pipeline, variant
+    raise ValueError(
+        f"cannot load inpainting model {model!r} ({index.get('_class_name', '?')}): {last}"
+    )
+
+
+def _build(config: DiffusersConfig, *, device: str, dtype: str, batch_size: int, **_: Any) -> Any:
+    return DiffusionInpainter(config, device=device, dtype=dtype, batch_size=batch_size)
+
+
+FEATHER_OPTION = Option(
+    "feather",
+    "feather",
+    "diffusers, lama: fade the fill into the picture over N px outside the mask, >= 0 (0: a "
+    "hard paste, only masked pixels change)",
+    cli="--feather",
+    kind="nonnegative_int",
+    sparse=True,
+)
+"""The feathered paste, an option of every learned inpainter (one flat key, shared)."""
+
+
+def _options() -> tuple[Option, ...]:
+    return (
+        Option(
+            "model",
+            "model",
+            "diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt)",
+            cli="--inpaint-model",
+        ),
+        Option(
+            "steps", "steps", "diffusers: denoising steps, >= 1", cli="--steps", kind="positive_int"
+        ),
+        Option(
+            "guidance_scale",
+            "guidance_scale",
+            "diffusers: classifier-free guidance scale, >= 0 (<= 1: none)",
+            cli="--guidance-scale",
+            kind="nonnegative_float",
+        ),
+        Option(
+            "strength",
+            "strength",
+            "diffusers: how far the masked area is noised, in (0, 1]",
+            cli="--strength",
+            kind="positive_fraction",
+        ),
+        Option(
+            "prompt",
+            "prompt",
+            "diffusers: the prompt template; {background} is 'empty background, nothing "
+            "there', {kept} and {removed} the class names",
+            cli="--prompt",
+        ),
+        Option(
+            "negative_prompt",
+            "negative_prompt",
+            "diffusers: the negative prompt template, same fields as --prompt",
+            cli="--negative-prompt",
+        ),
+        Option(
+            "resolution",
+            "resolution",
+            "diffusers: working size in px, >= 0 (0: native, the crop's size, at least 512)",
+            cli="--resolution",
+            kind="nonnegative_int",
+        ),
+        Option(
+            "candidates",
+            "candidates",
+            "diffusers: best-of-n, draw N seeded candidates per image and keep the one the "
+            "verifier's model (--verify-model) sees the removed classes least in (1: no "
+            "best-of-n)",
+            cli="--candidates",
+            kind="positive_int",
+        ),
+        Option("crop_padding", "crop_padding", "context around the mask box, fraction of its size"),
+        Option(
+            "recipe",
+            "recipe",
+            "diffusers: a published model with its authors' settings, which the options given "
+            "override: " + ", ".join(RECIPES) + " (RORem: add --dilate 20)",
+            cli="--inpaint-recipe",
+            choices=tuple(RECIPES),
+            sparse=True,
+        ),
+        FEATHER_OPTION,
+        Option(
+            "compile",
+            "compile",
+            "diffusers: torch.compile the denoiser (slow first batch)",
+            cli="--compile",
+            kind="flag",
+            runtime=True,
+        ),
+        Option(
+            "channels_last",
+            "channels_last",
+            "diffusers: denoiser and VAE in channels-last memory format",
+            cli="--channels-last",
+            kind="flag",
+            runtime=True,
+        ),
+    )
+
+
+ERASER = Eraser(
+    name="diffusers",
+    config=DiffusersConfig,
+    options=_options(),
+    build=_build,
+    summary="diffusers (any diffusers inpainting pipeline: SD 1.5/2, SDXL, RORem)",
+    model="model",
+    seeded=True,
+    region=region,
+)

@@ -6,18 +6,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import cv2
 import numpy as np
 
-from counterfactual.image import FILL_METHODS, EditRequest, FillConfig
+from counterfactual.image.base import EditRequest, Eraser, Option
 from counterfactual.image.checks import check_request, padded_box, paste
 from counterfactual.method.masks import mask_bounds
+
+FILL_METHODS = ("zero", "mean", "blur")
 
 # Blur at reduced scale when sigma is large: blurring a downscaled crop with sigma
 # ``_SMALL_SIGMA`` and scaling back is a close, much cheaper stand-in for the full blur.
 _SMALL_SIGMA = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class FillConfig:
+    """The fills' options (``zero``, ``mean``, ``blur``)."""
+
+    blur_sigma: float = 15.0
+    """``blur``: the Gaussian's standard deviation, px, > 0."""
+
+    def __post_init__(self) -> None:
+        if not self.blur_sigma > 0:
+            raise ValueError(f"blur_sigma must be > 0, got {self.blur_sigma}")
 
 
 class FillEditor:
@@ -78,3 +93,25 @@ def blur(image: np.ndarray, sigma: float) -> np.ndarray:
     small = cv2.resize(padded, (pw // factor, ph // factor), interpolation=cv2.INTER_AREA)
     small = cv2.GaussianBlur(small, (0, 0), sigma / factor)
     return cv2.resize(small, (pw, ph), interpolation=cv2.INTER_LINEAR)[:h, :w]
+
+
+def _build(config: FillConfig, *, method: str, **runtime: Any) -> FillEditor:
+    return FillEditor(method, config)
+
+
+ERASER = Eraser(
+    name="fill",
+    config=FillConfig,
+    options=(
+        Option(
+            "blur_sigma",
+            "blur_sigma",
+            "blur: Gaussian sigma in px, > 0",
+            cli="--blur-sigma",
+            kind="positive_float",
+        ),
+    ),
+    build=_build,
+    summary="zero (black), mean (the picture's mean colour) or blur",
+    methods=FILL_METHODS,
+)

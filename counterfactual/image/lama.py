@@ -32,9 +32,16 @@ import cv2
 import numpy as np
 
 from counterfactual._lazy import require
-from counterfactual.image import EditRequest, LamaConfig
+from counterfactual.image.base import (
+    Edited,
+    EditRequest,
+    Eraser,
+    Option,
+    at_least,
+    output_failure,
+)
 from counterfactual.image.checks import check_request, paste
-from counterfactual.image.diffusion import crop_box
+from counterfactual.image.diffusion import FEATHER_OPTION, crop_box
 from counterfactual.method.masks import mask_bounds
 from counterfactual.models.embed import resolve_device
 
@@ -45,6 +52,28 @@ PAD_MULTIPLE = 8
 """The model's input height and width are padded up to a multiple of this."""
 
 _PROBE = 64  # side of the blank image the model is tried on when loaded
+
+
+@dataclass(frozen=True, slots=True)
+class LamaConfig:
+    """A TorchScript LaMa; it always runs in float32."""
+
+    model: str = ""
+    """The ``.pt`` file (e.g. ``big-lama.pt``); the lama backend needs one."""
+    max_side: int = 0
+    """A crop whose long side is larger is inpainted at this size and scaled back
+    (0 = native resolution)."""
+    crop_padding: float = 0.25
+    """Context around the mask's bounding box, as a fraction of its size, for the crop."""
+    feather: int = 0
+    """Soft paste: the fill fades into the picture over this many px outside the mask (0: a
+    hard paste, only masked pixels change)."""
+
+    def __post_init__(self) -> None:
+        if self.max_side < 0:
+            raise ValueError(f"lama_max_side must be >= 0 (0 = native), got {self.max_side}")
+        at_least("crop_padding", self.crop_padding, 0)
+        at_least("feather", self.feather, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +137,14 @@ class LamaInpainter:
             "crop_padding": c.crop_padding,
             "min_crop": MIN_CROP,
             "max_side": c.max_side,
+            "feather": c.feather,
             "dtype": "float32",
         }
 
-    def __call__(self, batch: Sequence[EditRequest]) -> list[np.ndarray]:
-        """Edited ``(H, W, 3)`` uint8 images, one per request, in order.
+    def __call__(self, batch: Sequence[EditRequest]) -> list[Edited]:
+        """Edited ``(H, W, 3)`` uint8 images, one per request, in order; a request whose fill
+        is non-finite or blank (:func:`~counterfactual.image.base.output_failure`) gets that
+        ``SampleError`` instead, nothing pasted.
 
         A request whose mask is all zero comes back as a copy of its image. Raises
         ``ValueError`` if an image is not ``(H, W, 3)`` uint8, a mask not ``(H, W)`` uint8, or
@@ -123,7 +155,7 @@ class LamaInpainter:
                 check_request(request)
             except ValueError as err:
                 raise ValueError(f"request {index}: {err}") from err
-        results = [request.image.copy() for request in batch]
+        results: list[Edited] = [request.image.copy() for request in batch]
         groups: dict[tuple[int, int], list[_Job]] = {}
         for index, request in enumerate(batch):
             job = self._prepare(index, request)
@@ -134,18 +166,21 @@ class LamaInpainter:
             for start in range(0, len(jobs), step):
                 chunk = jobs[start : start + step]
                 for job, fill in zip(chunk, self._run(chunk), strict=True):
-                    self._paste(results[job.index], batch[job.index].mask, job, fill)
+                    h, w = job.mask.shape
+                    failure = output_failure(fill[:h, :w], "LaMa's fill")
+                    if failure is not None:
+                        results[job.index] = failure
+                        continue
+                    out = results[job.index]
+                    assert isinstance(out, np.ndarray)
+                    self._paste(out, batch[job.index].mask, job, fill, self.config.feather)
         return results
 
     def _prepare(self, index: int, request: EditRequest) -> _Job | None:
-        box = mask_bounds(request.mask)
-        if box is None:
+        crop = region(self.config, request.mask)
+        if crop is None:
             return None
-        height, width = request.mask.shape
-        long_side = max(box[2] - box[0], box[3] - box[1])
-        # crop_box grows each side by ceil(padding * side): this padding reaches MIN_CROP
-        padding = max(self.config.crop_padding, (MIN_CROP - long_side) / (2 * long_side))
-        x0, y0, x1, y1 = crop_box(box, padding, height, width)
+        x0, y0, x1, y1 = crop
         image = request.image[y0:y1, x0:x1]
         mask = np.where(request.mask[y0:y1, x0:x1] > 0, 255, 0).astype(np.uint8)
         max_side = self.config.max_side
@@ -198,13 +233,29 @@ class LamaInpainter:
             ) from err
 
     @staticmethod
-    def _paste(out: np.ndarray, mask: np.ndarray, job: _Job, fill: np.ndarray) -> None:
+    def _paste(
+        out: np.ndarray, mask: np.ndarray, job: _Job, fill: np.ndarray, feather: int
+    ) -> None:
         x0, y0, x1, y1 = job.crop
         h, w = job.mask.shape
         fill = np.ascontiguousarray(fill[:h, :w])  # the padding cropped off
         if (h, w) != (y1 - y0, x1 - x0):
             fill = cv2.resize(fill, (x1 - x0, y1 - y0), interpolation=cv2.INTER_CUBIC)
-        paste(out[y0:y1, x0:x1], fill, mask[y0:y1, x0:x1])
+        paste(out[y0:y1, x0:x1], fill, mask[y0:y1, x0:x1], feather)
+
+
+def region(config: LamaConfig, mask: np.ndarray) -> tuple[int, int, int, int] | None:
+    """The crop LaMa edits for ``mask``: :func:`crop_box` of its bounds grown to at least
+    :data:`MIN_CROP` px and by ``feather``; ``None`` for an empty mask."""
+    box = mask_bounds(mask)
+    if box is None:
+        return None
+    height, width = mask.shape
+    long_side = max(box[2] - box[0], box[3] - box[1])
+    # crop_box grows each side by ceil(padding * side): this padding reaches MIN_CROP
+    padding = max(config.crop_padding, (MIN_CROP - long_side) / (2 * long_side))
+    padding = max(padding, config.feather / long_side)  # the fill covers the band
+    return crop_box(box, padding, height, width)
 
 
 def _pad(array: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -237,3 +288,34 @@ def _missing_model_message(model: str, path: Path) -> str:
     if looks_like_hub_id:
         return f"LaMa model {model!r} looks like a hub id, which is not supported: {hint}"
     return f"LaMa model file {model!r} does not exist: {hint}"
+
+
+def _build(config: LamaConfig, *, device: str, batch_size: int, **runtime: Any) -> LamaInpainter:
+    return LamaInpainter(config, device=device, batch_size=batch_size)
+
+
+ERASER = Eraser(
+    name="lama",
+    config=LamaConfig,
+    options=(
+        Option(
+            "model",
+            "model",
+            "diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt)",
+            cli="--inpaint-model",
+        ),
+        Option(
+            "max_side",
+            "lama_max_side",
+            "lama: cap the crop's long side in px, >= 0 (0: native resolution)",
+            cli="--lama-max-side",
+            kind="nonnegative_int",
+        ),
+        Option("crop_padding", "crop_padding", "context around the mask box, fraction of its size"),
+        FEATHER_OPTION,
+    ),
+    build=_build,
+    summary="lama (a TorchScript LaMa)",
+    model="model",
+    region=region,
+)

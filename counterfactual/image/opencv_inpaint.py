@@ -4,16 +4,43 @@ padded crop around the mask, at reduced scale when the crop is large."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import cv2
 import numpy as np
 
-from counterfactual.image import EditRequest, OpenCVConfig
+from counterfactual.image.base import EditRequest, Eraser, Option, at_least
 from counterfactual.image.checks import check_request, padded_box, paste
 from counterfactual.method.masks import mask_bounds
 
 _FLAGS = {"telea": cv2.INPAINT_TELEA, "ns": cv2.INPAINT_NS}
+OPENCV_ALGORITHMS = tuple(_FLAGS)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCVConfig:
+    """OpenCV's inpainting on a padded crop."""
+
+    algorithm: str = "telea"
+    """``telea`` or ``ns`` (Navier-Stokes)."""
+    radius: int = 3
+    """Neighbourhood of each inpainted pixel, px."""
+    max_side: int = 192
+    """The padded crop around the mask is inpainted at most this many pixels on its long side
+    and scaled back (0 = native resolution)."""
+    crop_padding: float = 0.25
+    """Context around the mask's bounding box, as a fraction of its size, for the crop."""
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in OPENCV_ALGORITHMS:
+            raise ValueError(f"opencv_algorithm {self.algorithm!r} is not 'telea' or 'ns'")
+        if self.radius < 1 or self.max_side < 0:
+            raise ValueError(
+                f"opencv_radius must be >= 1 and opencv_max_side >= 0 (0 = native), got "
+                f"{self.radius} and {self.max_side}"
+            )
+        at_least("crop_padding", self.crop_padding, 0)
 
 
 class OpenCVInpainter:
@@ -58,3 +85,21 @@ class OpenCVInpainter:
             filled = cv2.inpaint(crop, crop_mask, self.config.radius, self.flag)
         paste(out[y0:y1, x0:x1], filled, crop_mask)
         return out
+
+
+def _build(config: OpenCVConfig, **runtime: Any) -> OpenCVInpainter:
+    return OpenCVInpainter(config)
+
+
+ERASER = Eraser(
+    name="opencv",
+    config=OpenCVConfig,
+    options=(
+        Option("algorithm", "opencv_algorithm", "opencv: telea or ns", choices=OPENCV_ALGORITHMS),
+        Option("radius", "opencv_radius", "opencv: neighbourhood of each pixel, px"),
+        Option("max_side", "opencv_max_side", "opencv: cap the crop's long side, px (0: native)"),
+        Option("crop_padding", "crop_padding", "context around the mask box, fraction of its size"),
+    ),
+    build=_build,
+    summary="opencv (Telea, CPU)",
+)

@@ -310,11 +310,11 @@ class DetectionMeta:
 @dataclass(frozen=True, slots=True)
 class BestOfNMeta:
     """Best-of-n inpainting: the candidate kept (index), its seed, and every candidate's score
-    (lower is a cleaner removal)."""
+    (lower is a cleaner removal; ``None``: its output failed its check, non-finite or blank)."""
 
     picked: int
     seed: int
-    scores: tuple[float, ...]
+    scores: tuple[float | None, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {"picked": self.picked, "seed": self.seed, "scores": list(self.scores)}
@@ -325,7 +325,7 @@ class BestOfNMeta:
         return cls(
             _int(d["picked"], f"{path}.picked"),
             _int(d["seed"], f"{path}.seed"),
-            _list(d["scores"], f"{path}.scores", _num),
+            _list(d["scores"], f"{path}.scores", _opt_num),
         )
 
 

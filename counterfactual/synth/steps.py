@@ -28,7 +28,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from counterfactual import __version__
-from counterfactual.image import EditRequest, ImageEditor, make_editor
+from counterfactual.image import (
+    EditRequest,
+    ImageEditor,
+    edit_region,
+    image_model,
+    make_editor,
+)
 from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg
 from counterfactual.method.detect import Detection, Detector, to_objects
@@ -295,8 +301,8 @@ class Edit:
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
         image, runtime = config.image, runtime or Runtime()
         resources = None
-        if image.method == "inpaint" and image.backend != "opencv":
-            model = image.lama.model if image.backend == "lama" else image.diffusers.model
+        model = image_model(image)
+        if model is not None:
             resources = Resources(
                 "Inpaint",
                 model,
@@ -342,7 +348,8 @@ class Edit:
                 raise ValueError(f"job {job.item.key} reached Edit without a decoded image")
             h, w = job.image.shape[:2]
             try:
-                job.mask = plan_mask(job.item.record, job.plan, h, w, self.config.mask)
+                if job.mask is None:  # else cut with the picture (crop_for_edit)
+                    job.mask = plan_mask(job.item.record, job.plan, h, w, self.config.mask)
             except SampleError as err:
                 job.fail(err.reason, err.detail)
                 continue
@@ -354,6 +361,8 @@ class Edit:
         for job, out in zip(todo, _batch_or_each(self._edit, todo, requests), strict=True):
             if isinstance(out, Status):
                 job.fail(out.reason, out.detail)
+            elif isinstance(out[0], SampleError):  # the model's output was not a picture
+                job.fail(out[0].reason, out[0].detail)
             else:
                 job.edited, choice = out
                 if not self.keep_original:
@@ -366,8 +375,9 @@ class Edit:
 
     def _edit(
         self, requests: Sequence[EditRequest]
-    ) -> list[tuple[np.ndarray, dict[str, Any] | None]]:
-        """Per request: the edited image and, for best-of-n, its pick."""
+    ) -> list[tuple[np.ndarray | SampleError, dict[str, Any] | None]]:
+        """Per request: the edited image (or the failure of its model output) and, for
+        best-of-n, its pick."""
         images = self.editor(requests)
         return list(zip(images, self._choices(len(requests)), strict=True))
 
@@ -375,6 +385,66 @@ class Edit:
         if isinstance(self.editor, BestOfN):
             return list(self.editor.choices)
         return [None] * n
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """What :func:`crop_for_edit` took from a job: the whole picture and mask, and where the
+    crop lies in them."""
+
+    image: np.ndarray
+    mask: np.ndarray
+    box: tuple[int, int, int, int]
+
+
+def ships_crops(config: SynthConfig) -> bool:
+    """Whether an ``Edit`` run elsewhere (a model actor) may get crops instead of pictures: the
+    backend declares its region, and no best-of-n (whose scorer looks around the mask)."""
+    image = config.image
+    return (
+        image.method == "inpaint"
+        and image_model(image) is not None
+        and (getattr(getattr(image, image.backend), "candidates", 1) == 1)
+    )
+
+
+def crop_for_edit(jobs: Sequence[Job], config: SynthConfig) -> list[Cut | None]:
+    """Before ``Edit`` runs on another process: each job's mask made here and its picture and
+    mask cut to the backend's region (:func:`counterfactual.image.edit_region`), so only the
+    crop travels; per job what :func:`paste_edit` needs (``None``: sent as it was, e.g. a failed
+    job or one whose mask cannot be made, which ``Edit`` fails with its reason)."""
+    out: list[Cut | None] = []
+    for job in jobs:
+        cut = None
+        if job.ok and job.image is not None and job.mask is None and job.item.plan is not None:
+            h, w = job.image.shape[:2]
+            try:
+                mask = plan_mask(job.item.record, job.item.plan, h, w, config.mask)
+            except SampleError:
+                mask = None
+            box = None if mask is None else edit_region(config.image, mask)
+            if mask is not None and box is not None:
+                x0, y0, x1, y1 = box
+                cut = Cut(job.image, mask, box)
+                job.image = np.ascontiguousarray(job.image[y0:y1, x0:x1])
+                job.mask = np.ascontiguousarray(mask[y0:y1, x0:x1])
+        out.append(cut)
+    return out
+
+
+def paste_edit(jobs: Sequence[Job], cuts: Sequence[Cut | None]) -> None:
+    """After ``Edit`` came back (the same jobs, in order): each cut job's edited crop pasted
+    into a copy of its whole picture, its whole mask back, and its picture back if ``Edit``
+    kept it (for ``Verify``)."""
+    for job, cut in zip(jobs, cuts, strict=True):
+        if cut is None or not job.ok or job.edited is None:
+            continue
+        x0, y0, x1, y1 = cut.box
+        edited = cut.image.copy()
+        edited[y0:y1, x0:x1] = job.edited
+        job.edited, job.mask = edited, cut.mask
+        if job.image is not None:
+            job.image = cut.image
 
 
 class Rewrite:
