@@ -79,6 +79,18 @@ def worker_nodes():
 LOSS = ("--image-method", "blur", "--images-per-shard", "3", "--batch-size", "1")
 
 
+def _kill_node(cluster, node) -> None:
+    """SIGKILL the node's worker processes (children of its raylet), then the node, as a lost
+    machine goes; on this machine a worker process could outlive its raylet long enough to
+    finish its shard."""
+    import psutil
+
+    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+    for child in raylet.children(recursive=True):
+        child.kill()
+    cluster.remove_node(node, allow_graceful=False)
+
+
 def _killing_progress(cluster, node, monkeypatch):
     """Progress that removes ``node`` (all its processes, SIGKILL) from inside the driver's
     loop the first time a shard is reported half made after another has committed."""
@@ -92,7 +104,7 @@ def _killing_progress(cluster, node, monkeypatch):
             super().shard_items(shard, items)
             if Killing.killed_at is None and self.counts.shards >= 1:
                 Killing.killed_at = self.counts.shards
-                cluster.remove_node(node, allow_graceful=False)
+                _kill_node(cluster, node)
 
     monkeypatch.setattr(cli_synth, "Progress", Killing)
     return Killing
