@@ -4,10 +4,13 @@ Both runners report through :class:`Progress`. On a terminal it draws a tqdm bar
 tqdm is not installed, one line rewritten in place); elsewhere (a log file, a Ray driver's
 captured stderr) it writes one line at most every ``interval`` seconds and a final line::
 
-    synth: 1,234/3,000 images (41%), 3/10 shards, rows: 1,100 written, 120 skipped, 14 failed, 85.3 images/s, ETA 0:00:21
+    synth: 1,234/3,000 images (41%), 3/10 shards, 1,310 items, rows: 1,100 written, 120 skipped, 14 failed, 85.3 images/s, 90.1 items/s, ETA 0:00:21
 
 What is counted is the run's *inputs*: images of an annotated dataset, rows of a corpus (the
-``unit`` word). ``written``/``skipped``/``failed`` count rows of the status record, which has a
+``unit`` word), as their shards commit; and its *items* (an image's removal plan with a
+caption, what the model steps work on) as they finish, before their shard commits
+(:meth:`Progress.shard_items`), so the line moves at the speed of the GPUs even when a shard
+takes many minutes. ``written``/``skipped``/``failed`` count rows of the status record, which has a
 row for every input image and every plan, so they do not sum to the inputs. The rate is the
 inputs done since the start divided by the time elapsed; the ETA is the inputs left divided by
 that rate. With an unknown total (a WebDataset corpus whose size is only learnt as it is read)
@@ -29,7 +32,8 @@ from typing import Any, TextIO
 @dataclass
 class Counts:
     """What a run has done so far: ``inputs`` (images or corpus rows) of ``total_inputs``
-    (``None`` while unknown), shards, and status rows by status."""
+    (``None`` while unknown), shards, status rows by status, and ``items`` finished (those of
+    committed shards and those reported so far of shards in the making)."""
 
     inputs: int = 0
     total_inputs: int | None = None
@@ -38,6 +42,7 @@ class Counts:
     written: int = 0
     skipped: int = 0
     failed: int = 0
+    items: int = 0
 
 
 def _clock_text(seconds: float) -> str:
@@ -66,10 +71,15 @@ def format_line(
     else:
         pct = 100 if c.total_inputs <= 0 else min(100, 100 * c.inputs // c.total_inputs)
         parts = [f"{c.inputs:,}/{c.total_inputs:,} {unit} ({pct}%)"]
-    parts += [f"{c.shards:,}/{c.total_shards:,} shards", _rows(c)]
+    parts += [f"{c.shards:,}/{c.total_shards:,} shards"]
+    if c.items:
+        parts.append(f"{c.items:,} items")
+    parts.append(_rows(c))
     rate = c.inputs / elapsed if elapsed > 0 else None
     if rate is not None:
         parts.append(f"{rate:,.1f} {unit}/s")
+        if c.items:
+            parts.append(f"{c.items / elapsed:,.1f} items/s")
     if final:
         parts.append(f"{_clock_text(elapsed)} elapsed")
     elif rate and c.total_inputs is not None:
@@ -82,7 +92,8 @@ def _rows(c: Counts) -> str:
 
 
 def _postfix(c: Counts) -> str:
-    return f"{c.shards}/{c.total_shards} shards, {_rows(c)}"
+    items = f"{c.items:,} items, " if c.items else ""
+    return f"{c.shards}/{c.total_shards} shards, {items}{_rows(c)}"
 
 
 def _load_tqdm() -> Any | None:
@@ -131,6 +142,8 @@ class Progress:
         self._last_line = self._start
         self._lock = threading.Lock()
         self._closed = False
+        self._partial: dict[int, int] = {}  # items so far of shards in the making
+        self._committed: set[int] = set()
         if bar is None:
             isatty = getattr(self.stream, "isatty", None)
             bar = bool(isatty()) if isatty is not None else False
@@ -161,9 +174,13 @@ class Progress:
         failed: int = 0,
         shards: int = 0,
         total_inputs_delta: int = 0,
+        items: int = 0,
+        shard: int | None = None,
     ) -> None:
         """Add to the counts. ``total_inputs_delta`` grows (or shrinks) the input total; on an
-        unknown total it starts one from 0, so the total then counts the inputs found so far."""
+        unknown total it starts one from 0, so the total then counts the inputs found so far.
+        ``shard``: the shard these counts commit; its ``items`` replace those
+        :meth:`shard_items` reported of it."""
         with self._lock:
             c = self.counts
             c.inputs += inputs
@@ -171,23 +188,48 @@ class Progress:
             c.skipped += skipped
             c.failed += failed
             c.shards += shards
+            c.items += items
+            if shard is not None:
+                self._committed.add(shard)
+                c.items -= self._partial.pop(shard, 0)
             if total_inputs_delta:
                 c.total_inputs = (c.total_inputs or 0) + total_inputs_delta
-            if self._closed:
+            self._show(
+                inputs, bool(written or skipped or failed or shards or items), total_inputs_delta
+            )
+
+    def shard_items(self, shard: int, items: int) -> None:
+        """Items of ``shard`` finished so far, before it commits (a worker tells after each
+        batch). The latest report counts: a shard begun again on another worker (its first
+        worker was lost) starts again from 0. Reports of a committed shard are ignored."""
+        with self._lock:
+            if shard in self._committed:
                 return
-            if self._tqdm is not None:
-                if total_inputs_delta:
-                    self._tqdm.total = c.total_inputs
-                if written or skipped or failed or shards:
-                    self._tqdm.set_postfix_str(_postfix(c), refresh=False)
-                self._tqdm.update(inputs)  # refreshes at tqdm's own pace
-                if total_inputs_delta and not inputs:
-                    self._tqdm.refresh()
-                return
-            now = self._clock()
-            if now - self._last_line >= (min(self.interval, 0.5) if self.bar else self.interval):
+            self.counts.items += items - self._partial.get(shard, 0)
+            self._partial[shard] = items
+            self._show(0, True, 0)
+
+    def _show(self, inputs: int, postfix: bool, total_inputs_delta: int) -> None:
+        """Draw the bar or write a line when one is due (the lock held)."""
+        c = self.counts
+        if self._closed:
+            return
+        now = self._clock()
+        if self._tqdm is not None:
+            if total_inputs_delta:
+                self._tqdm.total = c.total_inputs
+            if postfix:
+                self._tqdm.set_postfix_str(_postfix(c), refresh=False)
+            self._tqdm.update(inputs)  # refreshes at tqdm's own pace
+            if (total_inputs_delta and not inputs) or (
+                postfix and not inputs and now - self._last_line >= 0.5
+            ):
                 self._last_line = now
-                self._write(format_line(c, now - self._start, label=self.label, unit=self.unit))
+                self._tqdm.refresh()
+            return
+        if now - self._last_line >= (min(self.interval, 0.5) if self.bar else self.interval):
+            self._last_line = now
+            self._write(format_line(c, now - self._start, label=self.label, unit=self.unit))
 
     def _write(self, line: str, *, final: bool = False) -> None:
         if self.bar:  # the fallback bar: one line rewritten in place

@@ -14,10 +14,17 @@ own, one actor class per declared stage (``Inpaint``, ``Caption``, ``Detect``, `
 pictures through Ray's object store and go on with the CPU steps, so several workers keep a GPU
 fed. On CPU a worker runs every step itself (``--model-actors N`` makes model pools on CPU too).
 
-Before any shard starts, impossible setups fail in seconds with one line: a stage that needs
-more GPUs than the cluster has, an actor whose model does not load. ``ray.init()`` starts a
-local Ray, or joins the cluster named by ``RAY_ADDRESS`` (or ``--ray-address``); under
-``ray job submit`` it joins the job's cluster.
+How many actors of each stage, with what share of a GPU, is
+:func:`counterfactual.synth.layout.plan_layout`'s answer for the cluster's nodes (the inpainter
+one per GPU, the light stages beside it); :func:`dry_run` prints it without starting anything.
+Before any shard starts, impossible setups fail in seconds with one line: a layout the cluster
+cannot hold, an actor whose model does not load; and nothing waits without a bound: an actor
+not placed within ``place_timeout`` or not loaded within ``load_timeout`` ends the run with one
+line. The actors tell a :class:`RunBoard` when they start and how many items each shard has
+finished, so progress moves as items finish. A shard worker that is lost (its process or node
+died) leaves the pool and its shards go to the others. ``ray.init()`` starts a local Ray, or
+joins the cluster named by ``RAY_ADDRESS`` (or ``--ray-address``); under ``ray job submit`` it
+joins the job's cluster.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import functools
 import itertools
 import logging
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -41,6 +49,7 @@ from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
 from counterfactual.synth import signals
+from counterfactual.synth.layout import MODEL_CPUS, Cluster, Layout, Node, plan_layout
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.synth.run import RunResult, preflight, run_shards
 from counterfactual.synth.steps import (
@@ -52,6 +61,7 @@ from counterfactual.synth.steps import (
     Staged,
     crop_for_edit,
     in_chunks,
+    one_line,
     paste_edit,
     plan_stages,
     ships_crops,
@@ -65,22 +75,27 @@ class RayOptions:
     """How the work is spread over the cluster; none of it changes the output.
 
     ``cpu_actors``: shard workers (default: the cluster's CPUs left after the model actors).
-    ``model_actors``: actors per model stage (default: one per ``gpus_per_actor`` GPUs shared
-    among the GPU stages; on CPU none: workers run models themselves, unless set).
+    ``model_actors``: actors per model stage, ``gpus_per_actor``: GPUs per actor of the heavy
+    stage (default: :func:`~counterfactual.synth.layout.plan_layout`'s rules; on CPU no model
+    actors, the workers run the models themselves, unless ``model_actors`` is set).
     ``model_batch_size``: items per model call (default: the step's own batch size).
     ``in_flight``: tasks queued per worker. ``address``: a cluster to join (default:
     ``RAY_ADDRESS``, else local). ``num_cpus`` and ``dashboard`` apply to a local Ray only.
-    ``verbose``: Ray's own logs and worker output on the driver's terminal.
+    ``place_timeout``: seconds an actor may wait for the cluster to place it;
+    ``load_timeout``: seconds it may take to load its model; past either the run ends with
+    one line. ``verbose``: Ray's own logs and worker output on the driver's terminal.
     """
 
     cpu_actors: int | None = None
     model_actors: int | None = None
-    gpus_per_actor: float = 1.0
+    gpus_per_actor: float | None = None
     model_batch_size: int | None = None
     address: str | None = None
     num_cpus: int | None = None
     dashboard: bool = True
     in_flight: int = 2
+    place_timeout: float = 120.0
+    load_timeout: float = 1800.0
     verbose: bool = False
 
     def __post_init__(self) -> None:
@@ -88,20 +103,11 @@ class RayOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if not 0 < self.gpus_per_actor <= 8:
+        if self.gpus_per_actor is not None and not 0 < self.gpus_per_actor <= 8:
             raise ValueError(f"gpus_per_actor must be in (0, 8], got {self.gpus_per_actor}")
-
-
-def pooled(stage: Stage, options: RayOptions) -> bool:
-    """Whether a stage runs on an actor pool of its own (a model on a GPU, or asked for)."""
-    if not stage.uses_model:
-        return False
-    return options.model_actors is not None or on_gpu(stage)
-
-
-def on_gpu(stage: Stage) -> bool:
-    """Whether the stage's model step declares a CUDA device."""
-    return stage.resources is not None and stage.resources.device.startswith("cuda")
+        for name in ("place_timeout", "load_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 
 
 # ------------------------------------------------------------------------------ actors
@@ -109,9 +115,13 @@ def on_gpu(stage: Stage) -> bool:
 
 class _ModelStep:
     """A model step's actor: loads its model once, runs one batch per call. A model that does
-    not load is reported by :meth:`ready` (one line), not as a crash of the actor."""
+    not load is reported by :meth:`ready` (one line), not as a crash of the actor. It tells
+    the run's board (:class:`RunBoard`, by name) that it has started before it loads."""
 
-    def __init__(self, config: SynthConfig, runtime: Runtime, stage: Stage) -> None:
+    def __init__(
+        self, config: SynthConfig, runtime: Runtime, stage: Stage, board: str | None = None
+    ) -> None:
+        _tell_started(board)
         self.chain, self.error = _build(config, runtime, stage)
 
     def ready(self) -> str | None:
@@ -178,9 +188,47 @@ class _RemoteStep:
         return [job for part in ray.get(refs) for job in part]
 
 
+class RunBoard:
+    """What the actors tell the driver besides their results (one per run, named, no CPU):
+    which actors have started (their process is placed; a model actor then loads its model),
+    and per shard in the making the items finished so far, so progress moves at GPU speed."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.items: dict[int, int] = {}
+
+    def start(self, name: str) -> None:
+        self.names.add(name)
+
+    def done(self, shard: int, items: int) -> None:
+        self.items[shard] = items
+
+    def started(self) -> list[str]:
+        return sorted(self.names)
+
+    def take(self) -> dict[int, int]:
+        """The items finished per shard reported since the last call."""
+        items, self.items = self.items, {}
+        return items
+
+
+def _board(name: str | None) -> Any:
+    import ray
+
+    return ray.get_actor(name) if name else None
+
+
+def _tell_started(board: str | None) -> None:
+    import ray
+
+    if board:
+        _board(board).start.remote(ray.get_runtime_context().get_actor_name())
+
+
 class ShardWorker:
     """Makes whole shards: reads a task's input, runs the steps (model steps of pooled stages
-    on their actors), writes the tar and the stats file into OUT."""
+    on their actors), writes the tar and the stats file into OUT; tells the board the items
+    it has finished after every batch."""
 
     def __init__(
         self,
@@ -191,9 +239,12 @@ class ShardWorker:
         pools: Sequence[Sequence[str] | None],
         batch_sizes: Sequence[int | None],
         position: int,
+        board: str | None = None,
     ) -> None:
         import ray
 
+        _tell_started(board)
+        self.board = _board(board)
         self.error: str | None = None
         self.node = ray.get_runtime_context().get_node_id()
         if not any(pools):  # one CPU per worker: OpenCV must not spread over the others
@@ -218,6 +269,16 @@ class ShardWorker:
         return self.error
 
     def run(self, task: ShardTask) -> ShardDone:
+        finished = 0
+
+        def on_batch(items: int) -> None:
+            nonlocal finished
+            _stop_if_cancelled(items)  # the driver cancelled the task: abandon the shard
+            finished += items
+            if self.board is not None:  # fire and forget: a count, not a result
+                self.board.done.remote(task.index, finished)
+
+        self.maker.on_batch = on_batch
         return self.maker(task)
 
 
@@ -278,55 +339,37 @@ def _has_dashboard() -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Where the work goes: actors per pooled stage, GPUs per model actor, shard workers."""
+def cluster_shape() -> Cluster:
+    """The alive nodes of the Ray this process is connected to, with their CPUs and GPUs."""
+    import ray
 
-    model_actors: tuple[int, ...]
-    """Per stage: its actors (0: the workers run it)."""
-    gpus: tuple[float, ...]
-    workers: int
+    nodes = []
+    for node in ray.nodes():
+        if node.get("Alive"):
+            res = node.get("Resources") or {}
+            nodes.append(Node(float(res.get("CPU", 0.0)), float(res.get("GPU", 0.0))))
+    return Cluster(tuple(nodes))
 
 
-def layout_actors(stages: Sequence[Stage], options: RayOptions, cpus: float, gpus: float) -> Layout:
-    """Share the cluster out, or :class:`SetupError` when a stage cannot be placed; what each
-    stage needs is what its steps declare (:class:`~counterfactual.synth.steps.Resources`)."""
-    gpu_stages = [s for s in stages if pooled(s, options) and on_gpu(s)]
-    actors, per_actor = [], []
-    for stage in stages:
-        res = stage.resources
-        if res is None or not pooled(stage, options):
-            actors.append(0)
-            per_actor.append(0.0)
-            continue
-        need = options.gpus_per_actor if on_gpu(stage) else 0.0
-        if need and gpus < need:
-            raise SetupError(
-                f"stage {res.stage} ({stage.steps[0]} on {res.device}) needs {need:g} GPU per "
-                f"actor but the cluster has {gpus:g} GPUs; run it with --device cpu, or join a "
-                "cluster with GPUs (RAY_ADDRESS)"
-            )
-        if options.model_actors:
-            n = options.model_actors
-        elif need:
-            n = max(1, int(gpus / len(gpu_stages) // need))
-        else:
-            n = 1
-        if need and n * need > gpus + 1e-9:
-            raise SetupError(
-                f"stage {res.stage}: {n} actors x {need:g} GPU exceed the cluster's {gpus:g} "
-                "GPUs; lower --model-actors or --gpus-per-actor"
-            )
-        actors.append(n)
-        per_actor.append(need)
-    held = sum(actors)  # each model actor holds one CPU
-    if options.cpu_actors is None and cpus - held < 1:
-        raise SetupError(
-            f"the cluster's {cpus:g} CPUs leave none for a shard worker after {held} model "
-            "actors (one CPU each); lower --model-actors or join a larger cluster"
-        )
-    workers = options.cpu_actors or max(1, int(cpus - held))
-    return Layout(tuple(actors), tuple(per_actor), workers)
+def layout_actors(stages: Sequence[Stage], options: RayOptions, cluster: Cluster) -> Layout:
+    """The run's layout (:func:`~counterfactual.synth.layout.plan_layout`) under ``options``;
+    :class:`SetupError` (one line) when the cluster cannot hold it."""
+    return plan_layout(
+        stages,
+        cluster,
+        model_actors=options.model_actors,
+        gpus_per_actor=options.gpus_per_actor,
+        cpu_actors=options.cpu_actors,
+    )
+
+
+@dataclass(frozen=True)
+class _Actor:
+    """A started actor as the driver waits for it: its handle, name and what it asked for."""
+
+    handle: Any
+    name: str
+    what: str
 
 
 def _start(
@@ -336,84 +379,177 @@ def _start(
     stages: Sequence[Stage],
     layout: Layout,
     options: RayOptions,
+    board: str,
 ) -> tuple[list[Any], list[Any]]:
-    """Start the model actors and the workers; wait until each is ready, or raise
-    :class:`SetupError` with the first one that failed."""
+    """Start the model actors and the workers; wait (bounded) until each is ready, or kill
+    them and raise :class:`SetupError` with the first one that failed or timed out."""
     import ray
 
-    run = uuid.uuid4().hex[:8]
-    pools: list[list[Any] | None] = []
+    run = board.removesuffix("-board")
+    started: list[_Actor] = []
     names: list[list[str] | None] = []
     sizes: list[int | None] = []
-    for stage, n, gpus in zip(stages, layout.model_actors, layout.gpus, strict=True):
-        res = stage.resources
-        sizes.append(None if res is None else options.model_batch_size or res.batch_size)
-        if not n or res is None:
-            pools.append(None)
-            names.append(None)
-            continue
-        cls = ray.remote(actor_class(res.stage))
-        named = [f"cf-{run}-{stage.steps[0]}-{i}" for i in range(n)]
-        names.append(named)
-        pools.append(
-            [
-                cls.options(
-                    name=name, num_cpus=1, num_gpus=gpus, max_restarts=3, max_task_retries=3
-                ).remote(config, runtime, stage)
-                for name in named
-            ]
-        )
-    model_actors = [a for pool in pools for a in pool or ()]
-    _wait_ready(model_actors)  # the workers look them up by name
-    worker = ray.remote(ShardWorker).options(
-        num_cpus=1, max_restarts=3, max_task_retries=3, scheduling_strategy="SPREAD"
-    )
-    workers = [
-        worker.remote(config, runtime, out_dir, stages, names, sizes, i)
-        for i in range(layout.workers)
-    ]
-    _wait_ready(workers)
-    return model_actors, workers
+    try:
+        for stage, n, gpus in zip(stages, layout.model_actors, layout.gpus, strict=True):
+            res = stage.resources
+            sizes.append(None if res is None else options.model_batch_size or res.batch_size)
+            if not n or res is None:
+                names.append(None)
+                continue
+            cls = ray.remote(actor_class(res.stage))
+            named = [f"{run}-{stage.steps[0]}-{i}" for i in range(n)]
+            names.append(named)
+            for i, name in enumerate(named):
+                handle = cls.options(
+                    name=name,
+                    num_cpus=MODEL_CPUS,
+                    num_gpus=gpus,
+                    max_restarts=3,
+                    max_task_retries=3,
+                ).remote(config, runtime, stage, board)
+                what = f"stage {res.stage} actor {i + 1} of {n} ({gpus:g} GPU, {MODEL_CPUS:g} CPU)"
+                started.append(_Actor(handle, name, what))
+        models = list(started)
+        _wait_ready(models, board, options, layout.cluster)  # the workers look them up by name
+        # a lost worker is not restarted: its shards go to the others (_map_unordered)
+        worker = ray.remote(ShardWorker)
+        workers = []
+        for i in range(layout.workers):
+            name = f"{run}-worker-{i}"
+            handle = worker.options(
+                name=name, num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD"
+            ).remote(config, runtime, out_dir, stages, names, sizes, i, board)
+            workers.append(
+                _Actor(handle, name, f"shard worker {i + 1} of {layout.workers} (1 CPU)")
+            )
+            started.append(workers[-1])
+        _wait_ready(workers, board, options, layout.cluster)
+    except BaseException:
+        for actor in started:
+            ray.kill(actor.handle)
+        raise
+    return [a.handle for a in models], [a.handle for a in workers]
 
 
-def _wait_ready(actors: Sequence[Any]) -> None:
-    """Wait until every actor has started; :class:`SetupError` with the first one-line error
-    an actor reports (a model that does not load)."""
+def _wait_ready(
+    actors: Sequence[_Actor], board: str, options: RayOptions, cluster: Cluster
+) -> None:
+    """Wait until every actor is ready: at most ``place_timeout`` seconds until the cluster
+    has placed them all (each tells the board when its process starts), then at most
+    ``load_timeout`` seconds for their models; :class:`SetupError` (one line) with the first
+    error an actor reports (a model that does not load), or the first actor that timed out."""
     import ray
 
-    pending = [a.ready.remote() for a in actors]
+    pending = {a.handle.ready.remote(): a for a in actors}
+    begin = time.monotonic()
+    placed_at: float | None = None
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        error = ray.get(ready[0])
-        if error:
-            raise SetupError(error)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
+        for ref in ready:
+            actor = pending.pop(ref)
+            try:
+                error = ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                raise SetupError(f"{actor.what} died while starting: {one_line(err)}") from err
+            if error:
+                raise SetupError(error)
+        if not pending:
+            return
+        now = time.monotonic()
+        if placed_at is None:
+            started = set(ray.get(_board(board).started.remote()))
+            waiting = [a for a in pending.values() if a.name not in started]
+            if not waiting:
+                placed_at = now
+            elif now - begin > options.place_timeout:
+                free = ray.available_resources()
+                raise SetupError(
+                    f"{waiting[0].what} was not placed within {options.place_timeout:g} s "
+                    f"(--place-timeout): the cluster has {cluster.describe()}, "
+                    f"{free.get('GPU', 0.0):g} GPUs and {free.get('CPU', 0.0):g} CPUs free now "
+                    "(another job holds the rest?); free them, or lower --model-actors, "
+                    "--gpus-per-actor or --cpu-actors"
+                )
+        elif now - placed_at > options.load_timeout:
+            actor = next(iter(pending.values()))
+            raise SetupError(
+                f"{actor.what} did not load its model within {options.load_timeout:g} s "
+                "(--load-timeout); raise it, or see the node's logs (--verbose)"
+            )
+
+
+_POLL_SECONDS = 0.5
+"""How often the driver looks at the board while it waits (progress, placement)."""
+_TASK_TRIES = 3
+"""How often a shard is tried on a worker that is lost while it makes it."""
 
 
 def _map_unordered(
-    workers: Sequence[Any], tasks: Iterator[ShardTask], in_flight: int
+    workers: Sequence[Any],
+    tasks: Iterator[ShardTask],
+    in_flight: int,
+    board: str | None = None,
+    on_items: Callable[[int, int], None] | None = None,
 ) -> Iterator[ShardDone]:
     """Each task on a free worker, at most ``in_flight`` queued per worker; results as they
-    come. The driver holds only the tasks in flight."""
+    come. The driver holds only the tasks in flight. ``on_items(shard, items)`` hears the
+    items finished so far of each shard in the making, from the board. A worker that is lost
+    (its process or node died) leaves the pool and its shards go to the others, at most
+    ``_TASK_TRIES`` times each: a lost worker costs the shards it was making, no more."""
     import ray
 
     slots = deque(w for _ in range(in_flight) for w in workers)
-    running: dict[Any, Any] = {}
+    running: dict[Any, tuple[Any, ShardTask]] = {}
+    again: deque[ShardTask] = deque()
+    tries: dict[int, int] = {}
+    lost: set[int] = set()
+    handle = _board(board) if on_items is not None else None
     exhausted = False
     try:
         while True:
-            while slots and not exhausted:
-                task = next(tasks, None)
+            while slots and (again or not exhausted):
+                task = again.popleft() if again else next(tasks, None)
                 if task is None:
                     exhausted = True
                     break
                 worker = slots.popleft()
-                running[worker.run.remote(task)] = worker
+                running[worker.run.remote(task)] = (worker, task)
             if not running:
+                if again:
+                    raise SetupError(
+                        f"all {len(workers)} shard workers were lost (their nodes or processes "
+                        f"died); shard {again[0].index} and the rest were not made; rerun the same "
+                        "command to resume"
+                    )
                 return
-            ready, _ = ray.wait(list(running), num_returns=1)
-            worker = running.pop(ready[0])
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_SECONDS)
+            if handle is not None and on_items is not None:
+                try:
+                    reported = ray.get(handle.take.remote())
+                except ray.exceptions.RayActorError:  # progress by shard only from now on
+                    handle, reported = None, {}
+                for shard, items in reported.items():
+                    on_items(shard, items)
+            if not ready:
+                continue
+            worker, task = running.pop(ready[0])
+            try:
+                done = _get(ready[0])
+            except ray.exceptions.RayActorError:
+                tries[task.index] = tries.get(task.index, 0) + 1
+                if tries[task.index] >= _TASK_TRIES:
+                    raise
+                if id(worker) not in lost:
+                    lost.add(id(worker))
+                    print(
+                        f"a shard worker was lost ({len(lost)} so far); its shards go to the others",
+                        file=sys.stderr,
+                    )
+                slots = deque(w for w in slots if w is not worker)
+                again.append(task)
+                continue
             slots.append(worker)
-            yield _get(ready[0])
+            yield done
     except BaseException:  # a signal (Interrupted), or the driver stopped reading (close)
         _cancel(list(running))
         raise
@@ -467,6 +603,22 @@ def _get(ref: Any) -> Any:
         raise
 
 
+def dry_run(
+    config: SynthConfig,
+    options: RayOptions | None = None,
+    runtime: Runtime | None = None,
+    work_dir: fs.PathLike | None = None,
+) -> Layout:
+    """The layout a run would use: joins or starts Ray as :func:`run_ray` does (``work_dir``:
+    where a local Ray keeps its files, default a temporary folder), starts no actor and loads
+    no model; :class:`SetupError` (one line) when the cluster cannot hold it."""
+    options, runtime = options or RayOptions(), runtime or Runtime()
+    preflight(config, runtime)
+    stages = plan_stages(config, runtime)
+    init_ray(work_dir if work_dir is not None else tempfile.mkdtemp(prefix="cf-"), options)
+    return layout_actors(stages, options, cluster_shape())
+
+
 def run_ray(
     inputs: RunInput | Iterable[ImageRecord],
     out_dir: fs.PathLike,
@@ -486,6 +638,7 @@ def run_ray(
     as for ``run_local``.
     """
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     options, runtime = options or RayOptions(), runtime or Runtime()
     preflight(config, runtime)
@@ -501,17 +654,24 @@ def run_ray(
         start = time.perf_counter()
         info.update(init_ray(out_dir, options))
         signals.rearm()  # ray.init replaced the SIGTERM handler with its own
-        layout = layout_actors(stages, options, info["cpus"], info["gpus"])
+        layout = layout_actors(stages, options, cluster_shape())
         info["layout"] = asdict(layout)
         info["seconds"] = {"init": round(time.perf_counter() - start, 3)}
         if on_start is not None:
             on_start(info)
         actors: list[Any] = []
+        board = f"cf-{uuid.uuid4().hex[:8]}-board"
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        actors.append(  # on the driver's node: it lives as long as the driver
+            ray.remote(RunBoard).options(name=board, num_cpus=0, scheduling_strategy=here).remote()
+        )
+        on_items = None if progress is None else progress.shard_items
         try:
-            models, workers = _start(config, runtime, out, stages, layout, options)
-            actors = [*models, *workers]
+            models, workers = _start(config, runtime, out, stages, layout, options, board)
+            actors += [*models, *workers]
             info["seconds"]["actors_ready"] = round(time.perf_counter() - start, 3)
-            yield from _map_unordered(workers, itertools.chain([first], tasks), options.in_flight)
+            work = itertools.chain([first], tasks)
+            yield from _map_unordered(workers, work, options.in_flight, board, on_items)
             info["seconds"]["shards_done"] = round(time.perf_counter() - start, 3)
         finally:
             for actor in actors:

@@ -49,8 +49,8 @@ def _kill_a_worker() -> None:
 def _hook(target: str, n: int, out: Path):
     run = ray_synth._map_unordered
 
-    def hooked(workers, tasks, in_flight):
-        for seen, done in enumerate(run(workers, tasks, in_flight), 1):
+    def hooked(workers, tasks, in_flight, *rest):
+        for seen, done in enumerate(run(workers, tasks, in_flight, *rest), 1):
             yield done
             if target == "worker" and seen == n:
                 _kill_a_worker()

@@ -55,3 +55,96 @@ def test_shards_are_spread_over_both_nodes_with_the_bytes_of_the_local_run(two_n
     assert sorted(ours) == sorted(theirs) and len(ours) == 2 * 8 + 1
     for name in ours:
         assert ours[name] == theirs[name], name
+
+
+@pytest.fixture
+def worker_nodes():
+    """A head that takes no work (no CPU) and two worker nodes of one CPU each; a dead node is
+    noticed within about a second."""
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    quick = {"health_check_period_ms": 200, "health_check_failure_threshold": 3}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": quick})
+    try:
+        nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+        cluster.wait_for_nodes()
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+LOSS = ("--image-method", "blur", "--images-per-shard", "3", "--batch-size", "1")
+
+
+def _kill_node(cluster, node) -> None:
+    """SIGKILL the node's worker processes (children of its raylet), then the node, as a lost
+    machine goes; on this machine a worker process could outlive its raylet long enough to
+    finish its shard."""
+    import psutil
+
+    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+    for child in raylet.children(recursive=True):
+        child.kill()
+    cluster.remove_node(node, allow_graceful=False)
+
+
+def _killing_progress(cluster, node, monkeypatch):
+    """Progress that removes ``node`` (all its processes, SIGKILL) from inside the driver's
+    loop the first time a shard is reported half made after another has committed."""
+    import counterfactual.cli.synth as cli_synth
+    from counterfactual.progress import Progress
+
+    class Killing(Progress):
+        killed_at: int | None = None
+
+        def shard_items(self, shard: int, items: int) -> None:
+            super().shard_items(shard, items)
+            if Killing.killed_at is None and self.counts.shards >= 1:
+                Killing.killed_at = self.counts.shards
+                _kill_node(cluster, node)
+
+    monkeypatch.setattr(cli_synth, "Progress", Killing)
+    return Killing
+
+
+def test_a_lost_node_costs_at_most_its_shards_and_the_rerun_resumes(
+    worker_nodes, tmp_path, monkeypatch, capsys
+):
+    cluster, (first, second) = worker_nodes
+    files = generate_coco(tmp_path / "coco", 24, seed=4, size=(320, 240))
+    local = tmp_path / "local"
+    assert main(synth_args(files, local, *LOSS, "--contact-sheet", "0")) == 0
+    total = len(list(local.glob("shard-*.tar")))
+    address = ("--runner", "ray", "--ray-address", cluster.address, "--contact-sheet", "0")
+
+    # one of two worker nodes dies mid-run: its shards go to the other, the run finishes
+    killing = _killing_progress(cluster, second, monkeypatch)
+    survived = tmp_path / "survived"
+    assert main(synth_args(files, survived, *LOSS, *address)) == 0
+    assert killing.killed_at is not None and killing.killed_at < total, "no kill mid-run"
+    assert run_outputs(survived) == run_outputs(local)
+    assert "a shard worker was lost" in capsys.readouterr().err
+
+    # the only worker node dies mid-run: one line, the committed shards stay, a rerun on a
+    # new node resumes from them
+    killing = _killing_progress(cluster, first, monkeypatch)
+    out = tmp_path / "resumed"
+    assert main(synth_args(files, out, *LOSS, *address)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("counterfactual synth: error: all 1 shard workers were lost"), err
+    assert err.endswith("rerun the same command to resume")
+    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
+    assert 1 <= killing.killed_at <= len(kept) < total
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    monkeypatch.undo()
+    assert main(synth_args(files, out, *LOSS, *address)) == 0
+    assert {k: p.stat().st_mtime_ns for k, p in ((k, out / k) for k in kept)} == kept
+    manifest = json.loads((out / "manifest.json").read_text())
+    # (a worker process of the simulated node may outlive its raylet long enough to commit
+    # the shard it was making: then that one is resumed too)
+    assert len(kept) <= manifest["shards_resumed"] < total
+    assert run_outputs(out) == run_outputs(local) and not list(out.glob("*.tmp"))

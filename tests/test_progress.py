@@ -196,3 +196,74 @@ def test_bad_configuration(kwargs: dict) -> None:
     args = {"total_inputs": 1, "total_shards": 1, **kwargs}
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         Progress(args.pop("total_inputs"), args.pop("total_shards"), stream=io.StringIO(), **args)
+
+
+def test_items_are_counted_as_they_finish_before_their_shard_commits() -> None:
+    """A worker reports the items a shard has finished so far; the latest report counts, a
+    shard begun again (its worker was lost) starts from 0, and the commit's count replaces
+    the reports: nothing twice, nothing after."""
+    clock, out = FakeClock(), io.StringIO()
+    with Progress(6, 2, stream=out, clock=clock, interval=0) as p:
+        clock.now += 2
+        p.shard_items(0, 2)
+        p.shard_items(1, 3)
+        assert p.counts.items == 5 and p.counts.shards == 0
+        assert out.getvalue().splitlines()[-1] == (
+            "synth: 0/6 images (0%), 0/2 shards, 5 items, rows: 0 written, 0 skipped, 0 failed, "
+            "0.0 images/s, 2.5 items/s"
+        )
+        p.shard_items(1, 1)  # shard 1 begun again on another worker
+        assert p.counts.items == 3
+        p.update(inputs=3, written=4, shards=1, items=4, shard=0)  # shard 0 commits 4 items
+        assert p.counts.items == 5
+        p.shard_items(0, 3)  # a late report of a committed shard
+        assert p.counts.items == 5
+        p.update(inputs=3, written=2, shards=1, items=2, shard=1)
+        assert p.counts.items == 6
+    assert (
+        out.getvalue()
+        .splitlines()[-1]
+        .startswith("synth: 6/6 images (100%), 2/2 shards, 6 items, rows: 6 written")
+    )
+
+
+def test_the_bar_shows_items_before_any_shard_commits() -> None:
+    pytest.importorskip("tqdm")
+    out, clock = Tty(), FakeClock()
+    with Progress(4, 2, stream=out, clock=clock) as p:
+        clock.now += 1
+        p.shard_items(0, 7)
+        assert "0/2 shards, 7 items, rows" in out.getvalue()
+
+
+def test_the_in_process_runner_reports_items_after_every_batch(tmp_path) -> None:
+    from counterfactual.image import ImageConfig
+    from counterfactual.readers.coco import read_coco
+    from counterfactual.readers.generate import generate_coco
+    from counterfactual.synth.plan import Runtime, SynthConfig
+    from counterfactual.synth.runner import run_local
+
+    files = generate_coco(tmp_path / "coco", 12, seed=5, size=(160, 120))
+    records = read_coco(files.instances, files.captions, files.images).records
+    seen: list[tuple[str, int, int]] = []
+
+    class Recording(Progress):
+        def shard_items(self, shard: int, items: int) -> None:
+            seen.append(("partial", shard, items))
+            super().shard_items(shard, items)
+
+        def update(self, *args, shard=None, items=0, **kwargs) -> None:
+            if shard is not None:
+                seen.append(("commit", shard, items))
+            super().update(*args, shard=shard, items=items, **kwargs)
+
+    config = SynthConfig(image=ImageConfig(method="blur"), images_per_shard=4)
+    with Recording(len(records), 3, stream=io.StringIO()) as p:
+        result = run_local(
+            records, tmp_path / "out", config, progress=p, runtime=Runtime(batch_size=1)
+        )
+    assert p.counts.items == result.items > 0
+    for shard in range(3):
+        events = [(e, n) for e, s, n in seen if s == shard]
+        partial = [n for e, n in events if e == "partial"]
+        assert events[-1][0] == "commit" and partial == list(range(1, events[-1][1] + 1))

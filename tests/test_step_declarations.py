@@ -107,12 +107,12 @@ def test_resources_are_read_from_the_config_and_the_runtime():
     by_name = {spec.name: spec.resources for spec in plan_steps(config, runtime)}
     assert by_name == {
         "decode": None,
-        "edit": Resources("Inpaint", "sd", "--inpaint-model", "cuda:1", 4),
+        "edit": Resources("Inpaint", "sd", "--inpaint-model", "cuda:1", 4, heavy=True),
         "rewrite": Resources("Caption", "blip", "--captioner-model", "cuda:1", 8),
         "encode": None,
     }
     assert plan_steps(config)[1].resources == Resources(
-        "Inpaint", "sd", "--inpaint-model", "cpu", 1
+        "Inpaint", "sd", "--inpaint-model", "cpu", 1, heavy=True
     )
     assert Edit.declare(SynthConfig(image=ImageConfig(backend="opencv"))).resources is None
     lama = ImageConfig(backend="lama", lama=LamaConfig(model="big-lama.pt"))
@@ -131,6 +131,7 @@ def test_resources_are_read_from_the_config_and_the_runtime():
 def test_stages_are_grouped_from_the_declarations(monkeypatch):
     """The Ray layer knows no step names: a step that declares a model gets a stage (and an
     actor class) of the name it declares, on the device it declares."""
+    from counterfactual.synth.layout import Cluster
     from pipelines.synth import RayOptions, SetupError, actor_class, layout_actors
 
     fancy = Resources("Fancy", "m", "--fancy-model", "cuda", 3)
@@ -152,16 +153,20 @@ def test_stages_are_grouped_from_the_declarations(monkeypatch):
         "caption",
         "image",
     }
-    layout = layout_actors(stages, RayOptions(), cpus=4, gpus=2)
+    layout = layout_actors(stages, RayOptions(), Cluster.single(4, 2))
     assert layout.model_actors == (0, 2, 0) and layout.gpus == (0.0, 1.0, 0.0)
-    with pytest.raises(SetupError, match=r"stage Fancy \(decode on cuda\) needs 1 GPU"):
-        layout_actors(stages, RayOptions(), cpus=4, gpus=0)
+    assert layout.stages == (None, "Fancy", None)
+    with pytest.raises(
+        SetupError, match=r"stage Fancy \(decode on cuda\) asks for 1 actor x 1 GPU"
+    ):
+        layout_actors(stages, RayOptions(), Cluster.single(4, 0))
     assert actor_class("Fancy").__name__ == "Fancy" and actor_class("Fancy") is actor_class("Fancy")
     # on CPU the model step stays in the workers unless model actors are asked for
     on_cpu = replace(stages[1].specs[0], resources=replace(fancy, device="cpu"))
     cpu = [stages[0], replace(stages[1], specs=(on_cpu,)), stages[2]]
-    assert layout_actors(cpu, RayOptions(), cpus=4, gpus=0).model_actors == (0, 0, 0)
-    assert layout_actors(cpu, RayOptions(model_actors=2), cpus=4, gpus=0).model_actors == (0, 2, 0)
+    cpus = Cluster.single(4)
+    assert layout_actors(cpu, RayOptions(), cpus).model_actors == (0, 0, 0)
+    assert layout_actors(cpu, RayOptions(model_actors=2), cpus).model_actors == (0, 2, 0)
 
 
 def test_group_stages_checks_the_order():

@@ -387,11 +387,12 @@ def test_config_fingerprint_and_step_wiring():
     assert (recorded["device"], recorded["batch_size"]) == ("cuda", 7)
     assert fingerprint_of(rec.record(runtime)) == rec.fingerprint()
 
+    from counterfactual.synth.layout import Cluster
     from pipelines.synth import RayOptions, layout_actors, plan_stages
 
     stages = plan_stages(rec, runtime)
     assert [s.steps for s in stages] == [("rewrite", "decode", "edit"), ("verify",), ("encode",)]
-    layout = layout_actors(stages, RayOptions(), cpus=8, gpus=2)
+    layout = layout_actors(stages, RayOptions(), Cluster.single(8, 2))
     assert layout.model_actors == (0, 2, 0)  # the verifier's own pool on the GPUs
 
 

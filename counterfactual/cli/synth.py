@@ -379,14 +379,16 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
         "--model-actors",
         type=positive_int,
         default=None,
-        help="actors per model stage (default: the GPUs shared among the GPU stages; on CPU "
-        "none, the shard workers run the models themselves)",
+        help="actors per model stage (default: the inpainter one per GPU, a light stage one "
+        "per 4 GPUs; on CPU none, the shard workers run the models themselves)",
     )
     r.add_argument(
         "--gpus-per-actor",
         type=gpu_share,
-        default=ray.gpus_per_actor,
-        help="GPUs per model actor, in (0, 8]; a fraction shares one GPU (default: %(default)s)",
+        default=None,
+        help="GPUs per actor of the heavy stage (the inpainter), in (0, 8]; a fraction shares "
+        "one GPU (default: one actor per GPU, leaving 0.1 GPU per light stage: detector, "
+        "captioner, verifier)",
     )
     r.add_argument(
         "--model-batch-size", type=positive_int, default=None, help="items per model call"
@@ -396,6 +398,26 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=ray.in_flight,
         help=f"shard tasks queued per worker (default {ray.in_flight})",
+    )
+    r.add_argument(
+        "--place-timeout",
+        type=positive_float,
+        default=ray.place_timeout,
+        help="seconds an actor may wait for the cluster to place it before the run ends with "
+        "one line (default: %(default)g)",
+    )
+    r.add_argument(
+        "--load-timeout",
+        type=positive_float,
+        default=ray.load_timeout,
+        help="seconds a placed actor may take to load its model (default: %(default)g)",
+    )
+    r.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="join or start Ray, load no model and print the layout the run would use as one "
+        "JSON object (GPUs, CPUs, shard workers, actors and GPUs per actor of each model "
+        "stage); exit 2 with one line when the cluster cannot hold it",
     )
     r.add_argument(
         "-v",
@@ -526,6 +548,8 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
         num_cpus=args.num_cpus,
         dashboard=args.dashboard,
         in_flight=args.in_flight,
+        place_timeout=args.place_timeout,
+        load_timeout=args.load_timeout,
         verbose=args.verbose,
     )
 
@@ -545,6 +569,8 @@ def check_vocabulary(records: Sequence[ImageRecord], vocabulary: str | None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return dry_run(args)
     if args.out is None:
         raise ValueError("--out is required (on the command line or in --config)")
     config, runtime = build_config(args), build_runtime(args)
@@ -586,6 +612,18 @@ def run(args: argparse.Namespace) -> int:
     from counterfactual.synth.run import summary_table
 
     print(summary_table(result))
+    return 0
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    """``--dry-run``: the layout on the Ray a run would use, as one JSON line on stdout; reads
+    no input (``--out`` is not needed) and loads no model."""
+    import json
+
+    from pipelines.synth import dry_run as layout_of
+
+    layout = layout_of(build_config(args), ray_options(args), build_runtime(args))
+    print(json.dumps(layout.to_json()))
     return 0
 
 

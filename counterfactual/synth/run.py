@@ -329,7 +329,13 @@ def run_shards(
         def count(done: ShardDone) -> None:
             lock.check()
             if progress is not None:
-                progress.update(shards=1, inputs=done.images, **done.outcomes())
+                progress.update(
+                    shards=1,
+                    inputs=done.images,
+                    items=done.items,
+                    shard=done.index,
+                    **done.outcomes(),
+                )
 
         tasks: Iterable[ShardTask] = shard_tasks(
             inputs, config, InputStamps(content=runtime.hash_inputs)

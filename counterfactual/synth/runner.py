@@ -40,7 +40,8 @@ def run_local(
 
     ``inputs``: a :class:`RunInput`, or records (``failures``: images the reader could not
     turn into records join the status record). ``on_batch(items)`` is called after every batch
-    of items, ``on_shard(done)`` after every shard; ``progress`` counts every shard.
+    of items, ``on_shard(done)`` after every shard; ``progress`` counts every shard, and the
+    items of the shard in the making after every batch.
     ``runtime``: device, dtype and batch sizes (default: :class:`Runtime`'s, CPU).
     """
     runtime = runtime or Runtime()
@@ -52,7 +53,8 @@ def run_local(
             if maker is None:  # models load only when there is work left
                 steps = start_steps(config, None, editor, rewriter, detector, runtime)
                 staged = Staged.local(config, steps, runtime)
-                maker = ShardMaker(config, out_dir, staged, node, on_batch, runtime.batch_size)
+                maker = ShardMaker(config, out_dir, staged, node, None, runtime.batch_size)
+            maker.on_batch = _counting(task.index, on_batch, progress)
             yield maker(task)
 
     preflight(config, runtime)
@@ -60,3 +62,20 @@ def run_local(
     return run_shards(
         inputs, out_dir, config, execute, "local", on_shard, progress, runtime=runtime
     )
+
+
+def _counting(
+    shard: int, on_batch: Callable[[int], None] | None, progress: Progress | None
+) -> Callable[[int], None]:
+    """A shard's ``on_batch``: the caller's, and the shard's items so far to ``progress``."""
+    finished = 0
+
+    def batch_done(items: int) -> None:
+        nonlocal finished
+        finished += items
+        if progress is not None:
+            progress.shard_items(shard, finished)
+        if on_batch is not None:
+            on_batch(items)
+
+    return batch_done

@@ -172,13 +172,17 @@ def planned_fields(config: SynthConfig) -> frozenset[str]:
 class Resources:
     """What a model step runs on: ``stage``, the name of its stage (a Ray actor pool of that
     name runs it on GPUs), the ``model`` it loads and the command-line ``option`` that names it
-    (for setup errors), its torch ``device`` and ``batch_size`` (items per model call)."""
+    (for setup errors), its torch ``device`` and ``batch_size`` (items per model call).
+    ``heavy``: the run's costly model (the inpainter), which the cluster layout
+    (:mod:`counterfactual.synth.layout`) gives nearly every GPU; a light one (detector,
+    captioner, verifier) runs on a small share of a GPU beside it."""
 
     stage: str
     model: str
     option: str
     device: str
     batch_size: int
+    heavy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +304,12 @@ class Edit:
         model = image_model(image)
         if model is not None:
             resources = Resources(
-                "Inpaint", model, "--inpaint-model", runtime.device, runtime.inpaint_batch_size
+                "Inpaint",
+                model,
+                "--inpaint-model",
+                runtime.device,
+                runtime.inpaint_batch_size,
+                heavy=True,
             )
         return StepSpec(
             cls.name,

@@ -1,0 +1,304 @@
+"""Where a run's work goes on a cluster: actors per model stage, GPUs per actor, shard workers.
+
+A pure function of the cluster's resources (:class:`Cluster`: its nodes' CPUs and GPUs) and
+what the stages declare (:class:`~counterfactual.synth.steps.Resources`), checked against the
+cluster before anything starts; ``pipelines/synth.py`` places what it says on Ray. The rules:
+
+- A model stage on CUDA runs on an actor pool of its own (on CPU too with ``model_actors``);
+  other stages run in the shard workers. Every model actor holds one CPU.
+- The heavy stage (the inpainter, ``Resources.heavy``) gets one actor per GPU, each of
+  ``1 - LIGHT_GPU x (light stages)`` of a GPU, so every GPU keeps room for one actor of each
+  light stage: on N GPUs the inpainter has nearly all of them.
+- A light stage (detector, captioner, verifier: a fraction of the inpainter's cost per item)
+  gets one actor of ``LIGHT_GPU`` per ``GPUS_PER_LIGHT_ACTOR`` GPUs (at least one), beside the
+  heavy actors. Without a heavy stage on the GPUs, the GPU stages are all shared out as heavy.
+- ``gpus_per_actor`` sets the heavy stage's share (as many actors as fit); ``model_actors``
+  sets the actors of every pooled stage. A share above one GPU is a whole number of GPUs.
+- The shard workers (one CPU each) take the CPUs left, at least one (``cpu_actors`` sets them).
+
+Ray puts a fractional GPU request on one GPU of one node, so the check packs the actors onto
+the nodes' GPUs (first fit, largest first), and a layout that does not fit is a
+:class:`~counterfactual.synth.steps.SetupError` of one line naming the stage, what it asks for
+and what the cluster has.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from counterfactual.synth.steps import SetupError, Stage
+
+LIGHT_GPU = 0.1
+"""A light stage's actor: a tenth of a GPU beside the heavy stage's."""
+GPUS_PER_LIGHT_ACTOR = 4
+"""One actor of each light stage per this many GPUs."""
+MODEL_CPUS = 1.0
+"""CPUs each model actor holds (it feeds its GPU)."""
+_EPS = 1e-4  # Ray's resolution of fractional resources
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One node's CPUs and GPUs (as Ray counts them; a GPU count may be fractional)."""
+
+    cpus: float
+    gpus: float = 0.0
+
+    def gpu_slots(self) -> list[float]:
+        """The node's GPUs as capacities: whole ones, then the fraction left, if any."""
+        whole = int(self.gpus + _EPS)
+        rest = self.gpus - whole
+        return [1.0] * whole + ([rest] if rest > _EPS else [])
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """The resources a run may use: its alive nodes."""
+
+    nodes: tuple[Node, ...]
+
+    def __post_init__(self) -> None:
+        for node in self.nodes:
+            if node.cpus < 0 or node.gpus < 0:
+                raise ValueError(f"a node's CPUs and GPUs must be >= 0, got {node}")
+
+    @classmethod
+    def single(cls, cpus: float, gpus: float = 0.0) -> Cluster:
+        return cls((Node(cpus, gpus),))
+
+    @property
+    def cpus(self) -> float:
+        return sum(n.cpus for n in self.nodes)
+
+    @property
+    def gpus(self) -> float:
+        return sum(n.gpus for n in self.nodes)
+
+    def describe(self) -> str:
+        """``2 GPUs and 16 CPUs on 1 node`` (what error lines say the cluster has)."""
+        nodes = len(self.nodes)
+        gpus = f"{self.gpus:g} GPU{'s' * (self.gpus != 1)}" if self.gpus else "no GPU"
+        return f"{gpus} and {self.cpus:g} CPUs on {nodes} node{'s' * (nodes != 1)}"
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One stage's place: ``stage`` (its model stage's name, ``None`` for a CPU stage),
+    ``actors`` (0: the shard workers run it) and ``gpus_per_actor``."""
+
+    stage: str | None
+    actors: int = 0
+    gpus_per_actor: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where the work goes: per stage its actors and GPUs per actor, and the shard workers."""
+
+    model_actors: tuple[int, ...]
+    """Per stage: its actors (0: the workers run it)."""
+    gpus: tuple[float, ...]
+    """Per stage: GPUs per actor."""
+    workers: int
+    stages: tuple[str | None, ...] = ()
+    """Per stage: the model stage's name (``None``: a CPU stage)."""
+    cluster: Cluster = Cluster(())
+
+    def plans(self) -> list[StagePlan]:
+        return [
+            StagePlan(name, n, g)
+            for name, n, g in zip(self.stages, self.model_actors, self.gpus, strict=True)
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``synth --dry-run`` prints: the cluster's GPUs and CPUs, the shard workers and
+        every model stage (``actors`` 0: run inside the workers)."""
+        return {
+            "gpus": _num(self.cluster.gpus),
+            "cpus": _num(self.cluster.cpus),
+            "workers": self.workers,
+            "stages": [
+                {"stage": p.stage, "actors": p.actors, "gpus_per_actor": _num(p.gpus_per_actor)}
+                for p in self.plans()
+                if p.stage is not None
+            ],
+        }
+
+
+def _num(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else round(x, 4)
+
+
+def on_gpu(stage: Stage) -> bool:
+    """Whether the stage's model step declares a CUDA device."""
+    return stage.resources is not None and stage.resources.device.startswith("cuda")
+
+
+def plan_layout(
+    stages: Sequence[Stage],
+    cluster: Cluster,
+    *,
+    model_actors: int | None = None,
+    gpus_per_actor: float | None = None,
+    cpu_actors: int | None = None,
+) -> Layout:
+    """The layout of ``stages`` on ``cluster`` by the rules of the module doc, or
+    :class:`SetupError` (one line) when it does not fit."""
+    if gpus_per_actor is not None and (
+        not 0 < gpus_per_actor <= 8
+        or (gpus_per_actor > 1 and not float(gpus_per_actor).is_integer())
+    ):
+        raise ValueError(
+            f"gpus_per_actor must be a fraction in (0, 1] or a whole number up to 8, "
+            f"got {gpus_per_actor}"
+        )
+    pooled = [s.resources is not None and (on_gpu(s) or model_actors is not None) for s in stages]
+    gpu = [p and on_gpu(s) for s, p in zip(stages, pooled, strict=True)]
+    heavy = [
+        g and s.resources is not None and s.resources.heavy
+        for s, g in zip(stages, gpu, strict=True)
+    ]
+    if not any(heavy):  # no inpainter on the GPUs: the GPU stages share them as equals
+        heavy = list(gpu)
+    light = [g and not h for g, h in zip(gpu, heavy, strict=True)]
+    n_heavy, n_light = sum(heavy), sum(light)
+    slots = [slot for node in cluster.nodes for slot in node.gpu_slots()]
+    # the shares are of one GPU; of the largest fraction when the cluster has no whole one
+    unit = max(slots) if slots and all(s < 1 - _EPS for s in slots) else 1.0
+    light_share = round(LIGHT_GPU * unit, 4)
+    if gpus_per_actor is not None:
+        heavy_share = gpus_per_actor
+    else:
+        heavy_share = round((1 - LIGHT_GPU * n_light) * unit / max(1, n_heavy), 4)
+    whole_gpus = sum(1 for s in slots if s >= 1 - _EPS) or len(slots)
+
+    actors = [0] * len(stages)
+    shares = [0.0] * len(stages)
+    for i, stage in enumerate(stages):
+        if not pooled[i]:
+            continue
+        if not gpu[i]:
+            actors[i] = model_actors or 1
+            continue
+        shares[i] = heavy_share if heavy[i] else light_share
+        if not cluster.gpus:
+            raise SetupError(_ask(stage, model_actors or 1, shares[i], cluster))
+        if model_actors is not None:
+            actors[i] = model_actors
+        elif light[i]:
+            actors[i] = max(1, math.ceil(whole_gpus / GPUS_PER_LIGHT_ACTOR))
+    if model_actors is None and n_heavy:
+        actors = _most_heavy(stages, cluster, actors, shares, heavy)
+    held = sum(actors) * MODEL_CPUS
+    if cpu_actors is None and cluster.cpus - held < 1:
+        raise SetupError(
+            f"the cluster's {cluster.cpus:g} CPUs leave none for a shard worker after "
+            f"{sum(actors)} model actors (one CPU each); lower --model-actors or join a larger "
+            "cluster"
+        )
+    _pack(stages, cluster, actors, shares)
+    workers = cpu_actors or max(1, int(cluster.cpus - held + _EPS))
+    if cpu_actors is not None and cpu_actors + held > cluster.cpus + _EPS:
+        raise SetupError(
+            f"--cpu-actors {cpu_actors} and {sum(actors)} model actors (one CPU each) ask for "
+            f"{cpu_actors + held:g} CPUs but the cluster has {cluster.describe()}; lower "
+            "--cpu-actors or --model-actors"
+        )
+    names = tuple(s.resources.stage if s.resources is not None else None for s in stages)
+    return Layout(tuple(actors), tuple(shares), workers, names, cluster)
+
+
+def _most_heavy(
+    stages: Sequence[Stage],
+    cluster: Cluster,
+    actors: list[int],
+    shares: list[float],
+    heavy: list[bool],
+) -> list[int]:
+    """The most actors per heavy stage (the same for each) that fit beside the light ones;
+    at least one each (``_pack`` then names what does not fit)."""
+    share = max(shares[i] for i, h in enumerate(heavy) if h)
+    n_heavy = sum(heavy)
+    top = max(1, int(cluster.gpus / (share * n_heavy) + _EPS))
+    for n in range(top, 0, -1):
+        trial = [n if h else a for a, h in zip(actors, heavy, strict=True)]
+        if _fits(cluster, trial, shares):
+            return trial
+    return [1 if h else a for a, h in zip(actors, heavy, strict=True)]
+
+
+def _demands(actors: Sequence[int], shares: Sequence[float]) -> list[tuple[float, int]]:
+    """Every model actor as (GPUs, stage index), largest first (first fit decreasing)."""
+    out = [(shares[i], i) for i, n in enumerate(actors) for _ in range(n)]
+    return sorted(out, key=lambda d: -d[0])
+
+
+def _place(
+    cluster: Cluster, actors: Sequence[int], shares: Sequence[float]
+) -> tuple[int, int] | None:
+    """Place every model actor on a node with a CPU and its GPU share (a fraction on one GPU,
+    a whole number on that many free GPUs); the first that does not fit as (stage index,
+    actors of its stage placed), else ``None``."""
+    cpus = [n.cpus for n in cluster.nodes]
+    gpus = [n.gpu_slots() for n in cluster.nodes]
+    placed = [0] * len(actors)
+    for share, i in _demands(actors, shares):
+        for k in range(len(cpus)):
+            if cpus[k] < MODEL_CPUS - _EPS:
+                continue
+            if share > 1:
+                free = [j for j, g in enumerate(gpus[k]) if g >= 1 - _EPS]
+                if len(free) < share:
+                    continue
+                for j in free[: int(share)]:
+                    gpus[k][j] = 0.0
+            elif share > 0:
+                slot = next((j for j, g in enumerate(gpus[k]) if g >= share - _EPS), None)
+                if slot is None:
+                    continue
+                gpus[k][slot] -= share
+            cpus[k] -= MODEL_CPUS
+            break
+        else:
+            return i, placed[i]
+        placed[i] += 1
+    return None
+
+
+def _fits(cluster: Cluster, actors: Sequence[int], shares: Sequence[float]) -> bool:
+    return _place(cluster, actors, shares) is None
+
+
+def _pack(
+    stages: Sequence[Stage], cluster: Cluster, actors: Sequence[int], shares: Sequence[float]
+) -> None:
+    """:class:`SetupError` naming the first stage whose actors do not fit."""
+    failed = _place(cluster, actors, shares)
+    if failed is None:
+        return
+    i, placed = failed
+    others = [
+        f"{stages[j].resources.stage} {actors[j]} x {shares[j]:g}"  # type: ignore[union-attr]
+        for j in range(len(stages))
+        if j != i and actors[j]
+    ]
+    beside = f" beside {', '.join(others)}" if others else ""
+    raise SetupError(_ask(stages[i], actors[i], shares[i], cluster, f"; {placed} fit{beside}"))
+
+
+def _ask(stage: Stage, n: int, share: float, cluster: Cluster, more: str = "") -> str:
+    """The one line of a stage the cluster cannot place."""
+    res = stage.resources
+    assert res is not None
+    what = f"{n} actor{'s' * (n != 1)} x {share:g} GPU and {MODEL_CPUS:g} CPU"
+    if not cluster.gpus and share:
+        fix = "run it with --device cpu, or join a cluster with GPUs (RAY_ADDRESS)"
+    else:
+        fix = "lower --model-actors or --gpus-per-actor, or join a larger cluster"
+    return (
+        f"stage {res.stage} ({stage.steps[0]} on {res.device}) asks for {what} but the "
+        f"cluster has {cluster.describe()}{more}; {fix}"
+    )

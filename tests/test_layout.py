@@ -1,0 +1,177 @@
+"""The cluster layout (:func:`counterfactual.synth.layout.plan_layout`), a pure function: actors
+per model stage and GPUs per actor over many cluster shapes, and the one line of a layout the
+cluster cannot hold. No Ray here (``tests/test_ray_layout.py`` places layouts on a real Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from counterfactual.image import ImageConfig
+from counterfactual.method.detect import DetectConfig
+from counterfactual.method.verify import VerifyConfig
+from counterfactual.synth.layout import Cluster, Node, plan_layout
+from counterfactual.synth.plan import Runtime, SynthConfig
+from counterfactual.synth.steps import SetupError, plan_stages
+from counterfactual.text import TextConfig
+
+DIFFUSERS = ImageConfig(method="inpaint", backend="diffusers")
+VERIFY = VerifyConfig(mode="record")
+CAPTION = TextConfig(method="captioner")
+
+
+def stages(*parts: str, device: str = "cuda"):
+    """The stages of a run with the named model parts: inpaint, verify, caption, detect."""
+    config = SynthConfig(
+        image=DIFFUSERS if "inpaint" in parts else ImageConfig(method="blur"),
+        verify=VERIFY if "verify" in parts else VerifyConfig(),
+        text=CAPTION if "caption" in parts else TextConfig(),
+        detect=DetectConfig() if "detect" in parts else None,
+    )
+    return plan_stages(config, Runtime(device=device))
+
+
+def table(layout) -> dict[str, tuple[int, float]]:
+    return {s["stage"]: (s["actors"], s["gpus_per_actor"]) for s in layout.to_json()["stages"]}
+
+
+def one_node(gpus: float, cpus: float = 32) -> Cluster:
+    return Cluster.single(cpus, gpus)
+
+
+CASES = [
+    # parts, cluster, expected {stage: (actors, GPUs per actor)}, shard workers
+    (("inpaint",), one_node(1), {"Inpaint": (1, 1)}, 31),
+    (("inpaint",), one_node(8), {"Inpaint": (8, 1)}, 24),
+    (("inpaint", "verify"), one_node(1), {"Inpaint": (1, 0.9), "Verify": (1, 0.1)}, 30),
+    (("inpaint", "verify"), one_node(2), {"Inpaint": (2, 0.9), "Verify": (1, 0.1)}, 29),
+    (("inpaint", "verify"), one_node(8), {"Inpaint": (8, 0.9), "Verify": (2, 0.1)}, 22),
+    (
+        ("inpaint", "verify", "caption"),
+        one_node(1),
+        {"Inpaint": (1, 0.8), "Caption": (1, 0.1), "Verify": (1, 0.1)},
+        29,
+    ),
+    (
+        ("inpaint", "verify", "caption"),
+        one_node(2),
+        {"Inpaint": (2, 0.8), "Caption": (1, 0.1), "Verify": (1, 0.1)},
+        28,
+    ),
+    (
+        ("inpaint", "verify", "caption"),
+        one_node(8),
+        {"Inpaint": (8, 0.8), "Caption": (2, 0.1), "Verify": (2, 0.1)},
+        20,
+    ),
+    (
+        ("detect", "inpaint", "verify"),
+        one_node(4),
+        {"Detect": (1, 0.1), "Inpaint": (4, 0.8), "Verify": (1, 0.1)},
+        26,
+    ),
+    # no heavy stage on the GPUs: the GPU stages share every GPU as equals
+    (("verify",), one_node(2), {"Verify": (2, 1)}, 30),
+    (("caption", "verify"), one_node(2), {"Caption": (2, 0.5), "Verify": (2, 0.5)}, 28),
+    # fractional: a cluster with half a GPU scales every share
+    (("inpaint", "verify"), one_node(0.5), {"Inpaint": (1, 0.45), "Verify": (1, 0.05)}, 30),
+    # a GPU and a half: the whole one counts, the half is room for the light ones
+    (("inpaint", "verify"), one_node(1.5), {"Inpaint": (1, 0.9), "Verify": (1, 0.1)}, 30),
+    # several nodes: a CPU-only head, two GPU nodes; one actor per GPU, wherever it is
+    (
+        ("inpaint", "verify", "caption"),
+        Cluster((Node(4), Node(8, 4), Node(8, 4))),
+        {"Inpaint": (8, 0.8), "Caption": (2, 0.1), "Verify": (2, 0.1)},
+        8,
+    ),
+    (
+        ("inpaint", "verify"),
+        Cluster((Node(16, 1), Node(16, 1), Node(16, 1))),
+        {"Inpaint": (3, 0.9), "Verify": (1, 0.1)},
+        44,
+    ),
+    # CPU-only runs: the models stay in the shard workers
+    (("inpaint", "verify"), one_node(0, 4), {"Inpaint": (0, 0), "Verify": (0, 0)}, 4),
+]
+
+
+@pytest.mark.parametrize(("parts", "cluster", "expected", "workers"), CASES)
+def test_layout_over_cluster_shapes(parts, cluster, expected, workers):
+    device = "cuda" if cluster.gpus else "cpu"
+    layout = plan_layout(stages(*parts, device=device), cluster)
+    assert table(layout) == expected
+    assert layout.workers == workers
+    out = layout.to_json()
+    assert (out["gpus"], out["cpus"], out["workers"]) == (cluster.gpus, cluster.cpus, workers)
+    # never more GPUs than the cluster has, and the heavy stage holds nearly all of them
+    asked = sum(n * g for n, g in expected.values())
+    assert asked <= cluster.gpus + 1e-9
+    if "Inpaint" in expected and cluster.gpus >= 1:
+        n, g = expected["Inpaint"]
+        assert n * g >= 0.8 * int(cluster.gpus) - 1e-9
+
+
+def test_the_heavy_share_and_the_actors_can_be_set():
+    inpaint_verify = stages("inpaint", "verify")
+    half = plan_layout(inpaint_verify, one_node(2), gpus_per_actor=0.4)
+    assert table(half) == {"Inpaint": (4, 0.4), "Verify": (1, 0.1)}  # two a GPU, 0.2 left
+    two = plan_layout(stages("inpaint"), one_node(8), gpus_per_actor=2)
+    assert table(two) == {"Inpaint": (4, 2)}
+    forced = plan_layout(inpaint_verify, one_node(4), model_actors=2)
+    assert table(forced) == {"Inpaint": (2, 0.9), "Verify": (2, 0.1)}
+    assert plan_layout(inpaint_verify, one_node(4), cpu_actors=3).workers == 3
+    # on CPU a model stage gets a pool only when asked
+    cpu = plan_layout(stages("inpaint", device="cpu"), one_node(0, 4), model_actors=2)
+    assert table(cpu) == {"Inpaint": (2, 0)} and cpu.workers == 2
+    with pytest.raises(ValueError, match="gpus_per_actor"):
+        plan_layout(inpaint_verify, one_node(8), gpus_per_actor=1.5)
+
+
+@pytest.mark.parametrize(
+    ("parts", "cluster", "options", "line"),
+    [
+        (
+            ("inpaint", "verify"),
+            one_node(0, 8),
+            {},
+            r"^stage Inpaint \(edit on cuda\) asks for 1 actor x 0.9 GPU and 1 CPU but the "
+            r"cluster has no GPU and 8 CPUs on 1 node; run it with --device cpu",
+        ),
+        (
+            ("inpaint", "verify"),
+            one_node(1, 8),
+            {"gpus_per_actor": 1},
+            r"^stage Verify \(verify on cuda\) asks for 1 actor x 0.1 GPU and 1 CPU but the "
+            r"cluster has 1 GPU and 8 CPUs on 1 node; 0 fit beside Inpaint 1 x 1; lower",
+        ),
+        (
+            ("inpaint", "verify"),
+            one_node(1, 8),
+            {"model_actors": 2},
+            r"^stage Inpaint \(edit on cuda\) asks for 2 actors x 0.9 GPU .* 1 fit beside "
+            r"Verify 2 x 0.1",
+        ),
+        (
+            ("inpaint",),
+            Cluster((Node(8, 1), Node(8, 1))),
+            {"gpus_per_actor": 2},  # two GPUs, but not on one node
+            r"^stage Inpaint \(edit on cuda\) asks for 1 actor x 2 GPU .* 2 GPUs and 16 CPUs "
+            r"on 2 nodes; 0 fit",
+        ),
+        (
+            ("inpaint", "verify"),
+            one_node(1, 2),
+            {},
+            r"^the cluster's 2 CPUs leave none for a shard worker after 2 model actors",
+        ),
+        (
+            ("inpaint",),
+            one_node(1, 4),
+            {"cpu_actors": 4},
+            r"^--cpu-actors 4 and 1 model actors \(one CPU each\) ask for 5 CPUs",
+        ),
+    ],
+)
+def test_a_layout_the_cluster_cannot_hold_is_one_line(parts, cluster, options, line):
+    with pytest.raises(SetupError, match=line) as err:
+        plan_layout(stages(*parts), cluster, **options)
+    assert "\n" not in str(err.value)
