@@ -312,8 +312,8 @@ def test_config_is_validated_and_repair_is_the_default():
 
 
 def test_a_synth_run_records_repair(tmp_path):
-    """`repair` (the default) is in every sample's text method; the paper's setting is in the
-    run's fingerprint."""
+    """`repair` (the default) is in every sample's text method and, for np-removal, always in
+    the run's fingerprint (its default changed, so a record without it means off)."""
     from counterfactual.image import ImageConfig
     from counterfactual.method.selection import SelectionConfig
     from counterfactual.readers.demo import demo_vocabulary_path, read_demo
@@ -328,13 +328,13 @@ def test_a_synth_run_records_repair(tmp_path):
         vocabulary=vocab,
         captions="all",
     )
-    assert "repair" not in config.fingerprint()["text"]  # the default
+    assert config.fingerprint()["text"]["repair"] is True  # the default, named
     paper = SynthConfig(text=TextConfig(repair=False), vocabulary=vocab)
     assert paper.fingerprint()["text"]["repair"] is False
     records = read_demo(tmp_path / "demo").records
     run_local(records, tmp_path / "run", config)
     run = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert "repair" not in run["config"]["text"]
+    assert run["config"]["text"]["repair"] is True
     metas = []
     for shard in sorted((tmp_path / "run").glob("shard-*.tar")):
         with tarfile.open(shard) as tar:
