@@ -19,11 +19,13 @@ def shard_members(out: Path) -> dict[str, bytes]:
 
 def run_outputs(out: Path) -> dict[str, object]:
     """What must not depend on the runner, the workers or the storage: shard bytes, the stats
-    files less ``seconds`` and ``node`` (how long, and where), the status record."""
+    files less ``seconds`` and ``node`` (how long, and where) and the input files' ``stamps``
+    (their modification times, or ETags on an object store), the status record."""
     files: dict[str, object] = {p.name: p.read_bytes() for p in Path(out).glob("shard-*.tar")}
     for p in Path(out).glob("shard-*_stats.json"):
         stats = json.loads(p.read_text())
         stats.pop("seconds"), stats.pop("node")
+        stats.get("inputs", {}).pop("stamps", None)
         files[p.name] = stats
     files["status.jsonl"] = (Path(out) / "status.jsonl").read_text()
     return files

@@ -184,6 +184,18 @@ def test_resume_on_s3_after_sigkill(s3, tmp_path, capsys):
     assert_same_outputs(tmp_path / "back", clean)
     manifest = json.loads((tmp_path / "back" / "manifest.json").read_text())
     assert manifest["shards_resumed"] == 2 and manifest["shards"] == total
+    # a shard damaged on the store: check finds it, the rerun makes it again
+    assert main(["check", out]) == 0
+    inside = out.removeprefix("s3://")
+    fs.pipe(f"{inside}/shard-000001.tar", fs.cat(f"{inside}/shard-000001.tar")[:5000])
+    capsys.readouterr()
+    assert main(["check", out]) == 1
+    assert capsys.readouterr().out.startswith("shard-000001.tar: damaged: 5,000 bytes")
+    assert main(synth_args(remote, out, *KILL)) == 0
+    assert f"{out}/shard-000001.tar is damaged" in capsys.readouterr().err
+    assert main(["check", out]) == 0
+    s3.download(out, tmp_path / "again")
+    assert_same_outputs(tmp_path / "again", clean)
 
 
 def test_eval_reads_its_queries_from_s3(s3, tmp_path, capsys):
@@ -210,3 +222,21 @@ def test_eval_reads_its_queries_from_s3(s3, tmp_path, capsys):
         model.pop("seconds")  # how long: not the result
     assert remote["models"][0]["queries"] == 6
     assert remote == local
+
+
+def test_an_input_object_is_stamped_by_its_etag_from_one_listing(s3, tmp_path):
+    from counterfactual.readers.spec import InputStamps
+
+    (tmp_path / "a.jpg").write_bytes(b"one")
+    (tmp_path / "b.jpg").write_bytes(b"three")
+    url = f"{s3.bucket()}/pics"
+    s3.upload(tmp_path, url)
+    fs = s3._fs()
+    stamps = InputStamps()
+    a, b = stamps.of(f"{url}/a.jpg"), stamps.of(f"{url}/b.jpg")
+    assert (a.size, a.stamp) == (3, fs.info(f"{url.removeprefix('s3://')}/a.jpg")["ETag"])
+    assert b.size == 5 and b.stamp != a.stamp and list(stamps._listings) == [url]
+    assert stamps.of(f"{url}/gone.jpg").size == -1
+    assert InputStamps(content=True).of(f"{url}/a.jpg").content == (
+        "7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add73ff431ed"  # sha256("one")
+    )

@@ -1,5 +1,6 @@
 """The steps keep every item: a failure inside a batch becomes that item's status row."""
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,11 @@ def records(tmp_path: Path, n: int) -> list[ImageRecord]:
 
     out = []
     for i in range(n):
-        Image.fromarray(np.full((60, 80, 3), 100 + i, np.uint8)).save(tmp_path / f"{i}.jpg")
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((60, 80, 3), 100 + i, np.uint8)).save(buffer, "JPEG")
+        path = tmp_path / f"{i}.jpg"
+        if not path.exists() or path.read_bytes() != buffer.getvalue():
+            path.write_bytes(buffer.getvalue())  # the same picture keeps its mtime: a rerun resumes
         objects = (
             ObjectAnnotation((0, 0, 20, 20), "dog"),
             ObjectAnnotation((50, 30, 20, 20), "frisbee"),

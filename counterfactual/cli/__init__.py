@@ -32,6 +32,7 @@ SUBCOMMANDS = (
     "models",
     "eval",
     "report",
+    "check",
     "cooccurrence",
 )
 

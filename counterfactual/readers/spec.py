@@ -12,9 +12,11 @@ files whatever the working directory of the reader.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +81,103 @@ class RunInput:
         if self.pieces is None and isinstance(self.records, Sequence):
             return len(self.records) + len(self.failures)
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """What a run knows of an input file without reading it: ``size`` in bytes (-1: missing)
+    and ``stamp``, the local modification time in ns or an object store's ETag (else its
+    modification time); ``content``: its SHA-256 when asked for (``""`` otherwise). A folder
+    (a ``files`` corpus piece) is the sum of its files' sizes and a digest of their names,
+    sizes and stamps (and contents)."""
+
+    size: int
+    stamp: str
+    content: str = ""
+
+
+MISSING = Stamp(-1, "missing", "missing")
+STAMP_KEYS = ("ETag", "etag", "md5Hash", "blob_id", "LastModified", "last_modified", "mtime")
+"""The listing fields that stamp an object, first found wins: S3's ETag, GCS's md5Hash, a
+Hugging Face blob id, else a modification time."""
+
+
+@dataclass
+class InputStamps:
+    """:class:`Stamp` s of input files, for the input fingerprint of each shard
+    (:func:`counterfactual.synth.tasks.input_parts`). Local files cost one ``stat`` each
+    (a folder one ``scandir``); under a URL each folder is listed once (one ``ls`` per prefix,
+    not a request per file). ``content``: hash every file too (``--hash-inputs``: reads all of
+    the input once in the driver)."""
+
+    content: bool = False
+    _listings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    _cache: dict[str, Stamp] = field(default_factory=dict)
+
+    def of(self, path: fs.PathLike) -> Stamp:
+        key = os.fspath(path)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._remote(key) if fs.is_url(key) else self._local(key)
+            if self.content or fs.is_url(key):  # a local stat is as cheap as the lookup
+                self._cache[key] = found
+        return found
+
+    def _local(self, path: str) -> Stamp:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return MISSING
+        if stat.S_ISDIR(st.st_mode):
+            return _combined([(e.name, self._local(e.path)) for e in _scandir(path) if e.is_file()])
+        digest = ""
+        if self.content:
+            try:
+                digest = fs.file_sha256(path)
+            except OSError:
+                digest = "unreadable"
+        return Stamp(st.st_size, str(st.st_mtime_ns), digest)
+
+    def _remote(self, url: str) -> Stamp:
+        parent, name = str(fs.parent(url)), fs.name(url)
+        entry = self._listing(parent).get(name)
+        if entry is None:
+            inside = self._listing(url)
+            if not inside:
+                return MISSING
+            return _combined([(n, self._remote(f"{url}/{n}")) for n in sorted(inside)])
+        if entry.get("type") == "directory":
+            return _combined([(n, self._remote(f"{url}/{n}")) for n in sorted(self._listing(url))])
+        stamp = next((str(entry[k]) for k in STAMP_KEYS if entry.get(k)), "")
+        digest = fs.file_sha256(url) if self.content else ""
+        return Stamp(int(entry.get("size") or 0), stamp, digest)
+
+    def _listing(self, folder: str) -> dict[str, dict[str, Any]]:
+        if folder not in self._listings:
+            remote, inside = fs.filesystem(folder)
+            try:
+                entries = remote.ls(inside, detail=True)
+            except (FileNotFoundError, NotADirectoryError):
+                entries = []
+            self._listings[folder] = {fs.name(e["name"]): e for e in entries}
+        return self._listings[folder]
+
+
+def _scandir(path: str) -> list[os.DirEntry[str]]:
+    try:
+        return sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _combined(stamps: list[tuple[str, Stamp]]) -> Stamp:
+    """One :class:`Stamp` for a folder's files."""
+    h = hashlib.blake2b(digest_size=12)
+    c = hashlib.blake2b(digest_size=12)
+    for name, s in stamps:
+        h.update(f"{name}\0{s.size}\0{s.stamp}\n".encode("utf-8", "surrogatepass"))
+        c.update(f"{name}\0{s.content}\n".encode("utf-8", "surrogatepass"))
+    return Stamp(sum(max(s.size, 0) for _, s in stamps), h.hexdigest(), c.hexdigest())
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,9 +177,10 @@ def card_text(
     return "\n".join(lines)
 
 
-def write_card(out_dir: fs.PathLike, text: str) -> None:
-    """``OUT/README.md``, written whole (a local temporary name renamed, or one upload)."""
-    fs.write_text(fs.join(out_dir, CARD_FILE), text)
+def write_card(out_dir: fs.PathLike, text: str, run: str | None = None) -> None:
+    """``OUT/README.md``, written whole (a local temporary name renamed, or one upload);
+    ``run``: the run token its temporary name carries."""
+    fs.write_text(fs.join(out_dir, CARD_FILE), text, run=run)
 
 
 __all__: Sequence[str] = (

@@ -6,8 +6,12 @@ O(samples). :func:`run_shards` is the driver's loop, shared by both runners, whi
 in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), writes
 ``run.json`` (the format and the config's fingerprint: the options that decide the output,
 :func:`~counterfactual.synth.plan.fingerprint_of`) on the first run and refuses a rerun with another
-config (the runtime may change), finds the committed shards (their stats file exists; a rerun
-over other input is refused shard by shard) and removes unfinished temporary files.
+config (the runtime may change; a missing ``run.json`` is rebuilt only when every shard records
+this config), refuses a run that makes fewer shards than OUT holds (its records would list the
+others nowhere), finds the committed shards (their stats file exists; each is verified against
+it, and a damaged one is made again; a rerun over changed input is refused shard by shard,
+naming what changed) and removes unfinished temporary files of the project's own names: at
+the end only this run's (by its token), at the start those of dead runs.
 :func:`finish_run` streams ``status.jsonl`` (every input image and every item, with reasons)
 together from the reader's failures and the shards' stats files, and writes ``manifest.json``
 (config and runtime, data spec, package versions, git revision, counts, items per node,
@@ -23,12 +27,13 @@ import json
 import os
 import platform
 import re
+import socket
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
@@ -36,16 +41,24 @@ from typing import Any
 from counterfactual import fs
 from counterfactual.json_types import check_type
 from counterfactual.progress import Progress
-from counterfactual.readers.spec import RunInput
+from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import Status, outcome
 from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, write_card
 from counterfactual.synth.models import model_records
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
-from counterfactual.synth.runlock import RunLock
+from counterfactual.synth.runlock import RunLock, pid_running
 from counterfactual.synth.samples import verify_summary_from_samples
-from counterfactual.synth.shards import committed_names, iter_stats, shard_name, stats_name
+from counterfactual.synth.shards import (
+    committed_names,
+    config_digest,
+    file_sizes,
+    iter_stats,
+    shard_name,
+    stats_name,
+    verify_shard,
+)
 from counterfactual.synth.steps import SetupError, plan_steps
-from counterfactual.synth.tasks import ShardDone, ShardTask, shard_tasks
+from counterfactual.synth.tasks import ShardDone, ShardTask, input_change, shard_tasks
 
 RUN_FILE = "run.json"
 STATUS_FILE = "status.jsonl"
@@ -116,6 +129,11 @@ class RunPlan:
     committed: dict[int, ShardDone]
     started: float = field(default_factory=time.time)
     runtime: Runtime = field(default_factory=Runtime)
+    token: str | None = None
+    """The run's token (its lock's): every temporary name it writes carries it, and it removes
+    no other run's."""
+    notes: list[str] = field(default_factory=list)
+    """Lines for the log: damaged shards to be made again, a ``run.json`` rebuilt."""
 
     def todo(
         self,
@@ -123,36 +141,65 @@ class RunPlan:
         seen: list[int],
         on_resumed: Callable[[ShardDone], None] | None = None,
     ) -> Iterator[ShardTask]:
-        """The tasks whose shards are not committed; ``seen`` collects every task index,
-        ``on_resumed`` hears of each committed one. ``ValueError`` when a committed shard was
-        made from other input."""
+        """The tasks whose shards are not committed, carrying the run's token and config
+        digest; ``seen`` collects every task index, ``on_resumed`` hears of each committed one.
+        ``ValueError`` naming the shard and what changed when a committed shard was made from
+        other input (:func:`~counterfactual.synth.tasks.input_change`)."""
+        digest = config_digest(self.config.fingerprint())
         for task in tasks:
             seen.append(task.index)
             done = self.committed.get(task.index)
             if done is None:
-                yield task
+                yield replace(task, run=self.token, config=digest)
                 continue
-            if done.input != task.input:
-                raise ValueError(
-                    f"{fs.join(self.out_dir, shard_name('shard', task.index))} was made from "
-                    "other input than this run reads (another dataset, split, limit or file); "
-                    "use another --out, or delete the folder to start over"
-                )
+            self.check_input(task)
             if on_resumed is not None:
                 on_resumed(done)
 
+    def check_input(self, task: ShardTask) -> None:
+        """``ValueError`` naming the shard and what changed when ``task``'s shard is committed
+        and was made from other input."""
+        done = self.committed.get(task.index)
+        if done is None:
+            return
+        change = input_change(done.inputs, done.input, task.inputs)
+        if change is not None:
+            raise ValueError(
+                f"{fs.join(self.out_dir, shard_name('shard', task.index))} was made from "
+                f"other input than this run reads: {change}; use another --out, or delete "
+                "the folder to start over"
+            )
+
 
 def prepare_run(
-    out_dir: fs.PathLike, config: SynthConfig, runtime: Runtime | None = None
+    out_dir: fs.PathLike,
+    config: SynthConfig,
+    runtime: Runtime | None = None,
+    *,
+    shards: int | None = None,
+    token: str | None = None,
+    spare: str | None = None,
 ) -> RunPlan:
     """Check ``out_dir`` against this run and find what is left to do (see the module doc).
+
     A run resumes when the fingerprint ``run.json`` recorded (:func:`fingerprint_of`, which
-    also reads the fuller fingerprints runs recorded before it) equals this config's. The
-    caller holds the OUT's lock, so unfinished temporary files are nobody's."""
+    also reads the fuller fingerprints runs recorded before it) equals this config's. Without
+    ``run.json`` beside committed shards it resumes only when every shard records this
+    config's digest (``run.json`` is rebuilt), else it is refused. ``shards``: how many this
+    run makes, when known: shards beyond them are refused (the records would list them
+    nowhere). Each committed shard is verified (:func:`verify_shard`: its size, and its
+    SHA-256 with :attr:`Runtime.verify_shards`); a damaged one is uncommitted, to be made
+    again, with a line in :attr:`RunPlan.notes`. The caller holds the OUT's lock: the
+    project's temporary files are removed, except those carrying ``spare``, the token of a
+    holder whose lock was taken over and that may still live. ``token``: this run's."""
     out_dir = fs.as_path(out_dir)
     fs.makedirs(out_dir)
+    runtime = runtime or Runtime()
     identity = {"format": RUN_FORMAT, "config": config.fingerprint()}
+    digest = config_digest(identity["config"])
     run_file = fs.join(out_dir, RUN_FILE)
+    names = fs.listdir(out_dir)
+    notes: list[str] = []
     if fs.exists(run_file):
         try:
             previous = json.loads(fs.read_text(run_file))
@@ -175,10 +222,55 @@ def prepare_run(
                 "Use another --out, or delete the folder to start over"
             )
     else:
-        fs.write_text(run_file, json.dumps(identity, indent=1))
-    _remove_temporary(out_dir, fs.listdir(out_dir))
-    committed = {i: ShardDone.of(i, s) for i, s in iter_stats(out_dir)}
-    return RunPlan(out_dir, config, committed, runtime=runtime or Runtime())
+        recorded = {s.config for _, s in iter_stats(out_dir)}
+        if recorded and recorded != {digest}:
+            raise ValueError(
+                f"{out_dir} holds committed shards but no {RUN_FILE} (the config they were made "
+                "with), and they do not record this config; use another --out, or delete the "
+                "folder to start over"
+            )
+        if recorded:
+            notes.append(
+                f"{run_file} was missing: rebuilt from the shards, which record this config"
+            )
+        fs.write_text(run_file, json.dumps(identity, indent=1), run=token)
+    if shards is not None:
+        _refuse_extra_shards(out_dir, names, shards)
+    _remove_temporary(out_dir, names, spare=spare)
+    sizes = file_sizes(out_dir)
+    committed: dict[int, ShardDone] = {}
+    for i, stats in iter_stats(out_dir):
+        problem = verify_shard(out_dir, stats, sizes.get(stats.shard), runtime.verify_shards)
+        if problem is None:
+            committed[i] = ShardDone.of(i, stats)
+            continue
+        fs.remove(fs.join(out_dir, stats_name("shard", i)))  # uncommitted first
+        fs.remove(fs.join(out_dir, stats.shard))
+        notes.append(
+            f"warning: {fs.join(out_dir, stats.shard)} is damaged ({problem}); making it again"
+        )
+    return RunPlan(out_dir, config, committed, runtime=runtime, token=token, notes=notes)
+
+
+def _refuse_extra_shards(out_dir: fs.PathLike, names: Iterable[str], shards: int) -> None:
+    """``ValueError`` when OUT holds shards (committed or not) at or beyond index ``shards``:
+    made by an earlier run over more input (a larger ``--limit``), this run's records would
+    list them nowhere."""
+    extra = sorted({i for n in names if (i := _shard_file_index(n)) is not None and i >= shards})
+    if extra:
+        raise ValueError(
+            f"{out_dir} holds {len(extra):,} shard(s) beyond the {shards:,} this run makes "
+            f"({shard_name('shard', extra[0])}, ...), made by an earlier run over more input "
+            "(another --limit or input): status.jsonl, manifest.json and README.md would list "
+            "them nowhere. Rerun with that input, use another --out, or delete the folder to "
+            "start over"
+        )
+
+
+def _shard_file_index(name: str) -> int | None:
+    """The index of a shard's tar or stats file name, else ``None``."""
+    m = re.fullmatch(r"shard-(\d{6,})(?:\.tar|_stats\.json)", name)
+    return int(m.group(1)) if m else None
 
 
 Execute = Callable[[Iterator[ShardTask]], Iterable[ShardDone]]
@@ -205,10 +297,20 @@ def run_shards(
     """
     out_dir = fs.as_path(out_dir)
     check_out_dir(out_dir)
+    runtime = runtime or Runtime()
     with RunLock(out_dir, runner=runner) as lock:
         if lock.message:
             print(lock.message, file=sys.stderr)
-        run = prepare_run(out_dir, config, runtime)
+        run = prepare_run(
+            out_dir,
+            config,
+            runtime,
+            shards=inputs.shard_count(config),
+            token=lock.token,
+            spare=_maybe_alive(lock.took_over),
+        )
+        for note in run.notes:
+            print(note, file=sys.stderr)
         seen: list[int] = []
         finished: dict[int, ShardDone] = {}
         if progress is not None and inputs.failures:
@@ -219,7 +321,14 @@ def run_shards(
             if progress is not None:
                 progress.update(shards=1, inputs=done.images, **done.outcomes())
 
-        for done in execute(run.todo(shard_tasks(inputs, config), seen, count)):
+        tasks: Iterable[ShardTask] = shard_tasks(
+            inputs, config, InputStamps(content=runtime.hash_inputs)
+        )
+        if run.committed and inputs.shard_count(config) is not None:
+            tasks = list(tasks)  # the input is held already: refuse changed input before work
+            for task in tasks:
+                run.check_input(task)
+        for done in execute(run.todo(tasks, seen, count)):
             finished[done.index] = done
             count(done)
             if on_shard is not None:
@@ -296,7 +405,9 @@ def finish_run(
             f"{len(missing)} shards were not finished ({shard_name('shard', missing[0])}, ...); "
             "rerun the same command to finish them"
         )
-    _remove_temporary(run.out_dir, names)  # of a worker that died mid-shard and was retried
+    _refuse_extra_shards(run.out_dir, names, shards)  # when the count was not known up front
+    # of a worker that died mid-shard and was retried: this run's own only
+    _remove_temporary(run.out_dir, names, only=run.token)
     counts: Counter[str] = Counter()
     images, items = len(inputs.failures), 0
     entries: list[ShardEntry] = []
@@ -312,7 +423,7 @@ def finish_run(
             entries.append(_shard_entry(run.out_dir, i, stats))
             yield from stats["status"]
 
-    with fs.atomic_write(fs.join(run.out_dir, STATUS_FILE)) as fh:
+    with fs.atomic_write(fs.join(run.out_dir, STATUS_FILE), run=run.token) as fh:
         for row in rows():
             counts[outcome(row["status"], row["reason"])] += 1
             fh.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
@@ -348,7 +459,7 @@ def finish_run(
         config=run.config.record(run.runtime),
         data=inputs.spec or {},
     )
-    write_card(run.out_dir, card)
+    write_card(run.out_dir, card, run=run.token)
     return result
 
 
@@ -413,14 +524,45 @@ def write_manifest(
         **(extra or {}),
     }
     text = json.dumps(manifest, indent=1, default=str, ensure_ascii=False)
-    fs.write_text(path, text)
+    fs.write_text(path, text, run=run.token)
 
 
-def _remove_temporary(out_dir: fs.PathLike, names: Iterable[str]) -> None:
-    """Remove unfinished writes (``*.tmp``): the caller holds the lock, so they are nobody's."""
+_OWN_FILES = re.compile(
+    r"shard-\d{6,}\.tar|shard-\d{6,}_stats\.json|status\.jsonl|manifest\.json|README\.md"
+    r"|run\.json|contact_sheet\.png"
+)
+"""The files a run writes through temporary names (``run.lock``'s belong to the lock)."""
+
+
+def _remove_temporary(
+    out_dir: fs.PathLike, names: Iterable[str], only: str | None = None, spare: str | None = None
+) -> None:
+    """Remove unfinished writes: the temporary names :func:`~counterfactual.fs.temp_name` gives
+    the run's own files (a ``notes.tmp`` is left alone). ``only``: just those of this run
+    token; ``spare``: all but those of this token (a holder that may still live)."""
     for name in names:
-        if name.endswith(fs.TMP_SUFFIX):
-            fs.remove(fs.join(out_dir, name))
+        found = fs.temp_target(name)
+        if found is None or not _OWN_FILES.fullmatch(found[0]):
+            continue
+        token = found[1]
+        if (only is not None and token != only[:12]) or (spare and token == spare[:12]):
+            continue
+        fs.remove(fs.join(out_dir, name))
+
+
+def _maybe_alive(holder: dict[str, Any] | None) -> str | None:
+    """The token of a lock holder that was taken over, unless it surely died (this host, its
+    process gone): its temporary files are left to it."""
+    if not holder or not isinstance(holder.get("token"), str):
+        return None
+    pid, start = holder.get("pid"), holder.get("pid_start")
+    if (
+        holder.get("host") == socket.gethostname()
+        and isinstance(pid, int)
+        and not pid_running(pid, start if isinstance(start, int) else None)
+    ):
+        return None
+    return str(holder["token"])
 
 
 def read_status(out_dir: fs.PathLike) -> Iterator[Status]:

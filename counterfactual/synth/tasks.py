@@ -17,14 +17,15 @@ stats file. Both runners use it: in process, and in the Ray actors of ``pipeline
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, TypeVar
 
 from counterfactual import fs
 from counterfactual.method.cooccurrence import CooccurrenceStats
-from counterfactual.readers.spec import RunInput
+from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import ImageRecord, Status
 from counterfactual.synth.plan import Runtime, SynthConfig, plan
 from counterfactual.synth.shards import ShardStats, ShardWriter
@@ -46,14 +47,21 @@ def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
 class ShardTask:
     """The input of one shard: ``rows`` (records, and statuses of images that are already
     known to fail, in input order) or a corpus ``piece`` for the worker to read. ``stats``:
-    dataset-wide co-occurrence counts for the spurious policy. ``input``: a fingerprint of the
-    input, kept in the shard's stats file, so a rerun over other input is refused."""
+    dataset-wide co-occurrence counts for the spurious policy. ``inputs``: the fingerprint of
+    the input by part (:func:`input_parts`), kept in the shard's stats file, so that a rerun
+    over changed input is refused naming what changed (:func:`input_change`); ``input`` its
+    ``ids`` part, what older stats files hold. ``run``: the run's token (its temporary names);
+    ``config``: the digest of its config (:func:`~counterfactual.synth.shards.config_digest`);
+    both set by the driver as it hands the task out."""
 
     index: int
     rows: tuple[ImageRecord | Status, ...] = ()
     piece: InputPiece | None = None
     stats: CooccurrenceStats | None = None
     input: str = ""
+    inputs: dict[str, str] = field(default_factory=dict)
+    run: str | None = None
+    config: str = ""
 
 
 def _fingerprint(parts: Iterable[str]) -> str:
@@ -68,22 +76,106 @@ def _row_id(row: ImageRecord | Status) -> str:
 
 
 def piece_fingerprint(piece: InputPiece) -> str:
-    """The piece's file name and its range (rows, and a CSV's byte offsets). Nothing is read:
-    on an object store a request per file would cost the driver more than the whole plan."""
+    """The piece's file name and its range (rows, and a CSV's byte offsets): the ``ids`` part
+    of a corpus piece's fingerprint."""
     fields = (piece.kind, piece.index, piece.start, piece.stop, piece.offset, piece.end)
     return _fingerprint([fs.name(piece.path), *map(str, fields)])
 
 
-def shard_tasks(inputs: RunInput, config: SynthConfig) -> Iterator[ShardTask]:
-    """The run's tasks in shard order, made lazily (records are sliced as they stream by).
+PARTS = {
+    "ids": "other images (another dataset, split, limit or file)",
+    "annotations": "the annotations of its images changed (boxes, classes or captions)",
+    "sizes": "its input files changed (their sizes differ)",
+    "stamps": "its input files were modified (their modification times or ETags differ; "
+    "--hash-inputs compares contents instead)",
+    "content": "its input files' contents changed",
+}
+"""The parts of a shard's input fingerprint, and what a difference in each one means."""
+
+
+def input_parts(
+    rows: Sequence[ImageRecord | Status] = (),
+    piece: InputPiece | None = None,
+    stamps: InputStamps | None = None,
+) -> dict[str, str]:
+    """What decides a shard's content, part by part (:data:`PARTS`), each a short digest.
+
+    ``ids``: the images (ids, and the reader's failures) or the piece (file name and range);
+    ``annotations``: each record's file, size, objects and captions as read (an annotated
+    dataset, or a corpus's first rows under ``--limit``); ``sizes`` and ``stamps``: of each
+    picture file, the file a picture lies in, or the piece's file (its files, for a folder):
+    bytes, and the modification time or an object store's ETag; ``content``: their SHA-256,
+    only when ``stamps`` hashes (``--hash-inputs``)."""
+    stamps = stamps or InputStamps()
+    sizes, marks, content = (hashlib.blake2b(digest_size=12) for _ in range(3))
+
+    def stamp(path: fs.PathLike) -> None:
+        s = stamps.of(path)
+        sizes.update(f"{s.size}\n".encode())
+        marks.update(s.stamp.encode("utf-8", "surrogatepass") + b"\n")
+        content.update(s.content.encode() + b"\n")
+
+    if piece is not None:
+        parts = {"ids": piece_fingerprint(piece)}
+        stamp(piece.path)
+    else:
+        annotations = hashlib.blake2b(digest_size=12)
+        for row in rows:
+            if isinstance(row, Status):
+                continue
+            annotations.update(_record_text(row))
+            if row.source is not None:
+                stamp(row.source.path)
+            elif isinstance(row.root, str):
+                stamp(fs.join(row.root, row.file))
+            else:
+                stamp(os.path.join(row.root or "", row.file))
+        parts = {"ids": _fingerprint(map(_row_id, rows)), "annotations": annotations.hexdigest()}
+    parts |= {"sizes": sizes.hexdigest(), "stamps": marks.hexdigest()}
+    if stamps.content:
+        parts["content"] = content.hexdigest()
+    return parts
+
+
+def _record_text(record: ImageRecord) -> bytes:
+    """What a record says of its picture, as bytes: the plain tuples it pickles as, less its
+    root (a dataset moved elsewhere is the same dataset; its pictures' stamps tell)."""
+    _, (_id, file, width, height, objects, captions, _root, *_rest) = record.__reduce__()
+    text = repr((file, width, height, objects, captions))
+    return text.encode("utf-8", "surrogatepass") + b"\n"
+
+
+def input_change(recorded: dict[str, str], input: str, now: dict[str, str]) -> str | None:
+    """What differs between a committed shard's input fingerprint (``recorded``, and its
+    ``input``: an older stats file has only that, the ``ids`` part) and this run's (``now``),
+    as :data:`PARTS` words it; ``None`` when the shard may be kept. With contents on both
+    sides, modification times and ETags are not compared (a copied dataset resumes)."""
+    if not recorded:
+        return None if input == now.get("ids") else PARTS["ids"]
+    names = ["ids", "annotations", "sizes"]
+    names.append("content" if "content" in recorded and "content" in now else "stamps")
+    for name in names:
+        if recorded.get(name) != now.get(name):
+            return PARTS[name]
+    return None
+
+
+def shard_tasks(
+    inputs: RunInput, config: SynthConfig, stamps: InputStamps | None = None
+) -> Iterator[ShardTask]:
+    """The run's tasks in shard order, made lazily (records are sliced as they stream by),
+    each with its input fingerprint (:func:`input_parts`; ``stamps``: how input files are
+    stamped, by default size and modification time).
 
     With the spurious policy a first pass over the records counts class co-occurrences
     (counts only, each image id once) and every task carries them. A repeated image id makes its
     later occurrence a ``failed: duplicate-id`` row; the first is processed.
     """
+    stamps = stamps or InputStamps()
     if inputs.pieces is not None:
         for i, piece in enumerate(inputs.pieces):
-            yield ShardTask(i, piece=piece, input=piece_fingerprint(piece))
+            parts = input_parts(piece=piece, stamps=stamps)
+            yield ShardTask(i, piece=piece, input=parts["ids"], inputs=parts)
         return
     records: Iterable[ImageRecord] = inputs.records
     stats = None
@@ -101,7 +193,8 @@ def shard_tasks(inputs: RunInput, config: SynthConfig) -> Iterator[ShardTask]:
                 rows.append(Status(record.image_id, "failed", "duplicate-id", detail))
             else:
                 rows.append(record)
-        yield ShardTask(i, tuple(rows), stats=stats, input=_fingerprint(map(_row_id, rows)))
+        parts = input_parts(rows, stamps=stamps)
+        yield ShardTask(i, tuple(rows), stats=stats, input=parts["ids"], inputs=parts)
 
 
 def _first_of_each_id(records: Iterable[ImageRecord]) -> Iterator[ImageRecord]:
@@ -126,6 +219,8 @@ class ShardDone:
     seconds: dict[str, float]
     node: str = ""
     input: str = ""
+    inputs: dict[str, str] = field(default_factory=dict)
+    config: str = ""
 
     def outcomes(self) -> dict[str, int]:
         """Status rows by outcome: ``written``, ``skipped``, ``failed`` (every row, as the end
@@ -147,6 +242,8 @@ class ShardDone:
             dict(stats.seconds),
             stats.node,
             stats.input,
+            dict(stats.inputs),
+            stats.config,
         )
 
 
@@ -170,7 +267,15 @@ class ShardMaker:
     def __call__(self, task: ShardTask) -> ShardDone:
         rows = task.rows if task.piece is None else tuple(_read_piece(task.piece))
         records = [r for r in rows if isinstance(r, ImageRecord)]
-        writer = ShardWriter(self.out_dir, task.index, input=task.input, node=self.node)
+        writer = ShardWriter(
+            self.out_dir,
+            task.index,
+            input=task.input,
+            node=self.node,
+            run=task.run,
+            config=task.config,
+            inputs=dict(task.inputs),
+        )
         writer.images = len(rows)
         for row in rows:
             if isinstance(row, Status):
