@@ -165,9 +165,9 @@ def _from_flat(cls: type, options: Mapping[str, Any]) -> Any:
     built = {}
     for name, eraser in ERASERS.items():
         given = parts[name]
-        recipe = given.pop("recipe", "") if eraser.config is DiffusersConfig else ""
-        if recipe:
-            built[name] = DiffusersConfig.from_recipe(recipe, **given)
+        recipe = given.pop("recipe", "") if hasattr(eraser.config, "from_recipe") else ""
+        if recipe:  # a part with recipes (diffusers): the recipe's values under the options
+            built[name] = eraser.config.from_recipe(recipe, **given)
         else:
             built[name] = eraser.config(**given)
     return cls(**top, **built)

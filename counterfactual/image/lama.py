@@ -137,8 +137,8 @@ class LamaInpainter:
             "crop_padding": c.crop_padding,
             "min_crop": MIN_CROP,
             "max_side": c.max_side,
-            "feather": c.feather,
             "dtype": "float32",
+            **({"feather": c.feather} if c.feather else {}),  # as before when unused
         }
 
     def __call__(self, batch: Sequence[EditRequest]) -> list[Edited]:
