@@ -52,6 +52,8 @@ def shown_default(action: argparse.Action) -> list[str]:
         return []
     if isinstance(d, list | tuple):
         return [str(x) for x in d]  # an empty list is "none given"
+    if isinstance(d, float) and d.is_integer():
+        return [f"{d:g}"]  # 120.0 shown as 120
     return [str(d)]
 
 

@@ -503,15 +503,18 @@ FEATHER_OPTION = Option(
 )
 """The feathered paste, an option of every learned inpainter (one flat key, shared)."""
 
+MODEL_OPTION = Option(
+    "model",
+    "model",
+    "diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt)",
+    cli="--inpaint-model",
+)
+"""The learned inpainter's weights (one flat key, shared by diffusers and LaMa)."""
+
 
 def _options() -> tuple[Option, ...]:
     return (
-        Option(
-            "model",
-            "model",
-            "diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt)",
-            cli="--inpaint-model",
-        ),
+        MODEL_OPTION,
         Option(
             "steps", "steps", "diffusers: denoising steps, >= 1", cli="--steps", kind="positive_int"
         ),

@@ -41,7 +41,7 @@ from counterfactual.image.base import (
     output_failure,
 )
 from counterfactual.image.checks import check_request, paste
-from counterfactual.image.diffusion import FEATHER_OPTION, crop_box
+from counterfactual.image.diffusion import FEATHER_OPTION, MODEL_OPTION, crop_box
 from counterfactual.method.masks import mask_bounds
 from counterfactual.models.embed import resolve_device
 
@@ -298,12 +298,7 @@ ERASER = Eraser(
     name="lama",
     config=LamaConfig,
     options=(
-        Option(
-            "model",
-            "model",
-            "diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt)",
-            cli="--inpaint-model",
-        ),
+        MODEL_OPTION,
         Option(
             "max_side",
             "lama_max_side",
