@@ -114,20 +114,10 @@ def s3() -> Iterator[S3Server]:
         import s3fs
     except ImportError as err:
         pytest.skip(f"S3 tests need moto[server] and s3fs: {err}")
-    exe = Path(sys.executable).with_name("moto_server")
-    if not exe.is_file():
-        pytest.skip(f"S3 tests need the moto_server console script ({exe} is missing)")
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [str(exe), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc, endpoint = start_moto()
     names = ["AWS_ENDPOINT_URL", *_ENV]
     saved = {k: os.environ.get(k) for k in names}
     try:
-        _wait_until_up(endpoint, proc)
         os.environ.update(_ENV, AWS_ENDPOINT_URL=endpoint)
         s3fs.S3FileSystem.clear_instance_cache()
         yield S3Server(endpoint)
@@ -222,5 +212,9 @@ def start_moto() -> tuple[subprocess.Popen, str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    _wait_until_up(endpoint, proc)
+    try:
+        _wait_until_up(endpoint, proc)
+    except BaseException:
+        proc.kill()
+        raise
     return proc, endpoint

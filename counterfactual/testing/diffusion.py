@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import string
 from pathlib import Path
+from typing import Any
 
 BOS = "<|startoftext|>"
 EOS = "<|endoftext|>"
@@ -48,13 +49,10 @@ def build_tiny_inpaint_pipeline(path: Path) -> Path:
         StableDiffusionInpaintPipeline,
         UNet2DConditionModel,
     )
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel
 
     path = Path(path)
-    tokenizer_dir = path.parent / f"{path.name}-tokenizer-src"
-    write_clip_tokenizer_files(tokenizer_dir)
-    # Load by folder: in transformers 5 the v4 keywords vocab_file=/merges_file= are not honoured.
-    tokenizer = CLIPTokenizer.from_pretrained(str(tokenizer_dir), model_max_length=77)
+    tokenizer = _tiny_tokenizer(path)
 
     torch.manual_seed(0)
     unet = UNet2DConditionModel(
@@ -127,15 +125,10 @@ def build_tiny_sdxl_inpaint_pipeline(path: Path) -> Path:
         CLIPTextConfig,
         CLIPTextModel,
         CLIPTextModelWithProjection,
-        CLIPTokenizer,
     )
 
     path = Path(path)
-    tokenizer_dir = path.parent / f"{path.name}-tokenizer-src"
-    write_clip_tokenizer_files(tokenizer_dir)
-    # Load by folder: in transformers 5 the v4 keywords vocab_file=/merges_file= are not honoured.
-    tokenizer = CLIPTokenizer.from_pretrained(str(tokenizer_dir), model_max_length=77)
-    tokenizer_2 = CLIPTokenizer.from_pretrained(str(tokenizer_dir), model_max_length=77)
+    tokenizer, tokenizer_2 = _tiny_tokenizer(path), _tiny_tokenizer(path)
 
     time_dim, text_dim = 8, 32
     torch.manual_seed(0)
@@ -202,3 +195,13 @@ def build_tiny_sdxl_inpaint_pipeline(path: Path) -> Path:
     )
     pipeline.save_pretrained(str(path))
     return path
+
+
+def _tiny_tokenizer(path: Path) -> Any:
+    """The tests' CLIP tokenizer, written beside ``path`` and loaded by folder (in transformers
+    5 the v4 keywords ``vocab_file=``/``merges_file=`` are not honoured)."""
+    from transformers import CLIPTokenizer
+
+    tokenizer_dir = path.parent / f"{path.name}-tokenizer-src"
+    write_clip_tokenizer_files(tokenizer_dir)
+    return CLIPTokenizer.from_pretrained(str(tokenizer_dir), model_max_length=77)
