@@ -22,7 +22,7 @@ How output is compared: whitespace is ignored (so pretty-printed JSON may be sho
 not there yet writes the lines shown into it: that is how a document shows its input files.
 
 Every marked snippet of one document runs in order in one temporary folder (a later snippet
-sees the files an earlier one wrote), with the repository's Python environment first on
+sees the files an earlier one wrote; selecting one with ``-k`` runs the earlier ones too), with the repository's Python environment first on
 ``PATH`` and the offline settings of the test suite (``HF_HUB_OFFLINE=1``, no telemetry, no
 Ray usage stats).
 """
@@ -35,7 +35,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -254,10 +254,18 @@ def run_script(snippet: Snippet, folder: Path) -> None:
         )
 
 
+@dataclass
+class Workspace:
+    """A document's working folder and the lines of the snippets tried in it."""
+
+    folder: Path
+    tried: set[int] = field(default_factory=set)
+
+
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Path]:
+def workspaces(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Workspace]:
     """One working folder per document, shared by its snippets in order."""
-    return {doc: tmp_path_factory.mktemp(doc.stem) for doc in DOCS}
+    return {doc: Workspace(tmp_path_factory.mktemp(doc.stem)) for doc in DOCS}
 
 
 def prepare(snippet: Snippet, folder: Path) -> None:
@@ -275,17 +283,29 @@ def prepare(snippet: Snippet, folder: Path) -> None:
             shutil.copyfile(TOLOKA / name, folder / "toloka" / name)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("snippet", ALL, ids=[s.id for s in ALL])
-def test_snippet_runs(snippet: Snippet, folders: dict[Path, Path]) -> None:
-    folder = folders[snippet.doc]
-    prepare(snippet, folder)
+def execute(snippet: Snippet, space: Workspace) -> None:
+    space.tried.add(snippet.line)
+    prepare(snippet, space.folder)
     if snippet.lang == "console" and any(
         line.startswith("$ ") for line in snippet.body.splitlines()
     ):
-        run_console(snippet, folder)
+        run_console(snippet, space.folder)
     else:
-        run_script(snippet, folder)
+        run_script(snippet, space.folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("snippet", ALL, ids=[s.id for s in ALL])
+def test_snippet_runs(snippet: Snippet, workspaces: dict[Path, Workspace]) -> None:
+    space = workspaces[snippet.doc]
+    for earlier in ALL:  # a snippet may read what earlier ones wrote: run those -k left out
+        if earlier.doc == snippet.doc and earlier.line < snippet.line:
+            if earlier.line not in space.tried:
+                try:
+                    execute(earlier, space)
+                except pytest.skip.Exception:
+                    pass
+    execute(snippet, space)
 
 
 # Sections whose commands set up the machine (they install packages over the network); how a
