@@ -141,8 +141,16 @@ class SynthConfig:
     images_per_shard: int = 1000
     max_pixels: int = DEFAULT_MAX_PIXELS
     jpeg_quality: int = 95
+    pairs: bool = False
+    """Each sample also holds its original picture (``orig.jpg``, the decoded picture the edit
+    was made on, same size and JPEG quality as ``jpg``) and the mask (``mask.png``, 8-bit, 255 =
+    removed), and its json records how the mask was made (``mask``: source, dilation, the
+    boxes' origin and frame). Off, shards are as they always were (and the fingerprint does not
+    name it)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.pairs, bool):
+            raise ValueError(f"pairs must be True or False, got {self.pairs!r}")
         if self.captions not in CAPTION_CHOICES:
             raise ValueError(f"captions {self.captions!r} is not one of {CAPTION_CHOICES}")
         _whole("seed", self.seed, 0)

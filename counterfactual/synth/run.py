@@ -527,6 +527,7 @@ def finish_run(
         unit=result.unit,
         config=run.config.record(run.runtime),
         data=inputs.spec or {},
+        pairs=run.config.pairs,
     )
     write_card(run.out_dir, card, run=run.token)
     write_indexes(run.out_dir, indexed, run=run.token)
