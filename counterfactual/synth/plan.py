@@ -171,11 +171,11 @@ class SynthConfig:
     def to_dict(self) -> dict[str, Any]:
         """The options as runs have always recorded them: the image options flat
         (:meth:`ImageConfig.flat`), the vocabulary under ``text`` (after ``spacy_model``), the
-        seed under ``selection`` too (it draws the targets)."""
+        seed under ``selection`` too (it draws the targets); ``pairs`` only when on."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "vocabulary":
+            if f.name == "vocabulary" or (f.name == "pairs" and not value):
                 continue
             if isinstance(value, ImageConfig):
                 value = value.flat()
@@ -268,9 +268,11 @@ def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
 
 @cache
 def _defaults() -> dict[str, Any]:
-    """:meth:`SynthConfig.to_dict` of the defaults, a default detector's options included."""
+    """:meth:`SynthConfig.to_dict` of the defaults, a default detector's options included, and
+    the options it leaves out at their default (``pairs``)."""
     out = json.loads(json.dumps(SynthConfig().to_dict()))
     out["detect"] = json.loads(json.dumps(asdict(DetectConfig())))
+    out["pairs"] = False
     return out
 
 
