@@ -144,3 +144,27 @@ def test_mix_unpair_refuses_shards_without_pairs(runs, tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "holds no orig.jpg; make the run with synth --pairs" in err
+
+
+@pytest.mark.slow
+def test_train_reads_the_unpaired_originals_and_the_pairs(runs, tmp_path, capsys):
+    """``counterfactual train --mix union`` on the originals ``mix --unpair`` wrote and the pair
+    shards (whose extra members it ignores): one epoch of a tiny CLIP over all 58 samples."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tiny_clip import build_tiny_clip
+
+    originals = tmp_path / "originals"
+    argv = ["mix", "--unpair", str(originals), "--synthetic", str(runs[0]), "--ratio", "1"]
+    assert main(argv) == 0
+    model = build_tiny_clip(tmp_path / "clip", seed=0)
+    out = tmp_path / "train"
+    argv = ["train", "--model", str(model), "--original", str(originals)]
+    argv += ["--synthetic", str(runs[0]), "--mix", "union", "--out", str(out)]
+    argv += ["--epochs", "1", "--batch-size", "8", "--lr", "1e-3", "--device", "cpu"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "10 original samples in 5 shards, 48 synthetic in 5 shards" in printed
+    result = json.loads((out / "train.json").read_text())
+    assert result["result"]["samples"] == 58 and result["result"]["synthetic"] == 48

@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         unpaired = write_originals(args.synthetic, args.unpair)
         print(
             f"{unpaired.originals} originals of {unpaired.pairs} pair samples written to "
-            f"{args.unpair} in {len(unpaired.shards)} shards"
+            f"{args.unpair} in {len(unpaired.shards)} shard"
+            f"{'' if len(unpaired.shards) == 1 else 's'}"
         )
         original = [str(args.unpair)]
     plan = plan_mix(original, args.synthetic, args.ratio)
