@@ -48,9 +48,11 @@ _BOXES = ("bbox", "box")
 
 
 class EditError(ValueError):
-    """The picture cannot be edited as asked: ``reason`` is the status reason a run would
-    record (``fewer-than-two-classes``, ``rejected-keep``, ``unknown-class``...) and
-    ``candidates`` every target the alpha rules weighed, with its evidence."""
+    """The picture cannot be edited as asked. ``reason``: the status reason a run would record
+    (``fewer-than-two-classes``, ``nothing-kept``, ``keep-overlap``, ``too-large``, a decode or
+    model output failure: the README's table), or ``unknown-class`` (``remove`` names a class
+    no box has) or ``not-one-plan`` (no single target removes every named class);
+    ``candidates``: every target the alpha rules weighed, with its evidence."""
 
     def __init__(self, message: str, reason: str, candidates: Sequence[RemovalPlan] = ()) -> None:
         super().__init__(message)
