@@ -196,7 +196,9 @@ class Editor:
         if valid:
             return valid[0]
         why = "; ".join(
-            f"{p.target}: {p.rejected_by}" for p in weighed.candidates if p.target in names
+            f"{p.target}: {p.rejected_by or 'removes only ' + ', '.join(p.removed)}"
+            for p in weighed.candidates
+            if p.target in names
         )
         reason = fits[0].rejected_by if fits else "not-one-plan"
         raise EditError(

@@ -83,6 +83,9 @@ def test_what_cannot_be_done_says_why(demo):
     with pytest.raises(counterfactual.EditError, match="nothing-kept") as err:
         counterfactual.edit(picture, boxes, caption, remove="dining table", vocabulary=VOCABULARY)
     assert err.value.reason == "nothing-kept" and len(err.value.candidates) == 4
+    with pytest.raises(counterfactual.EditError, match="spoon: removes only spoon") as err:
+        counterfactual.edit(picture, boxes, caption, remove=["spoon", "cup"])
+    assert err.value.reason == "not-one-plan"
     with pytest.raises(counterfactual.EditError, match="the boxes' classes are cup, dining"):
         counterfactual.edit(picture, boxes, caption, remove="dog", vocabulary=VOCABULARY)
     lone = [("cat", (0, 0, 10, 10))]
