@@ -168,3 +168,21 @@ def test_train_reads_the_unpaired_originals_and_the_pairs(runs, tmp_path, capsys
     assert "10 original samples in 5 shards, 48 synthetic in 5 shards" in printed
     result = json.loads((out / "train.json").read_text())
     assert result["result"]["samples"] == 58 and result["result"]["synthetic"] == 48
+
+
+@pytest.mark.parametrize("verify", ["off", "record"])
+def test_the_original_travels_to_encode_only_with_pairs(verify):
+    """Each step's declaration: with ``--pairs`` no step before ``Encode`` drops the original
+    (verification or not), and ``Encode`` needs it; without, ``Edit`` or ``Verify`` drops it."""
+    from counterfactual.method.verify import VerifyConfig
+    from counterfactual.synth.plan import SynthConfig
+    from counterfactual.synth.steps import check_order, plan_steps, planned_fields
+
+    for pairs in (False, True):
+        config = SynthConfig(verify=VerifyConfig(mode=verify), pairs=pairs)
+        specs = {s.name: s for s in plan_steps(config)}
+        check_order(list(specs.values()), planned_fields(config))
+        dropped_by = [n for n, s in specs.items() if "image" in s.drops]
+        assert ("image" in specs["encode"].needs) is pairs
+        expected = ["encode"] if pairs else ["verify" if verify != "off" else "edit", "encode"]
+        assert dropped_by == expected
