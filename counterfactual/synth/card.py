@@ -2,8 +2,8 @@
 
 Its YAML front matter names the shards that hold samples (``configs``: one ``train`` split,
 paths relative to ``OUT``, so the folder can be copied or uploaded whole) and declares the
-features (``dataset_info``): ``jpg`` an image, ``txt`` a string, ``json`` the struct of every
-key any sample's json has, with the types merged over all samples
+features (``dataset_info``): ``jpg`` an image (with ``--pairs`` also ``orig.jpg`` and
+``mask.png``), ``txt`` a string, ``json`` the struct of every key any sample's json has, with the types merged over all samples
 (:mod:`counterfactual.json_types`). Without declared features ``datasets`` infers them from the
 first five samples of the first shard and then drops keys those lack, or fails on a type they
 leave unknown (``null``, an empty list). Shards without samples are left out of the list (their
@@ -53,8 +53,13 @@ def shard_json_type(shard: fs.PathLike) -> JsonType | None:
     return merged
 
 
-def card_metadata(shards: Sequence[ShardEntry]) -> dict[str, Any]:
-    """The YAML front matter as a dict (see the module doc); no ``configs`` without samples."""
+PAIR_MEMBERS = ("mask.png", "orig.jpg")
+"""The members a ``--pairs`` run adds to each sample (the mask, the original picture)."""
+
+
+def card_metadata(shards: Sequence[ShardEntry], pairs: bool = False) -> dict[str, Any]:
+    """The YAML front matter as a dict (see the module doc); no ``configs`` without samples.
+    ``pairs``: the samples also hold :data:`PAIR_MEMBERS`, declared as images."""
     with_samples = [s for s in shards if s.samples > 0]
     meta: dict[str, Any] = {"license": "other", "tags": ["webdataset", "counterfactual"]}
     if not with_samples:
@@ -70,6 +75,7 @@ def card_metadata(shards: Sequence[ShardEntry]) -> dict[str, Any]:
         features = [
             {"name": "jpg", "dtype": "image"},
             {"name": "json", **hf_feature(schema)},
+            *({"name": name, "dtype": "image"} for name in (PAIR_MEMBERS if pairs else ())),
             {"name": "txt", "dtype": "string"},
             {"name": "__key__", "dtype": "string"},
             {"name": "__url__", "dtype": "string"},
@@ -97,11 +103,13 @@ def card_text(
     unit: str,
     config: Mapping[str, Any],
     data: Mapping[str, Any],
+    pairs: bool = False,
 ) -> str:
     """``README.md``: the front matter (:func:`card_metadata`) and a short description.
     ``counts`` are ``status.jsonl``'s rows by ``status:reason``; ``config`` is
-    :meth:`~counterfactual.synth.plan.SynthConfig.to_dict`, ``data`` the run's data spec."""
-    meta = card_metadata(shards)
+    :meth:`~counterfactual.synth.plan.SynthConfig.to_dict`, ``data`` the run's data spec;
+    ``pairs``: the samples hold their original and mask too (``--pairs``)."""
+    meta = card_metadata(shards, pairs)
     samples = sum(s.samples for s in shards)
     held = [s for s in shards if s.samples > 0]
     by_status: dict[str, int] = {}
@@ -122,7 +130,14 @@ def card_text(
         "each sample is a picture with one or more object classes removed "
         "(`jpg`), its caption rewritten (`txt`), and everything needed to trace and reproduce "
         "it (`json`: source image and caption, the removal plan with each ratio and threshold, "
-        "mask boxes, methods, seeds).",
+        "mask boxes, methods, seeds)."
+        + (
+            " Each sample also holds its original picture (`orig.jpg`) and the mask "
+            "(`mask.png`, 8-bit, 255 = removed); the json's `mask` says how it was made "
+            "(source, dilation, where its boxes came from)."
+            if pairs
+            else ""
+        ),
         "",
         f"- {samples:,} samples in {len(held):,} shards"
         + (
@@ -185,6 +200,7 @@ def write_card(out_dir: fs.PathLike, text: str, run: str | None = None) -> None:
 
 __all__: Sequence[str] = (
     "CARD_FILE",
+    "PAIR_MEMBERS",
     "SPLIT",
     "ShardEntry",
     "card_metadata",

@@ -16,8 +16,9 @@ the end only this run's (by its token), at the start those of dead runs.
 together from the reader's failures and the shards' stats files, and writes ``manifest.json``
 (config and runtime, data spec, package versions, git revision, counts, items per node,
 timings, the history of every run into this OUT and, when samples were verified, a summary of
-the verdicts) and the dataset card ``README.md`` (:mod:`counterfactual.synth.card`:
-``datasets.load_dataset(OUT)`` reads it).
+the verdicts), the dataset card ``README.md`` (:mod:`counterfactual.synth.card`:
+``datasets.load_dataset(OUT)`` reads it) and ``sizes.json``/``shardindex.json`` for open_clip
+and wids (:mod:`counterfactual.synth.indexes`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import Status, outcome
 from counterfactual.synth import signals
 from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, write_card
+from counterfactual.synth.indexes import IndexedShard, write_indexes
 from counterfactual.synth.models import model_records
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
 from counterfactual.synth.runlock import RunLock, pid_running
@@ -458,8 +460,10 @@ def finish_run(
     runner: str,
     extra: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Write ``status.jsonl``, ``manifest.json`` and the dataset card ``README.md``
-    (:mod:`counterfactual.synth.card`); raise if a planned shard is missing."""
+    """Write ``status.jsonl``, ``manifest.json``, the dataset card ``README.md``
+    (:mod:`counterfactual.synth.card`) and the loaders' shard lists ``sizes.json`` and
+    ``shardindex.json`` (:mod:`counterfactual.synth.indexes`); raise if a planned shard is
+    missing."""
     names = fs.listdir(run.out_dir)
     committed = {i for i, _ in committed_names(names)}
     missing = [i for i in range(shards) if i not in committed]
@@ -474,6 +478,7 @@ def finish_run(
     counts: Counter[str] = Counter()
     images, items = len(inputs.failures), 0
     entries: list[ShardEntry] = []
+    indexed: list[IndexedShard] = []
 
     def rows() -> Iterator[dict[str, Any]]:
         """Every status row as the stats files hold it (plain dicts: this loop is most of the
@@ -484,6 +489,7 @@ def finish_run(
             stats = json.loads(fs.read_text(fs.join(run.out_dir, stats_name("shard", i))))
             images, items = images + int(stats.get("images", 0)), items + int(stats["items"])
             entries.append(_shard_entry(run.out_dir, i, stats))
+            indexed.append(_indexed(run.out_dir, i, stats))
             yield from stats["status"]
 
     with fs.atomic_write(fs.join(run.out_dir, STATUS_FILE), run=run.token) as fh:
@@ -521,9 +527,21 @@ def finish_run(
         unit=result.unit,
         config=run.config.record(run.runtime),
         data=inputs.spec or {},
+        pairs=run.config.pairs,
     )
     write_card(run.out_dir, card, run=run.token)
+    write_indexes(run.out_dir, indexed, run=run.token)
     return result
+
+
+def _indexed(out_dir: fs.PathLike, index: int, stats: dict[str, Any]) -> IndexedShard:
+    """A shard for ``sizes.json`` and the wids index (its size read from the tar when its
+    stats file is older than sizes)."""
+    name = shard_name("shard", index)
+    size = stats.get("size")
+    if size is None:
+        size = fs.size(fs.join(out_dir, name))
+    return IndexedShard(name, int(stats.get("count", 0)), int(size))
 
 
 def _shard_entry(out_dir: fs.PathLike, index: int, stats: dict[str, Any]) -> ShardEntry:
