@@ -70,7 +70,9 @@ def main() -> None:
             return len(list(corpus._pieces(files, 1, KeySet())))
 
         def worker_reads() -> int:
-            return sum(1 for p in corpus.plan_pieces(pattern, "wds", 1) for _ in corpus.read_piece(p))
+            return sum(
+                1 for p in corpus.plan_pieces(pattern, "wds", 1) for _ in corpus.read_piece(p)
+            )
 
         def full_read() -> int:
             n = 0

@@ -83,6 +83,44 @@ def test_a_redownloaded_tar_gives_duplicate_key_rows(samples, tmp_path):
     assert _outcome(iter_wds(pattern)) == _outcome(rows)
 
 
+def test_the_planner_reads_tar_headers_not_pictures(samples, tmp_path, monkeypatch):
+    """A tar's keys come from its headers: the pictures between them are skipped by seeking."""
+    import random
+
+    from counterfactual import fs
+
+    rng = random.Random(0)
+    big = [(f"k{i:03d}", rng.randbytes(200_000), "a dog", {}) for i in range(20)]
+    write_shard(big, tmp_path / "00000.tar")
+    write_shard(big[10:], tmp_path / "00001.tar")
+    read = []
+    real = fs.open_file
+
+    class Counted:
+        def __init__(self, fh):
+            self._fh = fh
+
+        def read(self, *args):
+            data = self._fh.read(*args)
+            read.append(len(data))
+            return data
+
+        def __getattr__(self, name):
+            return getattr(self._fh, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._fh.close()
+
+    monkeypatch.setattr("counterfactual.fs.open_file", lambda *a, **k: Counted(real(*a, **k)))
+    pieces = list(plan_pieces(str(tmp_path / "{00000..00001}.tar"), "wds", 1))
+    assert [len(p.repeated_keys) // 8 for p in pieces] == [0, 10]
+    total = sum(p.stat().st_size for p in tmp_path.glob("*.tar"))
+    assert 0 < sum(read) < total / 100  # 512-byte headers, not 200 kB pictures
+
+
 def test_a_truncated_tar_keeps_the_keys_its_reader_reads(samples, tmp_path):
     pattern = _redownloaded_wds(samples, tmp_path / "wds")
     tar = tmp_path / "wds" / "00001.tar"

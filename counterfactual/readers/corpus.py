@@ -38,9 +38,12 @@ read through :mod:`counterfactual.fs`: pattern expansion, tars, tables, and the 
 
 Pieces: a run cuts a corpus into :class:`InputPiece` s, one output shard each, so that the
 driver holds O(files), never O(samples). :func:`plan_pieces` (the driver) lists the files and
-cuts them without reading samples: one piece per tar (nothing read from it), Parquet by row
-counts from the footer, CSV by one binary scan that records the byte offset of every
-``rows_per_piece``-th row. :func:`read_piece` (a worker) reads one piece's records.
+cuts them without reading samples: one piece per tar, Parquet by row counts from the footer,
+CSV by one binary scan that records the byte offset of every ``rows_per_piece``-th row; and it
+reads every piece's keys (a tar's headers, a Parquet file's id column, a CSV's id cells, a
+shard folder's names) into the run's :class:`~counterfactual.readers.keyset.KeySet`, in piece
+order, so that each piece carries the keys an earlier one had. :func:`read_piece` (a worker)
+reads one piece's records.
 :func:`iter_wds` and :func:`iter_table` are the same machinery with one piece per file.
 
 Streaming: readers never read picture data. A shard's tar headers are read one after another
@@ -61,7 +64,10 @@ Bad data never raises; it becomes a ``failed`` :class:`~counterfactual.records.S
   is not ``success``; ``detail``: :func:`download_detail`).
 - ``duplicate-key``: a key or id already seen earlier in the same stream; the first one is
   kept, ``detail`` names both places. :func:`iter_wds` / :func:`iter_table` check the whole
-  stream (every shard or file); :func:`read_piece` checks only its piece.
+  stream (every shard or file); :func:`read_piece` checks its piece, and the keys the planner
+  found in an earlier piece (:func:`plan_pieces`: ``detail`` says "an earlier piece" or "an
+  earlier row"). img2dataset's metadata rows (``download-failed``) are checked within their
+  shard only.
 - ``bad-metadata``: the caption would come from a member that cannot be read as text (a ``txt``
   that is not UTF-8, a ``json`` that does not parse or is not an object, text members over
   1 MiB).
@@ -329,12 +335,16 @@ def plan_pieces(
     rows, and a ``failed`` status for each table that is missing (``missing-file``) or cannot
     be read (``bad-shard``).
 
-    Runs in the driver in O(1) memory per row: a WebDataset shard is one piece and is not
-    opened (a missing or bad tar is reported by :func:`read_piece`); a Parquet file is cut by
-    the row counts in its footer (a piece may cross row groups); a CSV is scanned once as bytes
-    for row boundaries (a newline inside a quoted field does not end a row; parsing as
-    :mod:`csv` does) and cut at every ``rows_per_piece``-th row. A file without rows gives no
-    piece. The table options are those of :func:`iter_table` (ignored for ``"wds"``).
+    Runs in the driver in about 8 bytes per key (the run's
+    :class:`~counterfactual.readers.keyset.KeySet`): a WebDataset shard is one piece, its
+    headers read for its keys (a missing or bad tar is reported by :func:`read_piece`); a
+    Parquet file is cut by the row counts in its footer (a piece may cross row groups), its id
+    column read; a CSV is scanned once as bytes for row boundaries (a newline inside a quoted
+    field does not end a row; parsing as :mod:`csv` does) and cut at every
+    ``rows_per_piece``-th row, its ids read in a second pass. A file without rows gives no
+    piece. Each piece carries the rows (``repeated``) or keys (``repeated_keys``) an earlier
+    piece already had, decided in piece order whatever reads the pieces. The table options
+    are those of :func:`iter_table` (ignored for ``"wds"``).
 
     Raises ``ValueError`` at the call, before any piece: an unknown ``kind``, a
     ``rows_per_piece`` below 1, a pattern that matches nothing, and for tables every file's
@@ -1188,11 +1198,11 @@ def _table_row(
 ) -> ImageRecord | Status:
     image_id = _row_id(stem, row, ident)
     where = f"{fs.name(piece.path)}#{row}"
-    if row in piece.repeated:
-        detail = f"{piece.path}#{row}: an earlier row of this run has the same id"
-        return Status(image_id, "failed", "duplicate-key", detail)
     if image_id in seen:
         detail = f"first at {seen[image_id]}, again at {piece.path}#{row}"
+        return Status(image_id, "failed", "duplicate-key", detail)
+    if row in piece.repeated:
+        detail = f"{piece.path}#{row}: an earlier row of this run has the same id"
         return Status(image_id, "failed", "duplicate-key", detail)
     seen[image_id] = f"{piece.path}#{row}"
     if cell is None:
