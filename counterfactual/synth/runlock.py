@@ -58,7 +58,8 @@ class LockHeld(ValueError):
 
 
 class LockLost(RuntimeError):
-    """The lock this run held was removed or taken over by another driver."""
+    """The lock this run held was removed or taken over by another driver: the run stops,
+    and the command prints the message as one line (exit 2)."""
 
 
 def _iso(seconds: float) -> str:
@@ -323,12 +324,14 @@ class RunLock:
         try:
             current = self.read()
         except LockHeld as err:
-            raise LockLost(f"{self.path} was replaced: {err}") from err
+            raise LockLost(f"{self.path} was replaced: {err}; this run stopped") from err
         if current is None or current.get("token") != self.token:
             self.held = False
             who = f"now held by {describe(current)}" if current else "removed"
             raise LockLost(
-                f"{self.path} was {who} while this run wrote to {self.out}; stop this run"
+                f"{self.path} was {who} while this run wrote to {self.out}: this run stopped "
+                "(its shards so far are kept; rerun the same command to resume once no other "
+                "run writes there)"
             )
         now = self._clock()
         self._record["heartbeat"] = _iso(now)
