@@ -1,6 +1,6 @@
 """A run whose ``run.lock`` is taken over by another driver or removed while it works stops with
-one line and exit code 2, tried as a process (the real command, the lock changed under it): no
-traceback, none of its temporary files left, the other holder's lock and the folder's records
+one line and exit code 2 as soon as its heartbeat timer sees it, inside a shard, tried as a
+process (the real command, the lock changed under it): no traceback, none of its temporary files left, the other holder's lock and the folder's records
 left alone; the same command then resumes and makes what an undisturbed run makes."""
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def test_a_lost_lock_ends_the_run_with_one_line(coco, clean, tmp_path, capsys, h
         "no other run writes there)"
     )
     assert not list(out.glob("*.tmp"))  # its own temporary files removed
+    # it stopped at once, inside its first shard (4 s long), not when the shard ended
+    assert not list(out.glob("shard-*_stats.json")), text
     assert not (out / "manifest.json").exists() and not (out / "status.jsonl").exists()
     if how == "taken":  # the other holder's lock stays
         assert json.loads(lock.read_text())["token"] == "f" * 32

@@ -324,7 +324,8 @@ def run_shards(
         if progress is not None and inputs.failures:
             progress.update(inputs=len(inputs.failures), failed=len(inputs.failures))
 
-        lock.start_heartbeat()  # a timer: a shard of any length keeps the lock fresh
+        # a timer: a shard of any length keeps the lock fresh; a lost lock stops the run now
+        lock.start_heartbeat(on_lost=lambda lost: signals.stop_main(f"error: {lost}"))
 
         def count(done: ShardDone) -> None:
             lock.check()
@@ -354,7 +355,7 @@ def run_shards(
             if progress is not None:
                 progress.close()
             return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
-        except (signals.Interrupted, LockLost) as stop:
+        except (signals.Interrupted, signals.Stopped, LockLost) as stop:
             close = getattr(results, "close", None)
             if close is not None:
                 close()  # the runner stops its workers (Ray: cancels their tasks, kills them)

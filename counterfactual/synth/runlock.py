@@ -346,12 +346,15 @@ class RunLock:
         self.heartbeat()
         return True
 
-    def start_heartbeat(self, interval: float | None = None) -> None:
+    def start_heartbeat(
+        self, interval: float | None = None, on_lost: Callable[[LockLost], None] | None = None
+    ) -> None:
         """Rewrite the heartbeat every ``interval`` seconds (default: a quarter of
         ``stale_after``) from a daemon thread until :meth:`release`, independent of what the
         run is doing: a shard that takes an hour keeps its run alive to other hosts. A write
         that fails (the store is briefly down) is tried again at the next beat; a lock taken
-        or removed by another driver stops the thread and is raised by :meth:`check`."""
+        or removed by another driver stops the thread, is raised by :meth:`check` and is told
+        to ``on_lost`` (from the thread) at once."""
         if not self.held:
             raise RuntimeError(f"{self.path} is not held by this RunLock")
         if self._thread is not None:
@@ -370,6 +373,8 @@ class RunLock:
                         self._heartbeat()
                 except LockLost as err:
                     self.lost = err
+                    if on_lost is not None:
+                        on_lost(err)
                     return
                 except fs.store_failures():
                     continue  # the next beat tries again; stale_after is four beats away
