@@ -455,9 +455,20 @@ def _file_keys(file: _File | Status) -> np.ndarray | None:
     if file.kind == "files":
         try:
             return key_hashes(sorted(_folder_groups(fs.listdir(file.path))))
-        except OSError:
+        except OSError as err:
+            _raise_if_store_down(err)
             return None
     return _parquet_key_hashes(file)
+
+
+def _raise_if_store_down(err: BaseException) -> None:
+    """Raise the cause of ``err`` when it is an object store down or stalled
+    (:func:`counterfactual.fs.store_error`): the keys cannot be known, so planning stops (one
+    line; the rerun plans again) rather than miss them. Any other fault is the file's own,
+    which its worker meets and reports the same way."""
+    cause = err.__cause__ if isinstance(err, _BadShard) else err
+    if isinstance(cause, BaseException) and fs.store_error(cause) is not None:
+        raise cause
 
 
 def _tar_keys(path: str) -> list[str]:
@@ -467,8 +478,10 @@ def _tar_keys(path: str) -> list[str]:
     try:
         with _open(path) as fh:
             keys.extend(sample.key for sample in _tar_samples(fh, path, []))
-    except (OSError, _BadShard):
-        pass  # the worker reports the tar; its keys up to the fault are kept
+    except FileNotFoundError:
+        pass  # its worker reports it missing
+    except (OSError, _BadShard) as err:
+        _raise_if_store_down(err)  # else the worker reports the tar; its keys up to the fault
     return keys
 
 
@@ -489,8 +502,8 @@ def _parquet_key_hashes(file: _File) -> np.ndarray | None:
                 ids = pf.read_row_group(group, columns=[table.id]).column(table.id).to_pylist()
                 parts.append(key_hashes([_row_id(stem, row + i, x) for i, x in enumerate(ids)]))
                 row += len(ids)
-    except (OSError, pa.ArrowException):
-        pass
+    except (OSError, pa.ArrowException) as err:
+        _raise_if_store_down(err)  # else the worker meets the same fault
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
 
