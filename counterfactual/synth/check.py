@@ -134,6 +134,37 @@ def check_run(out_dir: fs.PathLike, content: bool = True) -> RunCheck:
     return result
 
 
+def damaged_shards(out_dir: fs.PathLike, content: bool = True) -> list[str]:
+    """One line per committed shard that is not as committed (what ``counterfactual report``
+    checks before reading a run): a stats file without its tar, or that cannot be read, a tar
+    whose size (and, with ``content``, SHA-256: :func:`verify_shard`) differs from its stats
+    file's. Only what a reader of the shards trusts; :func:`check_run` checks the records
+    too. No lines for a folder that does not exist or holds no shards."""
+    try:
+        names = set(fs.listdir(out_dir))
+    except FileNotFoundError:
+        return []
+    sizes = file_sizes(out_dir)
+    lines: list[str] = []
+    for name in sorted(names):
+        index = shard_index(name)
+        if index is None:
+            continue
+        tar = shard_name("shard", index)
+        if tar not in names:
+            lines.append(f"{fs.join(out_dir, name)}: its tar {tar} is missing")
+            continue
+        try:
+            stats = ShardStats.from_dict(json.loads(fs.read_text(fs.join(out_dir, name))))
+        except (ValueError, KeyError, TypeError) as err:
+            lines.append(f"{fs.join(out_dir, name)}: not a stats file ({type(err).__name__})")
+            continue
+        damage = verify_shard(out_dir, stats, sizes.get(stats.shard), content)
+        if damage is not None:
+            lines.append(f"{fs.join(out_dir, stats.shard)}: damaged: {damage}")
+    return lines
+
+
 def _check_records(
     out_dir: fs.PathLike,
     names: set[str],

@@ -49,7 +49,7 @@ from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, wr
 from counterfactual.synth.indexes import IndexedShard, write_indexes
 from counterfactual.synth.models import model_records
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
-from counterfactual.synth.runlock import RunLock, pid_running
+from counterfactual.synth.runlock import LockLost, RunLock, pid_running
 from counterfactual.synth.samples import verify_summary_from_samples
 from counterfactual.synth.shards import (
     committed_names,
@@ -326,7 +326,8 @@ def run_shards(
         if progress is not None and inputs.failures:
             progress.update(inputs=len(inputs.failures), failed=len(inputs.failures))
 
-        lock.start_heartbeat()  # a timer: a shard of any length keeps the lock fresh
+        # a timer: a shard of any length keeps the lock fresh; a lost lock stops the run now
+        lock.start_heartbeat(on_lost=lambda lost: signals.stop_main(f"error: {lost}"))
 
         def count(done: ShardDone) -> None:
             lock.check()
@@ -356,14 +357,15 @@ def run_shards(
             if progress is not None:
                 progress.close()
             return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
-        except signals.Interrupted as stop:
+        except (signals.Interrupted, signals.Stopped, LockLost) as stop:
             close = getattr(results, "close", None)
             if close is not None:
                 close()  # the runner stops its workers (Ray: cancels their tasks, kills them)
             # the abandoned shards' writes (this run's own temporary names)
             _remove_temporary(out_dir, fs.listdir(out_dir), only=run.token)
-            fs.abort_uploads(out_dir, _is_shard_upload)
-            record_interrupted(run, runner, stop.name, finished)
+            if isinstance(stop, signals.Interrupted):  # a lost OUT's records are not ours
+                fs.abort_uploads(out_dir, _is_shard_upload)
+                record_interrupted(run, runner, stop.name, finished)
             raise
 
 
