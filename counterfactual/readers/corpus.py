@@ -113,6 +113,7 @@ from counterfactual import fs
 from counterfactual._lazy import require
 from counterfactual.fs import safe_relative_path
 from counterfactual.imageio import SampleError
+from counterfactual.readers import tarscan
 from counterfactual.readers.clean import clean_text
 from counterfactual.readers.keyset import KeySet, key_hash, key_hashes
 from counterfactual.records import (
@@ -638,9 +639,8 @@ def _tar_samples(fh: Any, path: str, pending: list[_Sample]) -> Iterator[_Sample
                 raise _BadShard(f"{name}-compressed; only plain tar can be read by seeking")
         size = _file_size(fh, path)
         fh.seek(0)
-        tar = tarfile.open(fileobj=fh, mode="r:")
-        while (info := tar.next()) is not None:
-            tar.members.clear()  # keep memory flat on large shards; members are not looked up
+        walk = tarscan.Walk(fh)
+        for info in walk:
             key_field = member_key_field(info)
             if key_field is not None:  # a new key (or a repeated field) ends the sample before
                 key, field = key_field
@@ -654,7 +654,7 @@ def _tar_samples(fh: Any, path: str, pending: list[_Sample]) -> Iterator[_Sample
                 raise _BadShard(f"truncated: member {info.name!r} is cut off")
             if key_field is not None:
                 pending[0].members[key_field[1]] = info
-        _check_end(fh, tar.offset, size)
+        _check_end(fh, walk.offset, size)
     except (tarfile.TarError, EOFError, OSError) as err:
         raise _BadShard(f"{type(err).__name__}: {err}") from err
     if pending:
