@@ -7,6 +7,8 @@ import importlib.metadata
 import re
 from types import ModuleType
 
+from counterfactual import DISTRIBUTION
+
 _CHECK_TORCHVISION = ("transformers", "diffusers")
 """Libraries whose vision models import torchvision when it is installed."""
 _BROKEN = (RuntimeError, ImportError, OSError, AttributeError)
@@ -16,8 +18,18 @@ class BrokenDependency(ValueError):
     """An installed package that fails at import; the message says how to fix it, on one line."""
 
 
+class MissingExtra(ImportError):
+    """An optional dependency that is not installed; the message names the extra that installs
+    it, on one line (the CLI prints it and exits 2)."""
+
+
+def extra_hint(extra: str) -> str:
+    """The command that installs one of the distribution's extras."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
 def require(module: str, extra: str) -> ModuleType:
-    """Import ``module`` or raise ``ImportError`` saying which extra installs it.
+    """Import ``module`` or raise :class:`MissingExtra` saying which extra installs it.
 
     Before transformers or diffusers, :func:`check_torchvision`: a broken torchvision makes
     their vision models fail at load time with an error that does not name it.
@@ -27,8 +39,9 @@ def require(module: str, extra: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise ImportError(
-            f"{module!r} is needed here but not installed: pip install 'counterfactual[{extra}]'"
+        raise MissingExtra(
+            f"{module.partition('.')[0]} is needed here but not installed "
+            f"({' '.join(str(err).split())}): {extra_hint(extra)}"
         ) from err
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from counterfactual import fs
+from counterfactual._lazy import MissingExtra
 
 SUBCOMMANDS = (
     "select",
@@ -35,6 +36,7 @@ SUBCOMMANDS = (
     "train",
     "data",
     "models",
+    "configs",
     "eval",
     "report",
     "check",
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Counterfactual image-text data against spurious object correlations.",
     )
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    parser.add_argument("--version", "-V", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"counterfactual.cli.{name.replace('-', '_')}")
@@ -63,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_debug(parser, set())
     parser.set_defaults(_subcommands=subparsers.choices)
     return parser
+
+
+def version_line() -> str:
+    """What ``--version`` prints: the version, the distribution and where the package is."""
+    import counterfactual
+
+    where = os.path.dirname(counterfactual.__file__)
+    return f"counterfactual {counterfactual.__version__} ({counterfactual.DISTRIBUTION}, {where})"
 
 
 def _add_debug(parser: argparse.ArgumentParser, seen: set[int]) -> None:
@@ -82,11 +93,12 @@ def _add_debug(parser: argparse.ArgumentParser, seen: set[int]) -> None:
 
 _DEBUG_HELP = "on a setup error, show the traceback instead of one line"
 
-SETUP_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
+SETUP_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, MissingExtra)
 """What ends a command as a setup error (one line, exit 2): bad options, configs and inputs
 (``ValueError``, with ``UnicodeDecodeError``, ``json.JSONDecodeError``, ``SetupError`` and
-``LockHeld`` among them) and files that cannot be read or written (``OSError``: missing,
-unreadable, a folder, disk full)."""
+``LockHeld`` among them), files that cannot be read or written (``OSError``: missing,
+unreadable, a folder, disk full) and an extra that is not installed (``MissingExtra``, which
+names it)."""
 
 
 def one_line(text: str) -> str:
@@ -148,10 +160,10 @@ def _one_line_warning(command: str, default: Callable[..., str]) -> Callable[...
 def _run(parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namespace) -> int:
     try:
         if getattr(args, "config", None) is not None:
-            from counterfactual.cli.config import load_config
+            from counterfactual.cli.config import config_path, load_config
 
             sub = args._subcommands[args.command]
-            sub.set_defaults(**load_config(args.config, sub))
+            sub.set_defaults(**load_config(config_path(args.config), sub))
             args = _parse(parser, argv)
         args._argv = argv  # what the command was given (synth names it in its fixes)
         return int(args.func(args) or 0)

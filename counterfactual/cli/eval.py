@@ -148,7 +148,7 @@ def parse_mentions(
         indexer = MentionIndexer(load_vocabulary(default_vocabulary(args)), args.spacy_model)
         compute = None
         if args.runner == "ray":
-            from pipelines.mentions import index_mentions_ray
+            from counterfactual.pipelines.mentions import index_mentions_ray
 
             compute = functools.partial(index_mentions_ray, indexer=indexer, work_dir=args.out)
         start = time.perf_counter()
@@ -161,6 +161,10 @@ def parse_mentions(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.runner == "ray":
+        from counterfactual.pipelines import require_ray
+
+        require_ray()  # a missing extra: one line that names it, before anything starts
     from counterfactual.eval.report import markdown_tables, write_report
     from counterfactual.models import load_embedder
     from counterfactual.train.mix import expand_shards

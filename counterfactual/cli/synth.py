@@ -42,8 +42,8 @@ from counterfactual.synth.plan import CAPTION_CHOICES, DTYPES, Runtime, SynthCon
 from counterfactual.text import TEXT_METHODS, TextConfig
 
 if TYPE_CHECKING:
+    from counterfactual.pipelines.synth import RayOptions
     from counterfactual.readers.spec import DataSpec, RunInput
-    from pipelines.synth import RayOptions
 
 _IMAGE, _TEXT, _SYNTH, _VERIFY = ImageConfig(), TextConfig(), SynthConfig(), VerifyConfig()
 _DETECT, _MASK, _RUNTIME = DetectConfig(), MaskConfig(), Runtime()
@@ -61,10 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--config",
-        type=Path,
         default=None,
-        help="YAML file of options (keys are the long option names, e.g. image_method: blur); "
-        "options given on the command line win",
+        help="YAML file of options (keys are the long option names, e.g. image_method: blur), "
+        "or the name of a bundled one (coco, demo, ...: `counterfactual configs` lists them); "
+        "options given on the command line win (default: none, the defaults shown here)",
     )
     p.add_argument(
         "--runner",
@@ -363,7 +363,7 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_ray_args(p: argparse.ArgumentParser) -> None:
-    from pipelines.synth import RayOptions  # no Ray: its options' defaults only
+    from counterfactual.pipelines.synth import RayOptions  # no Ray: its options' defaults only
 
     ray = RayOptions()
     r = p.add_argument_group("ray (with --runner ray)")
@@ -536,8 +536,8 @@ def _verify_config(args: argparse.Namespace) -> VerifyConfig:
 
 
 def ray_options(args: argparse.Namespace) -> RayOptions:
-    """How ``--runner ray`` spreads the work (:class:`pipelines.synth.RayOptions`)."""
-    from pipelines.synth import RayOptions
+    """How ``--runner ray`` spreads the work (:class:`counterfactual.pipelines.synth.RayOptions`)."""
+    from counterfactual.pipelines.synth import RayOptions
 
     return RayOptions(
         cpu_actors=args.cpu_actors,
@@ -569,6 +569,10 @@ def check_vocabulary(records: Sequence[ImageRecord], vocabulary: str | None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.runner == "ray" or args.dry_run:
+        from counterfactual.pipelines import require_ray
+
+        require_ray()  # a missing extra: one line that names it, before anything starts
     if args.dry_run:
         return dry_run(args)
     if args.out is None:
@@ -592,7 +596,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{spec.kind}: {_describe(inputs, spec)} -> {args.out} ({args.runner})", file=sys.stderr)
     progress = Progress(inputs.image_count(), inputs.shard_count(config) or 0, unit=inputs.unit)
     if args.runner == "ray":
-        from pipelines.synth import run_ray
+        from counterfactual.pipelines.synth import run_ray
 
         result = run_ray(
             inputs,
@@ -620,7 +624,7 @@ def dry_run(args: argparse.Namespace) -> int:
     no input (``--out`` is not needed) and loads no model."""
     import json
 
-    from pipelines.synth import dry_run as layout_of
+    from counterfactual.pipelines.synth import dry_run as layout_of
 
     layout = layout_of(build_config(args), ray_options(args), build_runtime(args))
     print(json.dumps(layout.to_json()))
