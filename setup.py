@@ -4,12 +4,13 @@ bundled configs) as ``counterfactual.pipelines``, so nothing generic lands at th
 site-packages. A source checkout without an install finds it the same way
 (``counterfactual/__init__.py``)."""
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 setup(
     packages=[
-        *find_packages(include=["counterfactual", "counterfactual.*"]),
+        *find_namespace_packages(include=["counterfactual*"], exclude=["*__pycache__*"]),
         "counterfactual.pipelines",
+        "counterfactual.pipelines.configs",  # data only: the YAML files
     ],
     package_dir={"counterfactual.pipelines": "pipelines"},
 )

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Counterfactual image-text data against spurious object correlations.",
     )
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
-    parser.add_argument("--version", "-V", action="version", version=version_line())
+    parser.add_argument("--version", "-V", action=_Version)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"counterfactual.cli.{name.replace('-', '_')}")
@@ -66,6 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_debug(parser, set())
     parser.set_defaults(_subcommands=subparsers.choices)
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: :func:`version_line` as it is (argparse's own action wraps it at the
+    terminal's width), then exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="print the version, the distribution and where the package is, and exit",
+        )
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        print(version_line())
+        parser.exit()
 
 
 def version_line() -> str:

