@@ -16,6 +16,7 @@ STAMP := $(VENV)/.installed-dev
 # pair; otherwise it stops with one line naming the TORCH= to set (README: "The right torch").
 TORCH ?=
 DATASET ?= demo
+# a bundled config by name (`counterfactual configs` lists them) or a YAML file
 CONFIG ?= $(DATASET)
 RUNNER ?= ray
 IMAGE ?=
