@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import re
+from collections.abc import Mapping
 from types import ModuleType
 
 from counterfactual import DISTRIBUTION
@@ -43,6 +45,26 @@ def require(module: str, extra: str) -> ModuleType:
             f"{module.partition('.')[0]} is needed here but not installed "
             f"({' '.join(str(err).split())}): {extra_hint(extra)}"
         ) from err
+
+
+def require_extras(needed: Mapping[str, str]) -> None:
+    """Raise one :class:`MissingExtra` naming every extra whose module is not installed
+    (``needed``: module -> extra), so a user installs them in one go; imports none of them
+    (only :mod:`counterfactual.pipelines` imports ``ray``)."""
+    missing: dict[str, str] = {}
+    for module, extra in needed.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:
+            found = False
+        if not found:
+            missing.setdefault(extra, module)
+    if missing:
+        modules = " and ".join(missing.values())
+        verb = "is" if len(missing) == 1 else "are"
+        raise MissingExtra(
+            f"{modules} {verb} needed here but not installed: {extra_hint(','.join(missing))}"
+        )
 
 
 def _version(package: str) -> str | None:

@@ -173,10 +173,10 @@ def parse_mentions(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.runner == "ray":
-        from counterfactual.pipelines import require_ray
+    if args.runner == "ray":  # a missing extra: one line that names it, before anything starts
+        from counterfactual._lazy import require_extras
 
-        require_ray()  # a missing extra: one line that names it, before anything starts
+        require_extras({"ray": "ray"})
     from counterfactual.eval.report import markdown_tables, write_report
     from counterfactual.models import load_embedder
     from counterfactual.train.mix import expand_shards

@@ -582,10 +582,7 @@ def check_vocabulary(records: Sequence[ImageRecord], vocabulary: str | None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.runner == "ray" or args.dry_run:
-        from counterfactual.pipelines import require_ray
-
-        require_ray()  # a missing extra: one line that names it, before anything starts
+    check_extras(args)
     if args.dry_run:
         return dry_run(args)
     if args.out is None:
@@ -630,6 +627,19 @@ def run(args: argparse.Namespace) -> int:
 
     print(summary_table(result))
     return 0
+
+
+def check_extras(args: argparse.Namespace) -> None:
+    """Before anything starts, one line naming every extra the run needs and lacks: ``ray``
+    for ``--runner ray`` and ``--dry-run``, ``demo`` (scikit-image's photos) for the demo."""
+    from counterfactual._lazy import require_extras
+
+    needed = {}
+    if args.dataset == "demo" and not args.dry_run:
+        needed["skimage"] = "demo"
+    if args.runner == "ray" or args.dry_run:
+        needed["ray"] = "ray"
+    require_extras(needed)
 
 
 def dry_run(args: argparse.Namespace) -> int:
