@@ -138,8 +138,20 @@ def test_each_bundled_config_starts_with_its_description(path):
         ({"ray"}, ("synth", "--config", "demo"), "ray", "ray is"),
         ({"ray"}, ("synth", "--dataset", "demo", "--runner", "ray", "--dry-run"), "ray", "ray is"),
         ({"skimage", "ray"}, ("synth", "--config", "demo"), "demo,ray", "skimage and ray are"),
+        (
+            {"torch", "ray"},
+            ("synth", "--config", "coco", "--root", "coco"),
+            "models,ray",
+            "torch and ray are",
+        ),
     ],
-    ids=["demo-without-scikit-image", "demo-without-ray", "dry-run-without-ray", "without-both"],
+    ids=[
+        "demo-without-scikit-image",
+        "demo-without-ray",
+        "dry-run-without-ray",
+        "without-both",
+        "coco-without-torch-and-ray",
+    ],
 )
 def test_a_missing_extra_is_one_line_that_names_it(hidden, argv, extras, named, tmp_path):
     """Before anything starts (no OUT made), one line names every missing extra, exit 2."""

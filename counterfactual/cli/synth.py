@@ -582,12 +582,13 @@ def check_vocabulary(records: Sequence[ImageRecord], vocabulary: str | None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    check_extras(args)
     if args.dry_run:
+        check_extras(args)
         return dry_run(args)
     if args.out is None:
         raise ValueError("--out is required (on the command line or in --config)")
     config, runtime = build_config(args), build_runtime(args)
+    check_extras(args, config, runtime)
     check_models(args, config, runtime)
     if runtime.device.startswith("cuda") and args.runner == "local":
         from counterfactual.models.embed import check_cuda
@@ -629,14 +630,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_extras(args: argparse.Namespace) -> None:
-    """Before anything starts, one line naming every extra the run needs and lacks: ``ray``
-    for ``--runner ray`` and ``--dry-run``, ``demo`` (scikit-image's photos) for the demo."""
+def check_extras(
+    args: argparse.Namespace, config: SynthConfig | None = None, runtime: Runtime | None = None
+) -> None:
+    """Before anything starts, one line naming every extra the run needs and lacks: ``demo``
+    (scikit-image's photos) for the demo, ``models`` (torch) when ``config`` loads a model,
+    ``ray`` for ``--runner ray`` and ``--dry-run``."""
     from counterfactual._lazy import require_extras
+    from counterfactual.synth.models import needed_models
 
     needed = {}
     if args.dataset == "demo" and not args.dry_run:
         needed["skimage"] = "demo"
+    if config is not None and needed_models(config, runtime):
+        needed["torch"] = "models"
     if args.runner == "ray" or args.dry_run:
         needed["ray"] = "ray"
     require_extras(needed)
