@@ -2,7 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# What each target installs, once (a stamp per set): the demo needs only the package with its
+# demo and ray extras (no torch, no models); real runs, eval and models add torch and every
+# extra; the tests, lint and benchmarks add the dev extra's test stack on top.
+DEMO_STAMP := $(VENV)/.installed-demo
+RUN_STAMP := $(VENV)/.installed-all
+STAMP := $(VENV)/.installed-dev
 # torch and a torchvision built for it, installed first so no other package picks a torch.
 # torchvision must match torch: PyPI's torchvision beside another torch build fails at import
 # (and then transformers cannot load OWLv2). Unset, TORCH is what counterfactual/torch_build.py
@@ -11,7 +16,8 @@ STAMP := $(VENV)/.installed
 # pair; otherwise it stops with one line naming the TORCH= to set (README: "The right torch").
 TORCH ?=
 DATASET ?= demo
-CONFIG ?= pipelines/configs/$(DATASET).yaml
+# a bundled config by name (`counterfactual configs` lists them) or a YAML file
+CONFIG ?= $(DATASET)
 RUNNER ?= ray
 IMAGE ?=
 TEXT ?=
@@ -42,32 +48,41 @@ TO ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q --upgrade pip
+
+$(DEMO_STAMP): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e ".[demo,ray]"
+	touch $@
+
+$(RUN_STAMP): pyproject.toml setup.py | $(BIN)/python
 	@torch='$(TORCH)'; [ -n "$$torch" ] || torch="$$($(PYTHON) counterfactual/torch_build.py)" \
-		|| exit 2; echo "torch for this host: $$torch"; \
-		$(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q --upgrade pip \
-		&& $(BIN)/pip install -q $$torch
+		|| exit 2; echo "torch for this host: $$torch"; $(BIN)/pip install -q $$torch
+	$(BIN)/pip install -q -e ".[all]"
+	touch $@
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/pip install -q -e ".[all,dev]"
-	touch $(STAMP)
+	touch $@
 
-install: $(STAMP) ## create .venv and install the package with every extra (torch first)
+install: $(STAMP) ## create .venv and install the package with every extra and the test stack (torch first)
 
-models: $(STAMP) ## fetch the models a config names: DATASET=coco|coco-rorem|... [TO=DIR ARGS="synth options"]
+models: $(RUN_STAMP) ## fetch the models a config names: DATASET=coco|coco-rorem|... [TO=DIR ARGS="synth options"]
 	$(BIN)/counterfactual models pull --config $(CONFIG) $(if $(TO),--to '$(TO)') $(if $(ARGS),-- $(ARGS))
 
-synth: $(STAMP) ## make shards on Ray: DATASET=demo|coco|coco-rorem|flickr30k|wds|parquet|csv|files [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
+synth: $(if $(filter demo,$(DATASET)),$(DEMO_STAMP),$(RUN_STAMP)) ## make shards on Ray: DATASET=demo|coco|coco-rorem|flickr30k|wds|parquet|csv|files [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
 	$(DEMO_OFFLINE) $(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) --out $(OUT) \
 		$(if $(ROOT),--root '$(ROOT)') $(if $(IMAGE),--image-method $(IMAGE)) \
 		$(if $(TEXT),--text-method $(TEXT)) $(ARGS)
 
-eval: $(STAMP) ## ODmAP@k + R@K report: MODEL="spec ..." [DATASET= ROOT= QUERIES= EVAL_OUT= ARGS=]
+eval: $(RUN_STAMP) ## ODmAP@k + R@K report: MODEL="spec ..." [DATASET= ROOT= QUERIES= EVAL_OUT= ARGS=]
 	@test -n "$(MODEL)" || { echo "make eval needs MODEL=hf-clip:ID_OR_PATH (or blip:..., open_clip:ARCH:TAG)"; exit 2; }
 	$(if $(QUERIES),,$(DEMO_OFFLINE) $(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) \
 		--out $(EVAL_OUT)/queries $(if $(ROOT),--root $(ROOT)) $(TEST_SPLIT_$(DATASET)))
 	$(DEMO_OFFLINE) $(BIN)/counterfactual eval --dataset $(DATASET) --queries $(or $(QUERIES),$(EVAL_OUT)/queries) \
 		--out $(EVAL_OUT)/report $(if $(ROOT),--root $(ROOT)) $(foreach m,$(MODEL),--model $(m)) $(ARGS)
 
-data: $(STAMP) ## fetch and verify the official files: DATASET=coco|flickr30k [ROOT=data/DATASET DOWNLOAD=0 lists only]
+data: $(DEMO_STAMP) ## fetch and verify the official files: DATASET=coco|flickr30k [ROOT=data/DATASET DOWNLOAD=0 lists only]
 	$(BIN)/counterfactual data --dataset $(DATASET) --root $(or $(ROOT),data/$(DATASET)) \
 		$(if $(filter 1 yes true,$(DOWNLOAD)),--download) $(ARGS)
 
@@ -81,12 +96,12 @@ gpu-check: $(STAMP) ## every model path on CUDA with tiny models [CF_GPU_INPAINT
 	$(BIN)/python -m pytest -q -s -m gpu tests/test_gpu.py
 
 lint: $(STAMP) ## check style (ruff)
-	$(BIN)/ruff check counterfactual pipelines tests benchmarks
-	$(BIN)/ruff format --check counterfactual pipelines tests benchmarks
+	$(BIN)/ruff check counterfactual pipelines tests benchmarks setup.py
+	$(BIN)/ruff format --check counterfactual pipelines tests benchmarks setup.py
 
 format: $(STAMP) ## fix style (ruff)
-	$(BIN)/ruff check --fix counterfactual pipelines tests benchmarks
-	$(BIN)/ruff format counterfactual pipelines tests benchmarks
+	$(BIN)/ruff check --fix counterfactual pipelines tests benchmarks setup.py
+	$(BIN)/ruff format counterfactual pipelines tests benchmarks setup.py
 
 bench: $(STAMP) ## speed figures as ratios; writes benchmarks/latest.json
 	$(OFFLINE) $(BIN)/python benchmarks/bench.py --out benchmarks/latest.json $(ARGS)

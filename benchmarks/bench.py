@@ -483,7 +483,7 @@ def _ray_run(
     process's smaps costs CPU) during the run, and its clock."""
     import ray
 
-    from pipelines.synth import RayOptions, init_ray, run_ray
+    from counterfactual.pipelines.synth import RayOptions, init_ray, run_ray
 
     cold = time.perf_counter()
     init_ray(work_dir=out.parent, options=RayOptions(dashboard=False))
@@ -1173,8 +1173,8 @@ def _run_layer_driver_cpu(work: Path, n: int, per_shard: int, profile: Path | No
     outside), reading outside; per input image."""
     import ray
 
+    from counterfactual.pipelines.synth import RayOptions, init_ray, run_ray
     from counterfactual.synth.plan import SynthConfig
-    from pipelines.synth import RayOptions, init_ray, run_ray
 
     files = _run_layer_coco(work, n)
     start = time.process_time()

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import re
+from collections.abc import Mapping
 from types import ModuleType
+
+from counterfactual import DISTRIBUTION
 
 _CHECK_TORCHVISION = ("transformers", "diffusers")
 """Libraries whose vision models import torchvision when it is installed."""
@@ -16,8 +20,18 @@ class BrokenDependency(ValueError):
     """An installed package that fails at import; the message says how to fix it, on one line."""
 
 
+class MissingExtra(ImportError):
+    """An optional dependency that is not installed; the message names the extra that installs
+    it, on one line (the CLI prints it and exits 2)."""
+
+
+def extra_hint(extra: str) -> str:
+    """The command that installs one of the distribution's extras."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
 def require(module: str, extra: str) -> ModuleType:
-    """Import ``module`` or raise ``ImportError`` saying which extra installs it.
+    """Import ``module`` or raise :class:`MissingExtra` saying which extra installs it.
 
     Before transformers or diffusers, :func:`check_torchvision`: a broken torchvision makes
     their vision models fail at load time with an error that does not name it.
@@ -27,9 +41,30 @@ def require(module: str, extra: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise ImportError(
-            f"{module!r} is needed here but not installed: pip install 'counterfactual[{extra}]'"
+        raise MissingExtra(
+            f"{module.partition('.')[0]} is needed here but not installed "
+            f"({' '.join(str(err).split())}): {extra_hint(extra)}"
         ) from err
+
+
+def require_extras(needed: Mapping[str, str]) -> None:
+    """Raise one :class:`MissingExtra` naming every extra whose module is not installed
+    (``needed``: module -> extra), so a user installs them in one go; imports none of them
+    (only :mod:`counterfactual.pipelines` imports ``ray``)."""
+    missing: dict[str, str] = {}
+    for module, extra in needed.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:
+            found = False
+        if not found:
+            missing.setdefault(extra, module)
+    if missing:
+        modules = " and ".join(missing.values())
+        verb = "is" if len(missing) == 1 else "are"
+        raise MissingExtra(
+            f"{modules} {verb} needed here but not installed: {extra_hint(','.join(missing))}"
+        )
 
 
 def _version(package: str) -> str | None:

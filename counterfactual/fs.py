@@ -5,7 +5,7 @@ Every option that names input or output data takes a local path or a URL that fs
 standard library (no fsspec import); URLs through ``fsspec.core.url_to_fs``, so credentials and
 endpoints are read the standard way of each backend (for S3 the ``AWS_*`` variables, including
 ``AWS_ENDPOINT_URL``). The object-store backends are optional extras
-(``pip install "counterfactual[s3]"``, ``[gcs]``, ``[azure]``).
+(``pip install "counterfactual-vl[s3]"``, ``[gcs]``, ``[azure]``).
 
 Paths are returned as ``str`` for URLs and :class:`~pathlib.Path` for local paths, so code that
 only ever sees local data keeps its ``Path`` objects.
@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from counterfactual._lazy import require
+from counterfactual._lazy import extra_hint, require
 
 PathLike = str | os.PathLike[str]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
-"""The extra that installs each scheme's backend (``pip install "counterfactual[s3]"``)."""
+"""The extra that installs each scheme's backend (``pip install "counterfactual-vl[s3]"``)."""
 
 
 def is_url(path: PathLike) -> bool:
@@ -159,7 +159,7 @@ def filesystem(path: PathLike) -> tuple[Any, str]:
         extra = EXTRAS.get(scheme.group(1).lower() if scheme else "", "s3")
         raise ValueError(
             f"{text}: this scheme needs an fsspec backend that is not installed; "
-            f'pip install "counterfactual[{extra}]" ({err})'
+            f"{extra_hint(extra)} ({err})"
         ) from err
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from counterfactual.eval.mentions import MentionIndexer
+from counterfactual.pipelines.synth import RayOptions, init_ray
 from counterfactual.vocab import ClassVocabulary
-from pipelines.synth import RayOptions, init_ray
 
 
 class MentionActor:

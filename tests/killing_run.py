@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-import pipelines.synth as ray_synth
+import counterfactual.pipelines.synth as ray_synth
 from counterfactual.cli import main
 
 

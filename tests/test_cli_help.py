@@ -1,5 +1,7 @@
 """``--help``: every option of every subcommand (``audit``'s nested ones too) says what it does
-and shows its default."""
+and shows its default: the value, or for an option that is unset by default (``None``, an
+empty list) what happens then ("default: all", "default: not written"). Required options and
+on/off switches are exempt."""
 
 import argparse
 from collections.abc import Iterator
@@ -57,6 +59,18 @@ def shown_default(action: argparse.Action) -> list[str]:
     return [str(d)]
 
 
+def needs_default_word(parser: argparse.ArgumentParser, action: argparse.Action) -> bool:
+    """Whether the help of an option unset by default must still say what its default is:
+    every option that takes a value, unless it is required (by argparse, as one of a required
+    group, or in its own words: "(required)")."""
+    if not action.option_strings or action.nargs == 0 or action.default is argparse.SUPPRESS:
+        return False  # positionals, switches, --help-like actions
+    if action.required or "required" in (action.help or ""):
+        return False
+    groups = parser._mutually_exclusive_groups
+    return not any(g.required and action in g._group_actions for g in groups)
+
+
 def shows(text: str, wanted: list[str]) -> bool:
     """Whether ``text`` names each of ``wanted`` after the word "default" (any case)."""
     if not wanted:
@@ -85,6 +99,8 @@ def test_option_has_help_and_shows_its_default(name, parser, action):
     wanted = shown_default(action)
     if wanted:
         assert shows(text, wanted), f"{name}: default {action.default!r} not shown: {text!r}"
+    elif needs_default_word(parser, action):
+        assert "default" in text.lower(), f"{name}: unset by default, but says not what then"
 
 
 @pytest.mark.parametrize(
@@ -105,6 +121,24 @@ def test_the_rule_itself(rule, action, ok):
     parser = argparse.ArgumentParser()
     text = " ".join(rendered(parser, action).split())
     assert shows(text, shown_default(action)) is ok, rule
+
+
+@pytest.mark.parametrize(
+    "rule, action, ok",
+    [
+        ("unset, said", argparse.Action(["--x"], "x", help="files (default: all)"), True),
+        ("unset, unsaid", argparse.Action(["--x"], "x", help="a number of things"), False),
+        ("required", argparse.Action(["--x"], "x", required=True, help="a file"), True),
+        ("own words", argparse.Action(["--x"], "x", help="a file (required)"), True),
+        ("switch", argparse._StoreTrueAction(["--x"], "x", help="a switch"), True),
+        ("empty list", argparse.Action(["--x"], "x", nargs="+", default=[], help="ks"), False),
+    ],
+)
+def test_the_rule_for_options_unset_by_default(rule, action, ok):
+    parser = argparse.ArgumentParser()
+    text = " ".join(rendered(parser, action).split())
+    said = not needs_default_word(parser, action) or "default" in text.lower()
+    assert said is ok, rule
 
 
 def test_help_prints_for_every_subcommand(capsys):

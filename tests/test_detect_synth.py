@@ -25,6 +25,7 @@ from counterfactual.method.selection import (
     candidates,
     select_many,
 )
+from counterfactual.pipelines.synth import plan_stages
 from counterfactual.readers.coco import read_coco
 from counterfactual.readers.generate import generate_coco
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of, load_record_image
@@ -32,7 +33,6 @@ from counterfactual.synth.runner import run_local
 from counterfactual.synth.steps import step_order
 from counterfactual.text import TextConfig
 from counterfactual.vocab import coco_vocabulary
-from pipelines.synth import plan_stages
 
 BLUR = ImageConfig(method="blur")
 DETECT = DetectConfig(model="scripted")

@@ -387,8 +387,8 @@ def test_config_fingerprint_and_step_wiring():
     assert (recorded["device"], recorded["batch_size"]) == ("cuda", 7)
     assert fingerprint_of(rec.record(runtime)) == rec.fingerprint()
 
+    from counterfactual.pipelines.synth import RayOptions, layout_actors, plan_stages
     from counterfactual.synth.layout import Cluster
-    from pipelines.synth import RayOptions, layout_actors, plan_stages
 
     stages = plan_stages(rec, runtime)
     assert [s.steps for s in stages] == [("rewrite", "decode", "edit"), ("verify",), ("encode",)]

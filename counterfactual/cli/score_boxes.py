@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
         nargs="+",
         default=[],
         metavar="A.csv",
-        help="two or more annotators' box files for Krippendorff's alpha",
+        help="two or more annotators' box files for Krippendorff's alpha (default: none)",
     )
     table = parser.add_argument_group("Table 1 (descriptive statistics)")
     table.add_argument(
@@ -51,7 +51,8 @@ def register(subparsers: Any) -> None:
         nargs="+",
         default=[],
         metavar="SUBSET.csv",
-        help="print the 95%% confidence intervals of Table 1 for these files instead of scores",
+        help="print the 95%% confidence intervals of Table 1 for these files instead of scores "
+        "(default: none)",
     )
     table.add_argument(
         "--z",

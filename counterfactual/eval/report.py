@@ -13,6 +13,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
+from counterfactual._lazy import require
 from counterfactual.eval.evalset import Query
 from counterfactual.eval.evaluate import ModelResult
 
@@ -59,17 +60,16 @@ def markdown_tables(results: Sequence[ModelResult], dataset: str) -> str:
 
 def odmap_plot(results: Sequence[ModelResult], path: Path, dataset: str) -> Path:
     """ODmAP@k (percent) against k, one line per model."""
-    import matplotlib
-    import matplotlib.ticker
-
+    matplotlib = require("matplotlib", "eval")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for r in results:
         ks = sorted(r.odmap_curve)
         ax.plot(ks, [100.0 * r.odmap_curve[k] for k in ks], marker="o", ms=3, label=r.model)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("k")
     ax.set_ylabel("ODmAP@k (%)")
     ax.set_title(f"Object decorrelation, {dataset}")

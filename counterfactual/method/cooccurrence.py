@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from counterfactual._lazy import require
 from counterfactual.boxtable import BoxTable, snap_bits_of
 from counterfactual.records import ImageRecord
 
@@ -261,8 +262,7 @@ def heatmap(
     """A PNG of three panels over ``classes``: ``before`` (D), ``after`` (D ∪ D') and after
     minus before. The diagonal (``pmi``: self-information; ``frequency``: ``p(a)``) and
     undefined values are grey, so the pairs set the colour scale."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "eval")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

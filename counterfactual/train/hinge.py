@@ -19,7 +19,7 @@ Seed 003 writes its hinge over per-sample losses as ``[l(pos) - l(neg) - tau]_+`
 ``l = -score`` that only penalises a negative that beats its positive by more than ``tau``, so
 the margin here has VSE++'s sign: a negative must score ``margin`` below its positive.
 
-Torch (``pip install 'counterfactual[models]'``) is imported when a function is called, not
+Torch (``pip install 'counterfactual-vl[models]'``) is imported when a function is called, not
 with this module.
 """
 

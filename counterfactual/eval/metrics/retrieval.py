@@ -145,7 +145,7 @@ def topk_chunked(
     ``np.result_type(query, gallery, float32)``; ``normalize=True`` L2-normalises both sides
     first (cosine; a zero row raises). Memory holds ``query_chunk x (chunk + k)`` scores at once.
     ``device=None`` computes with numpy; a device name (``"cpu"``, ``"cuda"``, ``"cuda:1"``) with
-    torch (``pip install 'counterfactual[models]'``). Ties go to the lower gallery index, so the
+    torch (``pip install 'counterfactual-vl[models]'``). Ties go to the lower gallery index, so the
     result equals a full stable sort of the same scores for any ``chunk`` and ``query_chunk``.
     Returns ``min(k, G)`` columns; numpy arrays whichever the backend.
     """
