@@ -99,11 +99,8 @@ def _select(job: _Job) -> _Done:
     lines, ``image_id`` as the input file has it."""
     with _collector_paused():
         rows, plans, refused = select_rows(
-            job.table, job.config, job.stats, seed=job.seed, rejected=job.rejected
+            job.table, job.config, job.stats, job.seed, job.rejected, job.ids
         )
-        position = {ident: n for n, ident in enumerate(job.table.image_ids)}
-        for row in rows:
-            row.image_id = job.ids[position[row.image_id]]
         return _Done(msgspec.json.Encoder().encode_lines(rows), plans, refused)
 
 
