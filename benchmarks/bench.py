@@ -1320,7 +1320,7 @@ NOTES = {
         "`counterfactual select` as a user runs it (main(argv) in process, imports done): "
         "read an instances file of select_images images at generate_coco's statistics (boxes "
         "only, integer ids; about 0.9 KB an image) as a BoxTable, the alpha rules (uniform "
-        "policy) on chunks of 16,384 images in select_workers processes (the default: one per "
+        "policy) on even chunks of at most 16,384 images in select_workers processes (the default: one per "
         "usable core), one JSON line per plan. one_process: the same with --workers 1. "
         "one_at_a_time: the path it replaced (read_coco, select() per image, json.dumps per "
         "plan), on the same file, alternated; same_plans: 1 when all three wrote the same "
