@@ -1266,6 +1266,8 @@ TARGETS = {
     "pipeline_ray_vs_floor_x_cores": 0.7,
     "selection_images_per_s": 20_000,
     "select_images_per_s": 20_000,
+    "select_cli_uniform_marginal_images_per_s": 20_000,
+    "select_cli_all_marginal_images_per_s": 20_000,
     "np_removal_captions_per_s": 3_000,
     "mentions_captions_per_s": 3_000,
     "image_zero_vs_floor": 0.7,
