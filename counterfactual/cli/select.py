@@ -99,11 +99,8 @@ def _select(job: _Job) -> _Done:
     lines, ``image_id`` as the input file has it."""
     with _collector_paused():
         rows, plans, refused = select_rows(
-            job.table, job.config, job.stats, seed=job.seed, rejected=job.rejected
+            job.table, job.config, job.stats, job.seed, job.rejected, job.ids
         )
-        position = {ident: n for n, ident in enumerate(job.table.image_ids)}
-        for row in rows:
-            row.image_id = job.ids[position[row.image_id]]
         return _Done(msgspec.json.Encoder().encode_lines(rows), plans, refused)
 
 
@@ -126,14 +123,17 @@ def write_plans(
 ) -> tuple[int, int]:
     """Write each image's chosen plans (and with ``rejected`` then its refused candidates) as
     one JSON object per line, in table order; ``image_id`` is ``ids[image]``, the id as the
-    input file has it. ``workers`` processes select chunks of :data:`CHUNK` images (1: this
-    process; 0: one per usable core). Returns ``(plans, rejected candidates)``."""
-    jobs = (
-        _Job(table.images(s, s + CHUNK), ids[s : s + CHUNK], config, seed, stats, rejected)
-        for s in range(0, len(table), CHUNK)
-    )
+    input file has it. ``workers`` processes select chunks of at most :data:`CHUNK` images (1:
+    this process; 0: one per usable core), as many chunks for each and of even sizes, so that
+    they finish together. Returns ``(plans, rejected candidates)``."""
     chunks = -(-len(table) // CHUNK)
     workers = min(workers or usable_cores(), chunks)
+    chunks = -(-chunks // max(workers, 1)) * max(workers, 1)
+    size = max(1, -(-len(table) // max(chunks, 1)))
+    jobs = (
+        _Job(table.images(s, s + size), ids[s : s + size], config, seed, stats, rejected)
+        for s in range(0, len(table), size)
+    )
     plans = refused = 0
     for done in _map(jobs, workers):
         out.write(done.lines)

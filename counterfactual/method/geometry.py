@@ -43,7 +43,7 @@ def class_cells(boxes: np.ndarray, group: np.ndarray, k: int) -> tuple[np.ndarra
     onehot = group[:, None, :] == np.arange(k)[None, :, None]
     columns = (onehot[:, :, :, None] & in_x[:, None, :, :]).astype(np.float32)
     count = columns.transpose(0, 1, 3, 2).reshape(n, -1, m) @ in_y.astype(np.float32)
-    cover = np.minimum(count.reshape(n, k, -1), 1.0).astype(np.float64)
+    cover = (count.reshape(n, k, -1) > 0).astype(np.float64)
     cell_area = (np.diff(xs)[:, :, None] * np.diff(ys)[:, None, :]).reshape(n, -1)
     return cover, cell_area
 

@@ -19,7 +19,7 @@ import math
 import numbers
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import repeat
 from typing import Any
 
 import msgspec
@@ -215,17 +215,20 @@ def _row(
         [_CoRemoval(c, r, alpha2, c in removed) for c, r in co_removal],
         [_KeepOverlap(k, r, alpha1, keep_ok or r < alpha1) for k, r in keep_overlap],
         _RemovedFraction(removed_fraction, alpha3, fraction_ok),
-        None
-        if pmi is None
-        else _PMIEvidence(
-            [_PMIWith(k, v) for k, v in pmi.items()],
-            spurious_score(pmi.values()),
-            "mean",
-            SPURIOUS_SMOOTHING,
-        ),
+        _pmi_evidence(pmi),
     )
-    kind = "single" if len(removed) == 1 else "multi"
+    kind = _KINDS[len(removed) > 1]
     return PlanRow(image_id, target, removed, kept, kind, valid, rejected_by, evidence, mask_boxes)
+
+
+_KINDS = ("single", "multi")
+
+
+def _pmi_evidence(pmi: dict[str, float] | None) -> _PMIEvidence | None:
+    if pmi is None:
+        return None
+    with_kept = [_PMIWith(k, v) for k, v in pmi.items()]
+    return _PMIEvidence(with_kept, spurious_score(pmi.values()), "mean", SPURIOUS_SMOOTHING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +273,9 @@ class _Evaluated:
     """Per image, ``(chunk, row)``, or ``None`` when it has fewer than two visible classes."""
     ignored: list[int]
     """Per image, the objects whose clipped box has no area."""
+    chunk_of: np.ndarray
+    """Per image, its chunk (-1 for none), and ``row_of`` its row there: ``where`` as arrays."""
+    row_of: np.ndarray
 
 
 _REJECTIONS: tuple[str | None, ...] = (None, NOTHING_KEPT, KEEP_OVERLAP, TOO_LARGE)
@@ -313,11 +319,16 @@ def _evaluate(table: BoxTable, config: SelectionConfig) -> _Evaluated:
     n_boxes = np.bincount(owner, minlength=n_images)
     box_start = np.cumsum(n_boxes) - n_boxes
     ignored = (np.bincount(table.owner, minlength=n_images) - n_boxes).tolist()
-    where: list[tuple[int, int] | None] = [None] * n_images
     chunks: list[_Chunk] = []
     qualified = np.flatnonzero(n_classes >= 2)
     counts, back = np.unique(n_boxes[qualified], return_inverse=True)
     padded = np.array([_bucket(c) for c in counts.tolist()], dtype=np.intp)[back.reshape(-1)]
+    # images of the same padded box count and class count together: no class padding
+    shape = padded * (int(n_classes.max(initial=0)) + 1) + n_classes[qualified]
+    order = np.argsort(shape, kind="stable")
+    qualified, padded, shape = qualified[order], padded[order], shape[order]
+    chunk_of = np.full(n_images, -1)
+    row_of = np.zeros(n_images, dtype=np.intp)
     layout = _Layout(
         snapped.xyxy[vis],
         snapped.units[vis],
@@ -329,15 +340,19 @@ def _evaluate(table: BoxTable, config: SelectionConfig) -> _Evaluated:
         group_start,
         n_classes,
     )
-    for size in np.unique(padded).tolist():
-        members = qualified[padded == size]
+    bounds = [*np.unique(shape, return_index=True)[1].tolist(), len(shape)]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        size = int(padded[lo])
         step = max(1, _CHUNK_CELLS // (size * (2 * size - 1) ** 2))
-        for start in range(0, len(members), step):
-            chunk = _evaluate_chunk(table, layout, members[start : start + step], size, config)
-            for j, i in enumerate(chunk.images):
-                where[i] = (len(chunks), j)
-            chunks.append(chunk)
-    return _Evaluated(chunks, where, ignored)
+        for start in range(lo, hi, step):
+            members = qualified[start : min(start + step, hi)]
+            chunk_of[members] = len(chunks)
+            row_of[members] = np.arange(len(members))
+            chunks.append(_evaluate_chunk(table, layout, members, size, config))
+    where: list[tuple[int, int] | None] = [
+        None if c < 0 else (c, r) for c, r in zip(chunk_of.tolist(), row_of.tolist(), strict=True)
+    ]
+    return _Evaluated(chunks, where, ignored, chunk_of, row_of)
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,76 +436,130 @@ def _evaluate_chunk(
     )
 
 
+def _split(flat: list[Any], counts: np.ndarray) -> list[list[Any]]:
+    """``flat`` cut into consecutive lists of ``counts[p]`` items."""
+    ends = np.cumsum(counts).tolist()
+    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _rows(
+    table: BoxTable,
+    ev: _Evaluated,
+    image: np.ndarray,
+    target: np.ndarray,
+    config: SelectionConfig,
+    pmi: Sequence[dict[str, float] | None] | None = None,
+    ids: Sequence[int | str] | None = None,
+) -> list[PlanRow]:
+    """The :class:`PlanRow` of candidates ``(image[p], target[p])``, in that order; ``pmi[p]``
+    is pick ``p``'s PMI evidence, ``ids[image]`` the id to write (default: the table's). The
+    rows of each chunk are made together: what every plan lists (removed and kept classes,
+    evidence, removed boxes) is picked from the chunk's arrays as one flat list per field and
+    cut into plans, so the only work per plan is a few slices and struct constructors."""
+    out: list[Any] = [None] * len(image)
+    ids = table.image_ids if ids is None else ids
+    class_names = np.array([*table.classes, ""], dtype=object)  # code -1 (padding): ""
+    alpha1, alpha2, alpha3 = config.alpha1, config.alpha2, config.alpha3
+    chunk_of = ev.chunk_of[image]
+    by_chunk = np.argsort(chunk_of, kind="stable")
+    for positions in np.split(by_chunk, np.flatnonzero(np.diff(chunk_of[by_chunk])) + 1):
+        if not len(positions):
+            continue
+        chunk = ev.chunks[chunk_of[positions[0]]]
+        images, targets = image[positions], target[positions]
+        at = ev.row_of[images]
+        classes = np.asarray(chunk.classes)[at]
+        names = class_names[classes]
+        real = classes >= 0
+        removed = chunk.removed[at, targets]
+        other = np.arange(removed.shape[1]) != targets[:, None]
+        code = np.asarray(chunk.code)[at, targets]
+        # removed classes, the target first, then in class order
+        first = np.argsort(other, axis=1, kind="stable")
+        gone = np.take_along_axis(removed, first, axis=1)
+        gone_names = _split(np.take_along_axis(names, first, axis=1)[gone].tolist(), gone.sum(1))
+        kept = ~removed & real
+        kept_names = names[kept].tolist()
+        # evidence, each flag repeating its decision (see _row)
+        co = other & real
+        co_removal = map(
+            _CoRemoval,
+            names[co].tolist(),
+            chunk.co_ratio[at, targets][co].tolist(),
+            repeat(alpha2),
+            removed[co].tolist(),
+        )
+        keep_ratio = chunk.keep_ratio[at, targets]
+        keep_ok = ((code == 0) | (code == 3))[:, None] | (keep_ratio < alpha1)
+        keep_overlap = map(
+            _KeepOverlap,
+            kept_names,
+            keep_ratio[kept].tolist(),
+            repeat(alpha1),
+            keep_ok[kept].tolist(),
+        )
+        fraction = chunk.fraction[at, targets]
+        fraction_ok = (code == 0) | ((code != 3) & (fraction < alpha3))
+        evidence = map(
+            _Evidence,
+            _split(list(co_removal), co.sum(1)),
+            _split(list(keep_overlap), kept.sum(1)),
+            map(_RemovedFraction, fraction.tolist(), repeat(alpha3), fraction_ok.tolist()),
+            [None if pmi is None else _pmi_evidence(pmi[p]) for p in positions.tolist()],
+        )
+        # the removed boxes of every pick, xywh, one after the other
+        padded = np.concatenate([removed, np.zeros((len(at), 1), bool)], axis=1)
+        erased = np.take_along_axis(padded, chunk.group[at], axis=1)  # is each box's class removed
+        xywh = chunk.boxes[at][erased]
+        xywh[:, 2:] -= xywh[:, :2]
+        rows = map(
+            PlanRow,
+            map(ids.__getitem__, images.tolist()),
+            names[np.arange(len(at)), targets].tolist(),
+            gone_names,
+            _split(kept_names, kept.sum(1)),
+            map(_KINDS.__getitem__, (gone.sum(1) > 1).tolist()),
+            (code == 0).tolist(),
+            map(_REJECTIONS.__getitem__, code.tolist()),
+            evidence,
+            _split(xywh.tolist(), erased.sum(1)),
+        )
+        for p, row in zip(positions.tolist(), rows, strict=True):
+            out[p] = row
+    return out
+
+
 def _plans(
     table: BoxTable,
     ev: _Evaluated,
     picks: Sequence[tuple[int, int]],
     config: SelectionConfig,
     pmi: Sequence[dict[str, float] | None] | None = None,
-    rows: bool = False,
-) -> list[Any]:
-    """The plans of candidates ``(image, r)``, in the order given: :class:`RemovalPlan`, or
-    with ``rows`` their :class:`PlanRow` (made straight from the arrays); ``pmi[p]`` is pick
-    ``p``'s PMI evidence. The rows of each chunk are taken from its arrays together, and what
-    each plan lists (removed and kept classes, the removed boxes) is decided there as masks,
-    so a plan is a few ``compress`` calls."""
-    out: list[Any] = [None] * len(picks)
-    by_chunk: dict[int, list[int]] = {}
-    for p, (i, _) in enumerate(picks):
-        by_chunk.setdefault(ev.where[i][0], []).append(p)  # type: ignore[index]
-    alphas = (config.alpha1, config.alpha2, config.alpha3)
-    for c, positions in by_chunk.items():
-        chunk = ev.chunks[c]
-        at = np.array([ev.where[picks[p][0]][1] for p in positions])  # type: ignore[index]
-        targets = np.array([picks[p][1] for p in positions])
-        removed = chunk.removed[at, targets]
-        other = np.arange(removed.shape[1])[None, :] != targets[:, None]
-        padded = np.concatenate([removed, np.zeros((len(at), 1), bool)], axis=1)
-        erased = np.take_along_axis(padded, chunk.group[at], axis=1)  # is each box's class removed
-        # the removed boxes of every pick, xywh, one after the other
-        xywh = chunk.boxes[at][erased]
-        xywh[:, 2:] -= xywh[:, :2]
-        ends = np.cumsum(erased.sum(axis=1)).tolist()
-        boxes = xywh.tolist()
-        co, keep = chunk.co_ratio[at, targets].tolist(), chunk.keep_ratio[at, targets].tolist()
-        fraction = chunk.fraction[at, targets].tolist()
-        also, kept, other_l = (removed & other).tolist(), (~removed).tolist(), other.tolist()
-        names_of: dict[int, list[str]] = {}
-        start = 0
-        for q, p in enumerate(positions):
-            i, r = picks[p]
-            j = int(at[q])
-            if (names := names_of.get(j)) is None:
-                codes = chunk.classes[j][: chunk.n_classes[j]]
-                names = names_of[j] = [table.classes[code] for code in codes]
-            mask_boxes, start = boxes[start : ends[q]], ends[q]
-            gone = [names[r], *compress(names, also[q])]
-            left = list(compress(names, kept[q]))
-            co_pairs = compress(zip(names, co[q], strict=False), other_l[q])
-            keep_pairs = compress(zip(names, keep[q], strict=False), kept[q])
-            why = _REJECTIONS[chunk.code[j][r]]
-            evidence = None if pmi is None else pmi[p]
-            if rows:
-                out[p] = _row(
-                    table.image_ids[i], names[r], gone, left, co_pairs, keep_pairs,
-                    fraction[q], mask_boxes, alphas, why, evidence,
-                )  # fmt: skip
-                continue
-            out[p] = RemovalPlan(
+) -> list[RemovalPlan]:
+    """The :class:`RemovalPlan` of candidates ``(image, r)``, in the order given (from their
+    :func:`_rows`)."""
+    image, target = np.array(picks, dtype=np.intp).reshape(-1, 2).T
+    out = []
+    for (i, _), row, evidence in zip(
+        picks, _rows(table, ev, image, target, config, pmi), pmi or repeat(None), strict=False
+    ):
+        out.append(
+            RemovalPlan(
                 image_id=table.image_ids[i],
-                target=names[r],
-                removed=tuple(gone),
-                kept=tuple(left),
-                co_removal=dict(co_pairs),
-                keep_overlap=dict(keep_pairs),
-                removed_fraction=fraction[q],
-                mask_boxes=tuple(map(tuple, mask_boxes)),
-                alpha1=alphas[0],
-                alpha2=alphas[1],
-                alpha3=alphas[2],
-                rejected_by=why,
+                target=row.target,
+                removed=tuple(row.removed),
+                kept=tuple(row.kept),
+                co_removal={e.name: e.ratio for e in row.evidence.co_removal},
+                keep_overlap={e.name: e.ratio for e in row.evidence.keep_overlap},
+                removed_fraction=row.evidence.removed_fraction.ratio,
+                mask_boxes=tuple(map(tuple, row.mask_boxes)),
+                alpha1=config.alpha1,
+                alpha2=config.alpha2,
+                alpha3=config.alpha3,
+                rejected_by=row.rejected_by,
                 pmi=evidence,
             )
+        )
     return out
 
 
@@ -596,31 +665,58 @@ def select_rows(
     stats: CooccurrenceStats | None = None,
     seed: int = 0,
     rejected: bool = False,
+    ids: Sequence[int | str] | None = None,
 ) -> tuple[list[PlanRow], int, int]:
     """:func:`select_table`'s chosen plans as :class:`PlanRow` (encoded, the bytes of
     :meth:`RemovalPlan.to_dict`), image by image
     in table order (and with ``rejected`` after each image's plans its refused candidates),
     built from the rules' arrays without making the plans: what ``counterfactual select``
-    writes. Returns ``(rows, plans, refused)``."""
+    writes. ``image_id`` is ``ids[image]`` (default: the table's ids). Returns
+    ``(rows, plans, refused)``."""
+    _check_seed(seed)
     ev = _evaluate(table, config)
-    _, chosen = _choose(table, ev, config, stats, None, seed)
-    picks: list[tuple[int, int]] = []
-    evidence: list[dict[str, float] | None] = []
-    plans = 0
-    refused = 0
-    by_image = {i: (rs, pmi) for i, rs, _, pmi in chosen}
-    for i, place in enumerate(ev.where):
-        rs, pmi = by_image.get(i, ((), None))
-        picks += [(i, r) for r in rs]
-        evidence += [pmi] * len(rs)
-        plans += len(rs)
-        if rejected and place is not None:
-            chunk, j = ev.chunks[place[0]], place[1]
-            bad = [r for r in range(chunk.n_classes[j]) if chunk.code[j][r] != 0]
-            picks += [(i, r) for r in bad]
-            evidence += [None] * len(bad)
-            refused += len(bad)
-    return _plans(table, ev, picks, config, evidence, rows=True), plans, refused
+    image, target, code = _candidates(ev)
+    valid = code == 0
+    chosen, evidence = valid, None
+    if config.policy == "uniform":  # _choose's draw, on the arrays
+        chosen = np.zeros(len(code), dtype=bool)
+        at = np.flatnonzero(valid)
+        n_valid = np.bincount(image[at], minlength=len(table))
+        has = np.flatnonzero(n_valid)
+        idents, counts = table.image_ids, n_valid[has].tolist()
+        draws = [draw_index(seed, idents[i], n) for i, n in zip(has.tolist(), counts, strict=True)]
+        chosen[at[(np.cumsum(n_valid) - n_valid)[has] + np.array(draws, dtype=np.intp)]] = True
+    elif config.policy == "spurious":
+        chosen = np.zeros(len(code), dtype=bool)
+        first = np.searchsorted(image, np.arange(len(table)))  # an image's candidates: r = 0, 1, ..
+        _, picked = _choose(table, ev, config, stats, None, seed)
+        pmi = {int(first[i]) + rs[0]: pmi for i, rs, _, pmi in picked}
+        chosen[list(pmi)] = True
+    # each image's plans, then (with ``rejected``) its refused candidates, by target
+    order = np.lexsort((target, ~chosen, image))
+    order = order[(chosen | (rejected & ~valid))[order]]
+    if config.policy == "spurious":
+        evidence = [pmi.get(p) for p in order.tolist()]
+    rows = _rows(table, ev, image[order], target[order], config, evidence, ids)
+    return rows, int(chosen.sum()), int((~valid).sum()) if rejected else 0
+
+
+def _candidates(ev: _Evaluated) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every candidate of every image as ``(image, target, code)`` arrays, by image then
+    target (``code``: index in ``_REJECTIONS``)."""
+    parts = [(np.zeros(0, dtype=np.intp),) * 3]
+    for chunk in ev.chunks:
+        codes = np.asarray(chunk.code)
+        rows, targets = np.nonzero(np.arange(codes.shape[1]) < np.c_[chunk.n_classes])
+        parts.append((np.asarray(chunk.images)[rows], targets, codes[rows, targets]))
+    image, target, code = (np.concatenate(column) for column in zip(*parts, strict=True))
+    order = np.lexsort((target, image))
+    return image[order], target[order], code[order]
+
+
+def _check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
 
 
 def _choose(
@@ -635,8 +731,7 @@ def _choose(
 ]:
     """The policy on evaluated candidates: a :class:`Selection` for each image with no plan,
     and for the others ``(image, chosen targets, targets not drawn, PMI evidence)``."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    _check_seed(seed)
     pmi = None
     if config.policy == "spurious":
         pmi = _PMILookup(stats if stats is not None else CooccurrenceStats.from_table(table))

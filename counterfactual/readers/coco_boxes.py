@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -105,7 +107,8 @@ def _columns(inst: _Instances) -> CocoBoxes | None:
         category = np.fromiter((code[a.category_id] for a in anns), dtype=np.intp, count=len(anns))
     except KeyError:  # an image 'images' does not list, a category no entry defines
         return None
-    bbox = np.array([a.bbox for a in anns], dtype=np.float64).reshape(-1, 4)
+    corners = chain.from_iterable(map(attrgetter("bbox"), anns))
+    bbox = np.fromiter(corners, np.float64, 4 * len(anns)).reshape(-1, 4)
     if not np.isfinite(bbox).all() or (bbox[:, 2:] < 0).any():
         return None
     if not {a.iscrowd for a in anns} <= {0, 1, None}:
