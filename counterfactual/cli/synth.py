@@ -426,6 +426,13 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
         help="Ray's own logs and the workers' output on this terminal",
     )
     r.add_argument(
+        "--keep-ray-logs",
+        action="store_true",
+        help="keep the folder a local Ray writes its session logs in (in the system temp dir, "
+        "outside OUT; its path is printed at the end and kept in manifest.json) instead of "
+        "removing it when the run ends",
+    )
+    r.add_argument(
         "--no-dashboard",
         dest="dashboard",
         action="store_false",
@@ -551,6 +558,7 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
         place_timeout=args.place_timeout,
         load_timeout=args.load_timeout,
         verbose=args.verbose,
+        keep_ray_logs=args.keep_ray_logs,
     )
 
 
