@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="local: every shard in this process; ray: shard workers (and GPU model actors) on "
         "a local Ray or the cluster in RAY_ADDRESS (default: %(default)s)",
     )
-    add_data_args(p, corpora=True)
+    add_data_args(p, demo_root=DEMO_ROOT_HELP, corpora=True)
     p.add_argument(
         "--out", default=None, help="output folder or URL, e.g. s3://bucket/run (required)"
     )
@@ -440,9 +440,15 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+DEMO_ROOT_HELP = "~/.cache/counterfactual/demo, or $COUNTERFACTUAL_CACHE/demo"
+
+
 def demo_root(args: argparse.Namespace) -> str:
-    """Where the demo's pictures go without ``--root``: ``OUT/demo-data``."""
-    return str(fs.join(args.out, "demo-data"))
+    """Where the demo's pictures go without ``--root``: the user's cache, not OUT (which holds
+    only the run's outputs), :func:`~counterfactual.readers.demo.demo_cache_dir`."""
+    from counterfactual.readers.demo import demo_cache_dir
+
+    return str(demo_cache_dir())
 
 
 def default_vocabulary(args: argparse.Namespace) -> str | None:
