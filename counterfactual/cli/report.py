@@ -56,5 +56,7 @@ def run(args: argparse.Namespace) -> int:
             "(give --root DATASET_FOLDER)",
             file=sys.stderr,
         )
+    if report.empty is not None:
+        print(report.empty, file=sys.stderr)
     print(report.index)
     return 0

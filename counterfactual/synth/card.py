@@ -7,7 +7,8 @@ key any sample's json has, with the types merged over all samples
 (:mod:`counterfactual.json_types`). Without declared features ``datasets`` infers them from the
 first five samples of the first shard and then drops keys those lack, or fails on a type they
 leave unknown (``null``, an empty list). Shards without samples are left out of the list (their
-tar is still written, see :mod:`counterfactual.synth.shards`). When two shards' json types cannot
+tar is still written, see :mod:`counterfactual.synth.shards`), unless no shard has any: then
+the empty shards are listed, so the folder still opens, empty. When two shards' json types cannot
 share a column (shards of an older layout beside newer ones), the card declares no features
 and says which keys differ. The prose below the front matter is for people: counts, the config
 and the license note.
@@ -25,6 +26,7 @@ import yaml
 
 from counterfactual import fs
 from counterfactual.json_types import JsonType, hf_feature, json_type, merge_types, mixed_paths
+from counterfactual.reasons import no_samples_line
 
 CARD_FILE = "README.md"
 SPLIT = "train"
@@ -54,28 +56,38 @@ def shard_json_type(shard: fs.PathLike) -> JsonType | None:
 
 
 def card_metadata(shards: Sequence[ShardEntry]) -> dict[str, Any]:
-    """The YAML front matter as a dict (see the module doc); no ``configs`` without samples."""
+    """The YAML front matter as a dict (see the module doc). A run without samples lists its
+    (empty) shards and declares the columns it knows without a sample (``jpg``, ``txt``,
+    ``__key__``, ``__url__``), so ``load_dataset(OUT, streaming=True)`` opens it empty instead
+    of guessing a builder from ``status.jsonl``; no ``configs`` without any shard."""
     with_samples = [s for s in shards if s.samples > 0]
     meta: dict[str, Any] = {"license": "other", "tags": ["webdataset", "counterfactual"]}
     if not with_samples:
+        if shards:
+            meta["configs"] = [_config([s.name for s in shards])]
+            meta["dataset_info"] = {"config_name": "default", "features": _features(None)}
         return meta
-    meta["configs"] = [
-        {
-            "config_name": "default",
-            "data_files": [{"split": SPLIT, "path": [s.name for s in with_samples]}],
-        }
-    ]
+    meta["configs"] = [_config([s.name for s in with_samples])]
     schema = merged_schema(with_samples)
     if schema is not None and not list(mixed_paths(schema)):
-        features = [
-            {"name": "jpg", "dtype": "image"},
-            {"name": "json", **hf_feature(schema)},
-            {"name": "txt", "dtype": "string"},
-            {"name": "__key__", "dtype": "string"},
-            {"name": "__url__", "dtype": "string"},
-        ]
-        meta["dataset_info"] = {"config_name": "default", "features": features}
+        meta["dataset_info"] = {"config_name": "default", "features": _features(schema)}
     return meta
+
+
+def _config(paths: list[str]) -> dict[str, Any]:
+    return {"config_name": "default", "data_files": [{"split": SPLIT, "path": paths}]}
+
+
+def _features(schema: JsonType | None) -> list[dict[str, Any]]:
+    """The declared columns; ``json`` only with a schema (a run with samples)."""
+    json_ = [{"name": "json", **hf_feature(schema)}] if schema is not None else []
+    return [
+        {"name": "jpg", "dtype": "image"},
+        *json_,
+        {"name": "txt", "dtype": "string"},
+        {"name": "__key__", "dtype": "string"},
+        {"name": "__url__", "dtype": "string"},
+    ]
 
 
 def merged_schema(shards: Sequence[ShardEntry]) -> JsonType | None:
@@ -153,7 +165,18 @@ def card_text(
         "key that some samples lack (such as `caption_cleaned`, written only when not 0) reads "
         "as `None` for them.",
     ]
-    if meta.get("configs") and "dataset_info" not in meta:
+    if not held:
+        lines += [
+            "",
+            "## No samples",
+            "",
+            no_samples_line(counts, f"{inputs:,}", unit),
+            "",
+            '`load_dataset("path/to/this/folder", streaming=True)` opens it (empty). Without '
+            'streaming, `datasets` (5.2 tested) refuses any empty split (`Instruction "train" '
+            "corresponds to no data!`).",
+        ]
+    if held and "dataset_info" not in meta:
         mixed = list(mixed_paths(merged_schema(held) or "null"))
         why = (
             f"their json differs in type at {', '.join(mixed[:5])}"
