@@ -96,14 +96,14 @@ def _collector_paused() -> Iterator[None]:
 
 def _select(job: _Job) -> _Done:
     """One chunk's plans (and with ``rejected`` then each image's refused candidates) as JSON
-    lines, ``image_id`` as the input file has it."""
+    lines, ``image_id`` the input file's id as a string (as in shards and status rows)."""
     with _collector_paused():
         rows, plans, refused = select_rows(
             job.table, job.config, job.stats, seed=job.seed, rejected=job.rejected
         )
         position = {ident: n for n, ident in enumerate(job.table.image_ids)}
         for row in rows:
-            row.image_id = job.ids[position[row.image_id]]
+            row.image_id = str(job.ids[position[row.image_id]])
         return _Done(msgspec.json.Encoder().encode_lines(rows), plans, refused)
 
 
@@ -125,8 +125,10 @@ def write_plans(
     seed: int = 0,
 ) -> tuple[int, int]:
     """Write each image's chosen plans (and with ``rejected`` then its refused candidates) as
-    one JSON object per line, in table order; ``image_id`` is ``ids[image]``, the id as the
-    input file has it. ``workers`` processes select chunks of :data:`CHUNK` images (1: this
+    one JSON object per line, in table order; ``image_id`` is ``str(ids[image])``: the input
+    file's id as a string, the one id type of every output (shards, ``status.jsonl``), since
+    corpora's keys are strings; COCO's ``139`` is ``"139"`` (``int()`` joins it with
+    ``pycocotools``). ``workers`` processes select chunks of :data:`CHUNK` images (1: this
     process; 0: one per usable core). Returns ``(plans, rejected candidates)``."""
     jobs = (
         _Job(table.images(s, s + CHUNK), ids[s : s + CHUNK], config, seed, stats, rejected)

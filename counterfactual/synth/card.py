@@ -4,7 +4,8 @@ Its YAML front matter names the shards that hold samples (``configs``: one ``tra
 paths relative to ``OUT``, so the folder can be copied or uploaded whole) and declares the
 features (``dataset_info``): ``jpg`` an image, ``txt`` a string, ``json`` the struct of every
 key any sample's json has, with the types merged over all samples
-(:mod:`counterfactual.json_types`). Without declared features ``datasets`` infers them from the
+(:mod:`counterfactual.json_types`), a key that every sample holds as ``None`` with the type it
+holds when set (:data:`~counterfactual.synth.samples.NULLABLE_TYPES`). Without declared features ``datasets`` infers them from the
 first five samples of the first shard and then drops keys those lack, or fails on a type they
 leave unknown (``null``, an empty list). Shards without samples are left out of the list (their
 tar is still written, see :mod:`counterfactual.synth.shards`), unless no shard has any: then
@@ -25,8 +26,16 @@ from typing import Any
 import yaml
 
 from counterfactual import fs
-from counterfactual.json_types import JsonType, hf_feature, json_type, merge_types, mixed_paths
+from counterfactual.json_types import (
+    JsonType,
+    declare,
+    hf_feature,
+    json_type,
+    merge_types,
+    mixed_paths,
+)
 from counterfactual.reasons import no_samples_line
+from counterfactual.synth.samples import NULLABLE_TYPES
 
 CARD_FILE = "README.md"
 SPLIT = "train"
@@ -69,6 +78,8 @@ def card_metadata(shards: Sequence[ShardEntry]) -> dict[str, Any]:
         return meta
     meta["configs"] = [_config([s.name for s in with_samples])]
     schema = merged_schema(with_samples)
+    if schema is not None:
+        schema = declare(schema, NULLABLE_TYPES)
     if schema is not None and not list(mixed_paths(schema)):
         meta["dataset_info"] = {"config_name": "default", "features": _features(schema)}
     return meta
