@@ -257,7 +257,6 @@ def _data_dir() -> Path:
     return Path(str(resources.files("counterfactual") / "data"))
 
 
-@cache
 def _sha256(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
