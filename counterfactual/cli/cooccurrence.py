@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "contains its plan's kept classes), and draw both and their difference as a PNG; the "
         "counts and the plotted matrices go to a JSON file beside it.",
     )
-    add_data_args(p, demo_root="~/.cache/counterfactual/demo, or $COUNTERFACTUAL_CACHE/demo")
+    add_data_args(p)
     p.add_argument(
         "--synthetic",
         type=Path,

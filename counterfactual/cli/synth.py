@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="local: every shard in this process; ray: shard workers (and GPU model actors) on "
         "a local Ray or the cluster in RAY_ADDRESS (default: %(default)s)",
     )
-    add_data_args(p, demo_root=DEMO_ROOT_HELP, corpora=True)
+    add_data_args(p, corpora=True)
     p.add_argument(
         "--out", default=None, help="output folder or URL, e.g. s3://bucket/run (required)"
     )
@@ -438,9 +438,6 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="do not start the Ray dashboard (local Ray)",
     )
-
-
-DEMO_ROOT_HELP = "~/.cache/counterfactual/demo, or $COUNTERFACTUAL_CACHE/demo"
 
 
 def demo_root(args: argparse.Namespace) -> str:
