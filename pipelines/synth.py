@@ -650,8 +650,9 @@ def dry_run(
     work_dir: fs.PathLike | None = None,
 ) -> Layout:
     """The layout a run would use: joins or starts Ray as :func:`run_ray` does (``work_dir``:
-    where a local Ray keeps its files, default a temporary folder), starts no actor and loads
-    no model; :class:`SetupError` (one line) when the cluster cannot hold it."""
+    where a local Ray keeps its files, ``WORK/.ray``, default a fresh :func:`ray_temp_dir`;
+    a local Ray it starts is stopped and its folder removed before it returns), starts no
+    actor and loads no model; :class:`SetupError` (one line) when the cluster cannot hold it."""
     options, runtime = options or RayOptions(), runtime or Runtime()
     preflight(config, runtime)
     stages = plan_stages(config, runtime)
