@@ -3,11 +3,12 @@
 The input is cut into shard tasks (:mod:`counterfactual.synth.tasks`); workers make and commit the
 shards. The driver only streams tasks out and counts back, so it holds O(shards), not
 O(samples). :func:`run_shards` is the driver's loop, shared by both runners, which differ only
-in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), writes
+in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), has
 ``run.json`` (the format and the config's fingerprint: the options that decide the output,
-:func:`~counterfactual.synth.plan.fingerprint_of`) on the first run and refuses a rerun with another
-config (the runtime may change; a missing ``run.json`` is rebuilt only when every shard records
-this config), refuses a run that makes fewer shards than OUT holds (its records would list the
+:func:`~counterfactual.synth.plan.fingerprint_of`) written when the first shard starts
+(:meth:`RunPlan.begin`: a run that fails to start leaves none) and refuses a rerun with another
+config, naming each option that differs (the runtime may change; a missing ``run.json`` is
+rebuilt only when every shard records this config), refuses a run that makes fewer shards than OUT holds (its records would list the
 others nowhere), finds the committed shards (their stats file exists; each is verified against
 it, and a damaged one is made again; a rerun over changed input is refused shard by shard,
 naming what changed) and removes unfinished temporary files of the project's own names: at
