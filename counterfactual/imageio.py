@@ -203,6 +203,16 @@ def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
     return buf.tobytes()
 
 
+def encode_png(mask: np.ndarray) -> bytes:
+    """Lossless PNG bytes of an (H, W) uint8 array (a mask: 8-bit greyscale, 255 = repaint)."""
+    if mask.ndim != 2 or mask.dtype != np.uint8:
+        raise ValueError(f"a mask is an (H, W) uint8 array, got {mask.dtype} {mask.shape}")
+    ok, buf = cv2.imencode(".png", mask)
+    if not ok:
+        raise SampleError("encode-error", f"cannot encode mask of shape {mask.shape}")
+    return buf.tobytes()
+
+
 def decode_jpeg(data: bytes) -> np.ndarray:
     """(H, W, 3) uint8 RGB from encoded bytes (for reading shards back)."""
     with Image.open(io.BytesIO(data)) as im:

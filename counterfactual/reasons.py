@@ -47,8 +47,8 @@ REASONS: dict[str, Reason] = {
     ),
     "duplicate-key": Reason(
         "failed",
-        "a corpus key seen before in the run (within a tar or piece; a CSV's across its "
-        "pieces and files); the first one is processed",
+        "a corpus key seen before in the run (in its tar, table or folder, or an earlier "
+        "one: the first in piece order is processed)",
         "reader",
     ),
     "unsafe-path": Reason(

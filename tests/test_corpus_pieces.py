@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from arrays import random_image
 
+from counterfactual import fs
 from counterfactual.imageio import SampleError, encode_jpeg
 from counterfactual.readers.corpus import (
     InputPiece,
@@ -221,14 +222,14 @@ def test_table_pieces_statuses_and_configuration_errors(tmp_path: Path) -> None:
         list(read_piece(InputPiece("csv", str(tmp_path / "t.csv"), 0)))
 
 
-def test_duplicate_ids_are_found_only_within_a_piece(tmp_path: Path) -> None:
+def test_duplicate_ids_are_found_within_and_across_pieces(tmp_path: Path) -> None:
     samples = tiny(3)
     write_parquet([samples[0], samples[1], samples[0], samples[2]], tmp_path / "t.parquet")
     path = tmp_path / "t.parquet"
     whole = [(r.image_id, getattr(r, "reason", None)) for r in iter_table(path, "parquet")]
     assert whole == [("s000", None), ("s001", None), ("s000", "duplicate-key"), ("s002", None)]
-    plan = pieces(plan_pieces(path, "parquet", 2))
-    assert [r.image_id for p in plan for r in read_piece(p)] == ["s000", "s001", "s000", "s002"]
+    plan = pieces(plan_pieces(path, "parquet", 2))  # the planner's key set, across pieces
+    assert [(r.image_id, getattr(r, "reason", None)) for p in plan for r in read_piece(p)] == whole
     (first, again) = (list(read_piece(p)) for p in pieces(plan_pieces(path, "parquet", 3)))
     assert [getattr(r, "reason", None) for r in first] == [None, None, "duplicate-key"]
     assert first[2].detail == f"first at {path}#0, again at {path}#2"  # type: ignore[union-attr]
@@ -273,14 +274,22 @@ def test_wds_pieces_read_like_the_whole_stream(tmp_path: Path) -> None:
         assert by_pieces(pattern, "wds", rows_per_piece) == whole
 
 
-def test_wds_planning_opens_no_tar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wds_planning_reads_each_tar_once_for_its_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner opens each tar once (its headers: the keys it repeats across tars, see
+    ``test_corpus_keys.py``); a missing one or one that is not a tar is left to its worker."""
     pattern = wds_corpus(tmp_path)
+    opened: list[str] = []
+    real = fs.open_file
 
-    def no_open(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the planner opened a file")
+    def counted(path: str, *args: object, **kwargs: object) -> object:
+        opened.append(Path(path).name)
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr("counterfactual.fs.open_file", no_open)
+    monkeypatch.setattr("counterfactual.fs.open_file", counted)
     assert len(list(plan_pieces(pattern, "wds", 1))) == 6
+    assert sorted(opened) == sorted(set(opened)) and len(opened) >= 5
 
 
 # --------------------------------------------------------------------------- on S3

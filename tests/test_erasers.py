@@ -261,7 +261,8 @@ def test_an_edit_sent_as_crops_gives_the_same_pictures(
     backend: str, sdxl: Path, tmp_path: Path
 ) -> None:
     """What a Ray worker does for Edit's actor pool (crop_for_edit, Edit on the crops,
-    paste_edit) gives the whole-picture Edit's bytes, and sends a fraction of the pixels."""
+    paste_edit) gives the whole-picture Edit's bytes, and sends a fraction of the pixels; with
+    ``--pairs`` each job gets its whole original back for Encode's ``orig.jpg``."""
     from PIL import Image
     from test_stages import records
     from tiny_lama import build_tiny_lama
@@ -279,7 +280,7 @@ def test_an_edit_sent_as_crops_gives_the_same_pictures(
     else:
         diffusers = DiffusersConfig(model=str(sdxl), steps=1, resolution=32, feather=2)
         image = ImageConfig(backend="diffusers", diffusers=diffusers)
-    config = SynthConfig(image=image)
+    config = SynthConfig(image=image, pairs=True)
     items = [item for out in plan(recs, config) if isinstance(out, list) for item in out]
 
     def jobs() -> list[Job]:
@@ -301,3 +302,5 @@ def test_an_edit_sent_as_crops_gives_the_same_pictures(
         if a.ok:
             np.testing.assert_array_equal(a.edited, b.edited)
             np.testing.assert_array_equal(a.mask, b.mask)
+            assert a.image is not None and a.image.shape[:2] == a.mask.shape
+            np.testing.assert_array_equal(a.image, b.image)

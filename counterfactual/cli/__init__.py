@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from counterfactual import fs
+from counterfactual.synth.runlock import LockLost
 
 SUBCOMMANDS = (
     "select",
@@ -82,11 +83,12 @@ def _add_debug(parser: argparse.ArgumentParser, seen: set[int]) -> None:
 
 _DEBUG_HELP = "on a setup error, show the traceback instead of one line"
 
-SETUP_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
+SETUP_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, LockLost)
 """What ends a command as a setup error (one line, exit 2): bad options, configs and inputs
 (``ValueError``, with ``UnicodeDecodeError``, ``json.JSONDecodeError``, ``SetupError`` and
-``LockHeld`` among them) and files that cannot be read or written (``OSError``: missing,
-unreadable, a folder, disk full)."""
+``LockHeld`` among them), files that cannot be read or written (``OSError``: missing,
+unreadable, a folder, disk full) and a run's lock removed or taken over by another driver
+(``LockLost``)."""
 
 
 def one_line(text: str) -> str:

@@ -25,7 +25,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "several. Counts come from each shard's <stem>_stats.json ('successes' or 'count') or "
         "from reading the tar.",
     )
-    p.add_argument("--original", nargs="+", required=True, metavar="SPEC", help="original shards")
+    side = p.add_mutually_exclusive_group(required=True)
+    side.add_argument("--original", nargs="+", metavar="SPEC", help="original shards")
+    side.add_argument(
+        "--unpair",
+        type=Path,
+        metavar="DIR",
+        help="no original shards: the synthetic ones were made with synth --pairs, so their "
+        "originals (orig.jpg with the original caption, each image and caption once) are "
+        "written into DIR as the original side (DIR/orig-NNNNNN.tar with stats files and "
+        "sizes.json): D ∪ D' without the source dataset; train reads DIR as --original",
+    )
     p.add_argument("--synthetic", nargs="+", required=True, metavar="SPEC", help="synthetic shards")
     p.add_argument(
         "--ratio",
@@ -38,7 +48,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = plan_mix(args.original, args.synthetic, args.ratio)
+    original = args.original
+    if args.unpair is not None:
+        from counterfactual.train.pairs import write_originals
+
+        unpaired = write_originals(args.synthetic, args.unpair)
+        print(
+            f"{unpaired.originals} originals of {unpaired.pairs} pair samples written to "
+            f"{args.unpair} in {len(unpaired.shards)} shard"
+            f"{'' if len(unpaired.shards) == 1 else 's'}"
+        )
+        original = [str(args.unpair)]
+    plan = plan_mix(original, args.synthetic, args.ratio)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(plan.to_dict(), indent=1) + "\n", encoding="utf-8")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from counterfactual.cli.common import nonnegative_int, positive_int
 from counterfactual.report import DEFAULT_N, write_report
+from counterfactual.synth.check import damaged_shards
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "PNG contact sheets (original with the removed boxes | mask | edited | captions with "
         "the removed phrases struck | verifier scores when present) of a seeded sample "
         "stratified by removed class and image method, and every failure with its reason. The "
-        "folder is self-contained (relative links, no network). Prints the path of index.html.",
+        "folder is self-contained (relative links, no network). Prints the path of index.html. "
+        "Every committed shard is verified first, as `counterfactual check` does (its size and "
+        "SHA-256 against its stats file); a damaged one is named, one line each, no report is "
+        "written and the exit code is 1 (rerun the synth command to make it again).",
     )
     p.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="the --out folder of the run")
     p.add_argument(
@@ -45,10 +49,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seed of the sample drawn, >= 0 (default: %(default)s)",
     )
     p.add_argument("--out", type=Path, default=None, help="report folder (default OUT_DIR/report)")
+    p.add_argument(
+        "--sizes-only",
+        action="store_true",
+        help="verify the shards' sizes only, without hashing them (fast on an object store)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    damaged = damaged_shards(args.out_dir, content=not args.sizes_only)
+    if damaged:
+        for line in damaged:
+            print(f"counterfactual report: {line}", file=sys.stderr)
+        print(
+            f"counterfactual report: {len(damaged)} damaged shard(s): no report written; rerun "
+            f"the synth command to make them again (`counterfactual check {args.out_dir}` "
+            "checks the whole folder)",
+            file=sys.stderr,
+        )
+        return 1
     report = write_report(args.out_dir, args.out, n=args.n, seed=args.seed, root=args.root)
     if report.missing_originals:
         print(

@@ -328,6 +328,14 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
         "holds the samples its images yield, fewer when some yield none (default: %(default)s)",
     )
     o.add_argument(
+        "--pairs",
+        action="store_true",
+        help="each sample also holds its original picture (orig.jpg) and the mask (mask.png, "
+        "255 = removed), and its json how the mask was made: original and counterfactual side "
+        "by side, for D ∪ D' without the source dataset (counterfactual mix --unpair), hard "
+        "negatives or editing datasets",
+    )
+    o.add_argument(
         "--max-pixels",
         type=positive_int,
         default=_SYNTH.max_pixels,
@@ -480,6 +488,7 @@ def build_config(args: argparse.Namespace) -> SynthConfig:
         seed=args.seed,
         images_per_shard=args.images_per_shard,
         max_pixels=args.max_pixels,
+        pairs=args.pairs,
     )
 
 

@@ -38,9 +38,12 @@ read through :mod:`counterfactual.fs`: pattern expansion, tars, tables, and the 
 
 Pieces: a run cuts a corpus into :class:`InputPiece` s, one output shard each, so that the
 driver holds O(files), never O(samples). :func:`plan_pieces` (the driver) lists the files and
-cuts them without reading samples: one piece per tar (nothing read from it), Parquet by row
-counts from the footer, CSV by one binary scan that records the byte offset of every
-``rows_per_piece``-th row. :func:`read_piece` (a worker) reads one piece's records.
+cuts them without reading samples: one piece per tar, Parquet by row counts from the footer,
+CSV by one binary scan that records the byte offset of every ``rows_per_piece``-th row; and it
+reads every piece's keys (a tar's headers, a Parquet file's id column, a CSV's id cells, a
+shard folder's names) into the run's :class:`~counterfactual.readers.keyset.KeySet`, in piece
+order, so that each piece carries the keys an earlier one had. :func:`read_piece` (a worker)
+reads one piece's records.
 :func:`iter_wds` and :func:`iter_table` are the same machinery with one piece per file.
 
 Streaming: readers never read picture data. A shard's tar headers are read one after another
@@ -61,7 +64,10 @@ Bad data never raises; it becomes a ``failed`` :class:`~counterfactual.records.S
   is not ``success``; ``detail``: :func:`download_detail`).
 - ``duplicate-key``: a key or id already seen earlier in the same stream; the first one is
   kept, ``detail`` names both places. :func:`iter_wds` / :func:`iter_table` check the whole
-  stream (every shard or file); :func:`read_piece` checks only its piece.
+  stream (every shard or file); :func:`read_piece` checks its piece, and the keys the planner
+  found in an earlier piece (:func:`plan_pieces`: ``detail`` says "an earlier piece" or "an
+  earlier row"). img2dataset's metadata rows (``download-failed``) are checked within their
+  shard only.
 - ``bad-metadata``: the caption would come from a member that cannot be read as text (a ``txt``
   that is not UTF-8, a ``json`` that does not parse or is not an object, text members over
   1 MiB).
@@ -92,6 +98,7 @@ import os
 import re
 import tarfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -99,6 +106,7 @@ from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import IO, Any
 
+import numpy as np
 from braceexpand import braceexpand
 
 from counterfactual import fs
@@ -106,7 +114,7 @@ from counterfactual._lazy import require
 from counterfactual.fs import safe_relative_path
 from counterfactual.imageio import SampleError
 from counterfactual.readers.clean import clean_text
-from counterfactual.readers.keyset import KeySet
+from counterfactual.readers.keyset import KeySet, key_hash, key_hashes
 from counterfactual.records import (
     Caption,
     Dataset,
@@ -294,7 +302,11 @@ class InputPiece:
     table: TableLayout | None = None
     repeated: frozenset[int] = frozenset()
     """Rows (numbered as ``start``) whose id an earlier row of the run already had, found by
-    the planner (:func:`plan_pieces`, CSV): they become ``duplicate-key`` rows."""
+    the planner (:func:`plan_pieces`, CSV and Parquet): they become ``duplicate-key`` rows."""
+    repeated_keys: bytes = b""
+    """The keys an earlier piece of the run already had (WebDataset, files), found by the
+    planner: their :func:`~counterfactual.readers.keyset.key_hash` es as sorted little-endian
+    ``uint64``, 8 bytes a key. The samples with these keys become ``duplicate-key`` rows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,12 +335,16 @@ def plan_pieces(
     rows, and a ``failed`` status for each table that is missing (``missing-file``) or cannot
     be read (``bad-shard``).
 
-    Runs in the driver in O(1) memory per row: a WebDataset shard is one piece and is not
-    opened (a missing or bad tar is reported by :func:`read_piece`); a Parquet file is cut by
-    the row counts in its footer (a piece may cross row groups); a CSV is scanned once as bytes
-    for row boundaries (a newline inside a quoted field does not end a row; parsing as
-    :mod:`csv` does) and cut at every ``rows_per_piece``-th row. A file without rows gives no
-    piece. The table options are those of :func:`iter_table` (ignored for ``"wds"``).
+    Runs in the driver in about 8 bytes per key (the run's
+    :class:`~counterfactual.readers.keyset.KeySet`): a WebDataset shard is one piece, its
+    headers read for its keys (a missing or bad tar is reported by :func:`read_piece`); a
+    Parquet file is cut by the row counts in its footer (a piece may cross row groups), its id
+    column read; a CSV is scanned once as bytes for row boundaries (a newline inside a quoted
+    field does not end a row; parsing as :mod:`csv` does) and cut at every
+    ``rows_per_piece``-th row, its ids read in a second pass. A file without rows gives no
+    piece. Each piece carries the rows (``repeated``) or keys (``repeated_keys``) an earlier
+    piece already had, decided in piece order whatever reads the pieces. The table options
+    are those of :func:`iter_table` (ignored for ``"wds"``).
 
     Raises ``ValueError`` at the call, before any piece: an unknown ``kind``, a
     ``rows_per_piece`` below 1, a pattern that matches nothing, and for tables every file's
@@ -341,15 +357,15 @@ def plan_pieces(
     if rows_per_piece < 1:
         raise ValueError(f"rows_per_piece must be at least 1, not {rows_per_piece}")
     files = _plan_files(pattern, kind, images, caption_column, image_column, id_column)
-    return _pieces(files, rows_per_piece, KeySet() if kind == "csv" else None)
+    return _pieces(files, rows_per_piece, KeySet())
 
 
 def read_piece(piece: InputPiece) -> Iterator[ImageRecord | Status]:
     """The records and ``failed`` statuses of one piece, as :func:`iter_wds` /
     :func:`iter_table` yield them for those rows (same ids, ``file``, ``source``, captions and
     failure reasons), except that ``duplicate-key`` is checked within the piece and, for the
-    rows the planner found repeating an earlier piece's id (CSV: ``piece.repeated``), across
-    the run."""
+    rows the planner found repeating an earlier piece's key (``piece.repeated``,
+    ``piece.repeated_keys``), across the run."""
     return _read_piece(piece, {})
 
 
@@ -380,19 +396,115 @@ def _pieces(
     files: list[_File | Status], rows_per_piece: int | None, keys: KeySet | None = None
 ) -> Iterator[InputPiece | Status]:
     """Cut each planned file; ``rows_per_piece=None``: one piece per file, nothing scanned.
-    ``keys``: the run's ids so far, to find the CSV rows that repeat one."""
+    ``keys``: the run's keys so far, to find the rows that repeat one (:func:`_file_keys`:
+    read ahead on threads, taken in file order, so that which occurrence is first depends
+    only on the input)."""
+    ahead = _read_ahead(files, _file_keys) if keys is not None else None
     for file in files:
+        hashes = next(ahead) if ahead is not None else None
         if isinstance(file, Status):
             yield file
         elif file.kind in ("wds", "files"):
-            yield InputPiece(file.kind, file.path, file.index)
+            piece = InputPiece(file.kind, file.path, file.index)
+            if keys is not None and hashes is not None and len(hashes):
+                before = keys.contains(hashes)
+                keys.add_hashes(hashes)
+                if before.any():
+                    again = np.unique(hashes[before]).astype("<u8").tobytes()
+                    piece = replace(piece, repeated_keys=again)
+            yield piece
         elif rows_per_piece is None:
             yield _piece(file, 0, None, file.offset, None)
         elif file.kind == "parquet":
             for start in range(0, file.rows, rows_per_piece):
-                yield _piece(file, start, min(start + rows_per_piece, file.rows))
+                piece = _piece(file, start, min(start + rows_per_piece, file.rows))
+                if keys is not None and hashes is not None:
+                    repeats = keys.add_hashes(hashes[start : piece.stop])
+                    rows = frozenset(start + i for i in np.flatnonzero(repeats).tolist())
+                    piece = replace(piece, repeated=rows) if rows else piece
+                yield piece
         else:
             yield from _csv_pieces(file, rows_per_piece, keys)
+
+
+def _read_ahead(
+    items: Sequence[_File | Status], read: Callable[[_File | Status], np.ndarray | None]
+) -> Iterator[np.ndarray | None]:
+    """``read(item)`` for each item, in order, at most ``2 * _PLAN_THREADS`` read ahead on
+    threads (tar headers and Parquet id columns: waiting on storage, above all a URL's)."""
+    with ThreadPoolExecutor(_PLAN_THREADS) as pool:
+        window: deque[Any] = deque()
+        for item in items:
+            window.append(pool.submit(read, item))
+            if len(window) > 2 * _PLAN_THREADS:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
+def _file_keys(file: _File | Status) -> np.ndarray | None:
+    """The :func:`~counterfactual.readers.keyset.key_hashes` of the keys a worker gives the
+    file's rows, in its order: a tar's sample keys from its headers (as :func:`read_piece`
+    groups them, up to a fault), a shard folder's keys, a Parquet file's ids (its id column
+    alone; ``STEM-ROW`` without one); ``None`` for a CSV (:func:`_csv_pieces` reads its ids)
+    and for a file that cannot be read (its worker reports it)."""
+    if isinstance(file, Status) or file.kind == "csv":
+        return None
+    if file.kind == "wds":
+        return key_hashes(_tar_keys(file.path))
+    if file.kind == "files":
+        try:
+            return key_hashes(sorted(_folder_groups(fs.listdir(file.path))))
+        except OSError as err:
+            _raise_if_store_down(err)
+            return None
+    return _parquet_key_hashes(file)
+
+
+def _raise_if_store_down(err: BaseException) -> None:
+    """Raise the cause of ``err`` when it is an object store down or stalled
+    (:func:`counterfactual.fs.store_error`): the keys cannot be known, so planning stops (one
+    line; the rerun plans again) rather than miss them. Any other fault is the file's own,
+    which its worker meets and reports the same way."""
+    cause = err.__cause__ if isinstance(err, _BadShard) else err
+    if isinstance(cause, BaseException) and fs.store_error(cause) is not None:
+        raise cause
+
+
+def _tar_keys(path: str) -> list[str]:
+    """A tar's sample keys, in order, read from its headers as :func:`_read_shard` reads them
+    (a sample cut off by a fault is left out, as there)."""
+    keys: list[str] = []
+    try:
+        with _open(path) as fh:
+            keys.extend(sample.key for sample in _tar_samples(fh, path, []))
+    except FileNotFoundError:
+        pass  # its worker reports it missing
+    except (OSError, _BadShard) as err:
+        _raise_if_store_down(err)  # else the worker reports the tar; its keys up to the fault
+    return keys
+
+
+def _parquet_key_hashes(file: _File) -> np.ndarray | None:
+    """The hashes of a Parquet file's row ids (:func:`_row_id`), read from the id column alone,
+    row group by row group; up to a row group that cannot be read."""
+    table = file.table
+    assert table is not None
+    stem = PurePosixPath(fs.name(file.path)).stem
+    if table.id is None:
+        return key_hashes([_row_id(stem, row, None) for row in range(file.rows)])
+    pa, _ = _pyarrow()
+    parts: list[np.ndarray] = []
+    row = 0
+    try:
+        with _parquet(file.path) as pf:
+            for group in range(pf.num_row_groups):
+                ids = pf.read_row_group(group, columns=[table.id]).column(table.id).to_pylist()
+                parts.append(key_hashes([_row_id(stem, row + i, x) for i, x in enumerate(ids)]))
+                row += len(ids)
+    except (OSError, pa.ArrowException) as err:
+        _raise_if_store_down(err)  # else the worker meets the same fault
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
 
 def _piece(
@@ -403,10 +515,11 @@ def _piece(
 
 def _read_piece(piece: InputPiece, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
     """``seen``: key or id -> where it was first seen, shared by the pieces of one stream."""
+    again = frozenset(np.frombuffer(piece.repeated_keys, dtype="<u8").tolist())
     if piece.kind == "wds":
-        return _read_shard(piece.path, seen)
+        return _read_shard(piece.path, seen, again)
     if piece.kind == "files":
-        return _read_folder(piece.path, seen)
+        return _read_folder(piece.path, seen, again)
     if piece.kind not in TABLE_KINDS:
         raise ValueError(f"piece kind {piece.kind!r} is not one of {PIECE_KINDS}")
     if piece.table is None:
@@ -482,7 +595,10 @@ def read_wds(pattern: str | Path) -> Dataset:
     return collect("wds", iter_wds(pattern))
 
 
-def _read_shard(shard: str, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
+def _read_shard(
+    shard: str, seen: dict[str, str], again: frozenset[int] = frozenset()
+) -> Iterator[ImageRecord | Status]:
+    """``again``: the hashes of the keys an earlier piece of the run had."""
     try:
         fh = _open(shard)
     except FileNotFoundError:
@@ -495,7 +611,7 @@ def _read_shard(shard: str, seen: dict[str, str]) -> Iterator[ImageRecord | Stat
         pending: list[_Sample] = []
         try:
             for sample in _tar_samples(fh, shard, pending):
-                yield _sample_row(sample, fh, shard, seen)
+                yield _sample_row(sample, fh, shard, seen, again)
         except _BadShard as err:
             detail = str(err)
             if pending:
@@ -572,11 +688,15 @@ def member_key_field(info: tarfile.TarInfo) -> tuple[str, str] | None:
     return (match.group(1), match.group(2).lower()) if match else None
 
 
-def _sample_row(sample: _Sample, fh: Any, shard: str, seen: dict[str, str]) -> ImageRecord | Status:
+def _sample_row(
+    sample: _Sample, fh: Any, shard: str, seen: dict[str, str], again: frozenset[int]
+) -> ImageRecord | Status:
     key = sample.key
     if key in seen:
         return Status(key, "failed", "duplicate-key", f"first in {seen[key]}, again in {shard}")
-    seen[key] = shard
+    seen[key] = shard  # also when repeated: img2dataset's metadata rows of it are passed over
+    if again and key_hash(key) in again:
+        return _repeated(key, shard)
     picture = next((sample.members[f] for f in PICTURE_FIELDS if f in sample.members), None)
     name = fs.name(shard)
     if picture is None:
@@ -602,6 +722,12 @@ def _sample_row(sample: _Sample, fh: Any, shard: str, seen: dict[str, str]) -> I
         source=TarMember(_absolute(shard), picture.offset_data, picture.size),
         origin=text[1],
     )
+
+
+def _repeated(key: str, where: str) -> Status:
+    """The ``duplicate-key`` row of a key an earlier piece of the run had."""
+    detail = f"{where}: an earlier piece of this run has the same key"
+    return Status(key, "failed", "duplicate-key", detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -718,7 +844,9 @@ def files_root(pattern: str | Path) -> str | None:
     return None if _GLOB_MAGIC.search(parent) or "{" in parent else parent
 
 
-def _read_folder(folder: str, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
+def _read_folder(
+    folder: str, seen: dict[str, str], again: frozenset[int] = frozenset()
+) -> Iterator[ImageRecord | Status]:
     try:
         if not fs.isdir(folder):
             yield Status(folder, "failed", "missing-file", f"no such shard folder {folder}")
@@ -727,23 +855,31 @@ def _read_folder(folder: str, seen: dict[str, str]) -> Iterator[ImageRecord | St
     except OSError as err:
         yield Status(folder, "failed", "bad-shard", f"{type(err).__name__}: {err}")
         return
+    groups = _folder_groups(names)
+    for key in sorted(groups):
+        yield _file_row(folder, key, groups[key], seen, again)
+    yield from _downloader_rows(folder, seen)
+
+
+def _folder_groups(names: Iterable[str]) -> dict[str, dict[str, str]]:
+    """A shard folder's files by key, then field (``KEY.jpg`` -> ``{KEY: {"jpg": ...}}``)."""
     groups: dict[str, dict[str, str]] = {}
     for name in names:
         match = _KEY_FIELD.match(name)
         if match is not None and not name.startswith("."):
             groups.setdefault(match.group(1), {})[match.group(2).lower()] = name
-    for key in sorted(groups):
-        yield _file_row(folder, key, groups[key], seen)
-    yield from _downloader_rows(folder, seen)
+    return groups
 
 
 def _file_row(
-    folder: str, key: str, fields: dict[str, str], seen: dict[str, str]
+    folder: str, key: str, fields: dict[str, str], seen: dict[str, str], again: frozenset[int]
 ) -> ImageRecord | Status:
     shard = fs.name(folder)
     if key in seen:
         return Status(key, "failed", "duplicate-key", f"first in {seen[key]}, again in {folder}")
     seen[key] = folder
+    if again and key_hash(key) in again:
+        return _repeated(key, folder)
     picture = next((fields[f] for f in PICTURE_FIELDS if f in fields), None)
     if picture is None:
         names = ", ".join(fields)
@@ -1075,11 +1211,11 @@ def _table_row(
 ) -> ImageRecord | Status:
     image_id = _row_id(stem, row, ident)
     where = f"{fs.name(piece.path)}#{row}"
-    if row in piece.repeated:
-        detail = f"{piece.path}#{row}: an earlier row of this run has the same id"
-        return Status(image_id, "failed", "duplicate-key", detail)
     if image_id in seen:
         detail = f"first at {seen[image_id]}, again at {piece.path}#{row}"
+        return Status(image_id, "failed", "duplicate-key", detail)
+    if row in piece.repeated:
+        detail = f"{piece.path}#{row}: an earlier row of this run has the same id"
         return Status(image_id, "failed", "duplicate-key", detail)
     seen[image_id] = f"{piece.path}#{row}"
     if cell is None:

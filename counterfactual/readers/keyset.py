@@ -22,6 +22,11 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
 
 
+def key_hashes(keys: Sequence[str]) -> np.ndarray:
+    """:func:`key_hash` of each key, as ``uint64`` in the keys' order."""
+    return np.fromiter((key_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
+
+
 class KeySet:
     """Keys seen so far, added a batch at a time (:meth:`add`)."""
 
@@ -40,12 +45,24 @@ class KeySet:
         in this one (the first occurrence is new, later ones are repeats)."""
         if not keys:
             return []
-        hashes = np.fromiter((key_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
+        return self.add_hashes(key_hashes(keys)).tolist()
+
+    def contains(self, hashes: np.ndarray) -> np.ndarray:
+        """For each ``uint64`` hash (:func:`key_hashes`), whether an earlier batch added it."""
+        hashes = np.asarray(hashes, dtype=np.uint64)
         seen = np.zeros(len(hashes), dtype=bool)
         for run in self._runs:
             at = np.searchsorted(run, hashes)
             inside = at < len(run)
             seen[inside] |= run[at[inside]] == hashes[inside]
+        return seen
+
+    def add_hashes(self, hashes: np.ndarray) -> np.ndarray:
+        """:meth:`add` for keys already hashed (:func:`key_hashes`): a ``bool`` array."""
+        hashes = np.asarray(hashes, dtype=np.uint64)
+        seen = self.contains(hashes)
+        if not len(hashes):
+            return seen
         fresh, first = np.unique(hashes, return_index=True)
         repeat = np.ones(len(hashes), dtype=bool)
         repeat[first] = False  # later occurrences within the batch repeat the first
@@ -53,7 +70,7 @@ class KeySet:
         new = fresh[~seen[first]]
         if len(new):
             self._push(new)
-        return seen.tolist()
+        return seen
 
     def _push(self, run: np.ndarray) -> None:
         """Add a sorted run, merging runs while the newest is at least half the one before."""

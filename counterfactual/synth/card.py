@@ -2,10 +2,11 @@
 
 Its YAML front matter names the shards that hold samples (``configs``: one ``train`` split,
 paths relative to ``OUT``, so the folder can be copied or uploaded whole) and declares the
-features (``dataset_info``): ``jpg`` an image, ``txt`` a string, ``json`` the struct of every
-key any sample's json has, with the types merged over all samples
-(:mod:`counterfactual.json_types`), a key that every sample holds as ``None`` with the type it
-holds when set (:data:`~counterfactual.synth.samples.NULLABLE_TYPES`). Without declared features ``datasets`` infers them from the
+features (``dataset_info``): ``jpg`` an image (with ``--pairs`` also ``orig.jpg`` and
+``mask.png``), ``txt`` a string, ``json`` the struct of every key any sample's json has, with
+the types merged over all samples (:mod:`counterfactual.json_types`), a key that every sample
+holds as ``None`` with the type it holds when set
+(:data:`~counterfactual.synth.samples.NULLABLE_TYPES`). Without declared features ``datasets`` infers them from the
 first five samples of the first shard and then drops keys those lack, or fails on a type they
 leave unknown (``null``, an empty list). Shards without samples are left out of the list (their
 tar is still written, see :mod:`counterfactual.synth.shards`), unless no shard has any: then
@@ -64,24 +65,30 @@ def shard_json_type(shard: fs.PathLike) -> JsonType | None:
     return merged
 
 
-def card_metadata(shards: Sequence[ShardEntry]) -> dict[str, Any]:
-    """The YAML front matter as a dict (see the module doc). A run without samples lists its
-    (empty) shards and declares the columns it knows without a sample (``jpg``, ``txt``,
-    ``__key__``, ``__url__``), so ``load_dataset(OUT, streaming=True)`` opens it empty instead
+PAIR_MEMBERS = ("mask.png", "orig.jpg")
+"""The members a ``--pairs`` run adds to each sample (the mask, the original picture)."""
+
+
+def card_metadata(shards: Sequence[ShardEntry], pairs: bool = False) -> dict[str, Any]:
+    """The YAML front matter as a dict (see the module doc). ``pairs``: the samples also hold
+    :data:`PAIR_MEMBERS`, declared as images. A run without samples lists its (empty) shards
+    and declares the columns it knows without a sample (``jpg``, ``txt``, ``__key__``,
+    ``__url__``, the pair's), so ``load_dataset(OUT, streaming=True)`` opens it empty instead
     of guessing a builder from ``status.jsonl``; no ``configs`` without any shard."""
     with_samples = [s for s in shards if s.samples > 0]
     meta: dict[str, Any] = {"license": "other", "tags": ["webdataset", "counterfactual"]}
     if not with_samples:
         if shards:
             meta["configs"] = [_config([s.name for s in shards])]
-            meta["dataset_info"] = {"config_name": "default", "features": _features(None)}
+            features = _features(None, pairs)
+            meta["dataset_info"] = {"config_name": "default", "features": features}
         return meta
     meta["configs"] = [_config([s.name for s in with_samples])]
     schema = merged_schema(with_samples)
     if schema is not None:
         schema = declare(schema, NULLABLE_TYPES)
     if schema is not None and not list(mixed_paths(schema)):
-        meta["dataset_info"] = {"config_name": "default", "features": _features(schema)}
+        meta["dataset_info"] = {"config_name": "default", "features": _features(schema, pairs)}
     return meta
 
 
@@ -89,12 +96,13 @@ def _config(paths: list[str]) -> dict[str, Any]:
     return {"config_name": "default", "data_files": [{"split": SPLIT, "path": paths}]}
 
 
-def _features(schema: JsonType | None) -> list[dict[str, Any]]:
+def _features(schema: JsonType | None, pairs: bool) -> list[dict[str, Any]]:
     """The declared columns; ``json`` only with a schema (a run with samples)."""
     json_ = [{"name": "json", **hf_feature(schema)}] if schema is not None else []
     return [
         {"name": "jpg", "dtype": "image"},
         *json_,
+        *({"name": name, "dtype": "image"} for name in (PAIR_MEMBERS if pairs else ())),
         {"name": "txt", "dtype": "string"},
         {"name": "__key__", "dtype": "string"},
         {"name": "__url__", "dtype": "string"},
@@ -120,11 +128,13 @@ def card_text(
     unit: str,
     config: Mapping[str, Any],
     data: Mapping[str, Any],
+    pairs: bool = False,
 ) -> str:
     """``README.md``: the front matter (:func:`card_metadata`) and a short description.
     ``counts`` are ``status.jsonl``'s rows by ``status:reason``; ``config`` is
-    :meth:`~counterfactual.synth.plan.SynthConfig.to_dict`, ``data`` the run's data spec."""
-    meta = card_metadata(shards)
+    :meth:`~counterfactual.synth.plan.SynthConfig.to_dict`, ``data`` the run's data spec;
+    ``pairs``: the samples hold their original and mask too (``--pairs``)."""
+    meta = card_metadata(shards, pairs)
     samples = sum(s.samples for s in shards)
     held = [s for s in shards if s.samples > 0]
     by_status: dict[str, int] = {}
@@ -145,7 +155,14 @@ def card_text(
         "each sample is a picture with one or more object classes removed "
         "(`jpg`), its caption rewritten (`txt`), and everything needed to trace and reproduce "
         "it (`json`: source image and caption, the removal plan with each ratio and threshold, "
-        "mask boxes, methods, seeds).",
+        "mask boxes, methods, seeds)."
+        + (
+            " Each sample also holds its original picture (`orig.jpg`) and the mask "
+            "(`mask.png`, 8-bit, 255 = removed); the json's `mask` says how it was made "
+            "(source, dilation, where its boxes came from)."
+            if pairs
+            else ""
+        ),
         "",
         f"- {samples:,} samples in {len(held):,} shards"
         + (
@@ -219,6 +236,7 @@ def write_card(out_dir: fs.PathLike, text: str, run: str | None = None) -> None:
 
 __all__: Sequence[str] = (
     "CARD_FILE",
+    "PAIR_MEMBERS",
     "SPLIT",
     "ShardEntry",
     "card_metadata",

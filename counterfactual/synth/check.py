@@ -4,8 +4,8 @@ Every committed shard is verified against its stats file (:func:`~counterfactual
 size, and SHA-256 unless ``content=False``; an older stats file without them: its tar read and
 its samples' keys compared), and the folder's records are compared with its shards:
 ``status.jsonl`` (its ``written`` rows are the shards' samples, no more, no fewer),
-``manifest.json`` (``shards``, ``samples``, ``status_rows``) and the dataset card's list of
-shards. Shards are numbered from 0 without gaps; a tar without its stats file (a run stopped
+``manifest.json`` (``shards``, ``samples``, ``status_rows``), the dataset card's list of
+shards, ``sizes.json`` and ``shardindex.json``. Shards are numbered from 0 without gaps; a tar without its stats file (a run stopped
 mid-shard) or a stats file without its tar is reported too. Nothing is changed: a rerun of the
 synth command remakes what is damaged.
 """
@@ -22,6 +22,7 @@ import yaml
 
 from counterfactual import fs
 from counterfactual.synth.card import CARD_FILE
+from counterfactual.synth.indexes import IndexedShard, index_problems
 from counterfactual.synth.run import MANIFEST_FILE, RUN_FILE, STATUS_FILE
 from counterfactual.synth.shards import (
     ShardStats,
@@ -117,6 +118,12 @@ def check_run(out_dir: fs.PathLike, content: bool = True) -> RunCheck:
         result.samples += stats.count
         result.bytes += sizes.get(stats.shard, 0)
         result.hashed += stats.sha256 is not None
+    indexed = [
+        IndexedShard(s.shard, s.count, s.size if s.size is not None else sizes.get(s.shard, 0))
+        for _, s in sorted(committed.items())
+    ]
+    for found in index_problems(out_dir, names, indexed):
+        problem(found)
     gaps = [i for i in range(max(committed, default=-1) + 1) if i not in committed]
     if gaps:
         problem(
@@ -125,6 +132,37 @@ def check_run(out_dir: fs.PathLike, content: bool = True) -> RunCheck:
     _check_records(out_dir, names, committed, problem)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def damaged_shards(out_dir: fs.PathLike, content: bool = True) -> list[str]:
+    """One line per committed shard that is not as committed (what ``counterfactual report``
+    checks before reading a run): a stats file without its tar, or that cannot be read, a tar
+    whose size (and, with ``content``, SHA-256: :func:`verify_shard`) differs from its stats
+    file's. Only what a reader of the shards trusts; :func:`check_run` checks the records
+    too. No lines for a folder that does not exist or holds no shards."""
+    try:
+        names = set(fs.listdir(out_dir))
+    except FileNotFoundError:
+        return []
+    sizes = file_sizes(out_dir)
+    lines: list[str] = []
+    for name in sorted(names):
+        index = shard_index(name)
+        if index is None:
+            continue
+        tar = shard_name("shard", index)
+        if tar not in names:
+            lines.append(f"{fs.join(out_dir, name)}: its tar {tar} is missing")
+            continue
+        try:
+            stats = ShardStats.from_dict(json.loads(fs.read_text(fs.join(out_dir, name))))
+        except (ValueError, KeyError, TypeError) as err:
+            lines.append(f"{fs.join(out_dir, name)}: not a stats file ({type(err).__name__})")
+            continue
+        damage = verify_shard(out_dir, stats, sizes.get(stats.shard), content)
+        if damage is not None:
+            lines.append(f"{fs.join(out_dir, stats.shard)}: damaged: {damage}")
+    return lines
 
 
 def _check_records(

@@ -144,8 +144,16 @@ class SynthConfig:
     images_per_shard: int = 1000
     max_pixels: int = DEFAULT_MAX_PIXELS
     jpeg_quality: int = 95
+    pairs: bool = False
+    """Each sample also holds its original picture (``orig.jpg``, the decoded picture the edit
+    was made on, same size and JPEG quality as ``jpg``) and the mask (``mask.png``, 8-bit, 255 =
+    removed), and its json records how the mask was made (``mask``: source, dilation, the
+    boxes' origin and frame). Off, shards are as they always were (and the fingerprint does not
+    name it)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.pairs, bool):
+            raise ValueError(f"pairs must be True or False, got {self.pairs!r}")
         if self.captions not in CAPTION_CHOICES:
             raise ValueError(f"captions {self.captions!r} is not one of {CAPTION_CHOICES}")
         _whole("seed", self.seed, 0)
@@ -166,11 +174,11 @@ class SynthConfig:
     def to_dict(self) -> dict[str, Any]:
         """The options as runs have always recorded them: the image options flat
         (:meth:`ImageConfig.flat`), the vocabulary under ``text`` (after ``spacy_model``), the
-        seed under ``selection`` too (it draws the targets)."""
+        seed under ``selection`` too (it draws the targets); ``pairs`` only when on."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "vocabulary":
+            if f.name == "vocabulary" or (f.name == "pairs" and not value):
                 continue
             if isinstance(value, ImageConfig):
                 value = value.flat()
@@ -351,9 +359,11 @@ def _shown(value: Any, default: Any) -> str:
 
 @cache
 def _defaults() -> dict[str, Any]:
-    """:meth:`SynthConfig.to_dict` of the defaults, a default detector's options included."""
+    """:meth:`SynthConfig.to_dict` of the defaults, a default detector's options included, and
+    the options it leaves out at their default (``pairs``)."""
     out = json.loads(json.dumps(SynthConfig().to_dict()))
     out["detect"] = json.loads(json.dumps(asdict(DetectConfig())))
+    out["pairs"] = False
     return out
 
 

@@ -17,8 +17,9 @@ the end only this run's (by its token), at the start those of dead runs.
 together from the reader's failures and the shards' stats files, and writes ``manifest.json``
 (config and runtime, data spec, package versions, git revision, counts, items per node,
 timings, the history of every run into this OUT and, when samples were verified, a summary of
-the verdicts) and the dataset card ``README.md`` (:mod:`counterfactual.synth.card`:
-``datasets.load_dataset(OUT)`` reads it).
+the verdicts), the dataset card ``README.md`` (:mod:`counterfactual.synth.card`:
+``datasets.load_dataset(OUT)`` reads it) and ``sizes.json``/``shardindex.json`` for open_clip
+and wids (:mod:`counterfactual.synth.indexes`).
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import Status, outcome
 from counterfactual.synth import signals
 from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, write_card
+from counterfactual.synth.indexes import IndexedShard, write_indexes
 from counterfactual.synth.models import model_records
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_diff, fingerprint_of
-from counterfactual.synth.runlock import RunLock, pid_running
+from counterfactual.synth.runlock import LockLost, RunLock, pid_running
 from counterfactual.synth.samples import verify_summary_from_samples
 from counterfactual.synth.shards import (
     committed_names,
@@ -368,7 +370,8 @@ def run_shards(
         if progress is not None and inputs.failures:
             progress.update(inputs=len(inputs.failures), failed=len(inputs.failures))
 
-        lock.start_heartbeat()  # a timer: a shard of any length keeps the lock fresh
+        # a timer: a shard of any length keeps the lock fresh; a lost lock stops the run now
+        lock.start_heartbeat(on_lost=lambda lost: signals.stop_main(f"error: {lost}"))
 
         def count(done: ShardDone) -> None:
             lock.check()
@@ -399,14 +402,15 @@ def run_shards(
             if progress is not None:
                 progress.close()
             return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
-        except signals.Interrupted as stop:
+        except (signals.Interrupted, signals.Stopped, LockLost) as stop:
             close = getattr(results, "close", None)
             if close is not None:
                 close()  # the runner stops its workers (Ray: cancels their tasks, kills them)
             # the abandoned shards' writes (this run's own temporary names)
             _remove_temporary(out_dir, fs.listdir(out_dir), only=run.token)
-            fs.abort_uploads(out_dir, _is_shard_upload)
-            record_interrupted(run, runner, stop.name, finished)
+            if isinstance(stop, signals.Interrupted):  # a lost OUT's records are not ours
+                fs.abort_uploads(out_dir, _is_shard_upload)
+                record_interrupted(run, runner, stop.name, finished)
             raise
 
 
@@ -503,8 +507,10 @@ def finish_run(
     runner: str,
     extra: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Write ``status.jsonl``, ``manifest.json`` and the dataset card ``README.md``
-    (:mod:`counterfactual.synth.card`); raise if a planned shard is missing."""
+    """Write ``status.jsonl``, ``manifest.json``, the dataset card ``README.md``
+    (:mod:`counterfactual.synth.card`) and the loaders' shard lists ``sizes.json`` and
+    ``shardindex.json`` (:mod:`counterfactual.synth.indexes`); raise if a planned shard is
+    missing."""
     run.begin()  # a run without shards
     names = fs.listdir(run.out_dir)
     committed = {i for i, _ in committed_names(names)}
@@ -520,6 +526,7 @@ def finish_run(
     counts: Counter[str] = Counter()
     images, items = len(inputs.failures), 0
     entries: list[ShardEntry] = []
+    indexed: list[IndexedShard] = []
 
     def rows() -> Iterator[dict[str, Any]]:
         """Every status row as the stats files hold it (plain dicts: this loop is most of the
@@ -530,6 +537,7 @@ def finish_run(
             stats = json.loads(fs.read_text(fs.join(run.out_dir, stats_name("shard", i))))
             images, items = images + int(stats.get("images", 0)), items + int(stats["items"])
             entries.append(_shard_entry(run.out_dir, i, stats))
+            indexed.append(_indexed(run.out_dir, i, stats))
             yield from stats["status"]
 
     with fs.atomic_write(fs.join(run.out_dir, STATUS_FILE), run=run.token) as fh:
@@ -567,9 +575,21 @@ def finish_run(
         unit=result.unit,
         config=run.config.record(run.runtime),
         data=inputs.spec or {},
+        pairs=run.config.pairs,
     )
     write_card(run.out_dir, card, run=run.token)
+    write_indexes(run.out_dir, indexed, run=run.token)
     return result
+
+
+def _indexed(out_dir: fs.PathLike, index: int, stats: dict[str, Any]) -> IndexedShard:
+    """A shard for ``sizes.json`` and the wids index (its size read from the tar when its
+    stats file is older than sizes)."""
+    name = shard_name("shard", index)
+    size = stats.get("size")
+    if size is None:
+        size = fs.size(fs.join(out_dir, name))
+    return IndexedShard(name, int(stats.get("count", 0)), int(size))
 
 
 def _shard_entry(out_dir: fs.PathLike, index: int, stats: dict[str, Any]) -> ShardEntry:

@@ -58,7 +58,8 @@ class LockHeld(ValueError):
 
 
 class LockLost(RuntimeError):
-    """The lock this run held was removed or taken over by another driver."""
+    """The lock this run held was removed or taken over by another driver: the run stops,
+    and the command prints the message as one line (exit 2)."""
 
 
 def _iso(seconds: float) -> str:
@@ -323,12 +324,14 @@ class RunLock:
         try:
             current = self.read()
         except LockHeld as err:
-            raise LockLost(f"{self.path} was replaced: {err}") from err
+            raise LockLost(f"{self.path} was replaced: {err}; this run stopped") from err
         if current is None or current.get("token") != self.token:
             self.held = False
             who = f"now held by {describe(current)}" if current else "removed"
             raise LockLost(
-                f"{self.path} was {who} while this run wrote to {self.out}; stop this run"
+                f"{self.path} was {who} while this run wrote to {self.out}: this run stopped "
+                "(its shards so far are kept; rerun the same command to resume once no other "
+                "run writes there)"
             )
         now = self._clock()
         self._record["heartbeat"] = _iso(now)
@@ -343,12 +346,15 @@ class RunLock:
         self.heartbeat()
         return True
 
-    def start_heartbeat(self, interval: float | None = None) -> None:
+    def start_heartbeat(
+        self, interval: float | None = None, on_lost: Callable[[LockLost], None] | None = None
+    ) -> None:
         """Rewrite the heartbeat every ``interval`` seconds (default: a quarter of
         ``stale_after``) from a daemon thread until :meth:`release`, independent of what the
         run is doing: a shard that takes an hour keeps its run alive to other hosts. A write
         that fails (the store is briefly down) is tried again at the next beat; a lock taken
-        or removed by another driver stops the thread and is raised by :meth:`check`."""
+        or removed by another driver stops the thread, is raised by :meth:`check` and is told
+        to ``on_lost`` (from the thread) at once."""
         if not self.held:
             raise RuntimeError(f"{self.path} is not held by this RunLock")
         if self._thread is not None:
@@ -367,6 +373,8 @@ class RunLock:
                         self._heartbeat()
                 except LockLost as err:
                     self.lost = err
+                    if on_lost is not None:
+                        on_lost(err)
                     return
                 except fs.store_failures():
                     continue  # the next beat tries again; stale_after is four beats away

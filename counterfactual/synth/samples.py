@@ -5,6 +5,8 @@ A run folder ``OUT`` (a local folder or an fsspec URL, see :mod:`counterfactual.
 caption, UTF-8) and ``KEY.json``: a :class:`SampleMeta`, written by
 :func:`counterfactual.synth.steps.sample_meta` as ``SampleMeta.to_dict()``. A shard is committed once
 its ``shard-NNNNNN_stats.json`` exists (written last); :func:`shard_paths` lists those only.
+A run made with ``--pairs`` adds ``KEY.orig.jpg`` (the original picture) and ``KEY.mask.png``
+(8-bit, 255 = removed) and the json's ``mask`` (:class:`MaskMeta`, :func:`rebuild_mask`).
 
 :func:`read_samples` yields every sample of the shards in order, as a :class:`SampleRow`, or as
 a failed :class:`~counterfactual.records.Status` when it cannot be read (``bad-metadata``: no
@@ -32,6 +34,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import numpy as np
 
 from counterfactual import fs
 from counterfactual.method.verify import VerifySummary
@@ -319,6 +323,67 @@ class DetectionMeta:
         )
 
 
+MASK_BOXES = ("dataset", "detector")
+
+
+@dataclass(frozen=True, slots=True)
+class MaskMeta:
+    """How a ``--pairs`` sample's mask (``mask.png``, 255 = removed) was made, so it can be
+    made again (:func:`rebuild_mask`): ``source`` the mask source (``box``: the plan's
+    ``mask_boxes``; ``segmentation``: the removed objects' segmentations, boxes for those
+    without), ``dilate`` the pixels it was grown by, ``boxes`` where the boxes came from
+    (``dataset`` annotations or the ``detector``) and ``frame`` the ``[width, height]`` those
+    boxes are in (the annotated size; the mask is at the picture's, boxes scaled to it)."""
+
+    source: str
+    dilate: int
+    boxes: str
+    frame: tuple[int, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "dilate": self.dilate,
+            "boxes": self.boxes,
+            "frame": list(self.frame),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str = "mask") -> MaskMeta:
+        _keys(d, path, _fields(cls))
+        frame = d["frame"]
+        _check(isinstance(frame, list) and len(frame) == 2, f"{path}.frame", "[w, h]", frame)
+        boxes = _str(d["boxes"], f"{path}.boxes")
+        _check(boxes in MASK_BOXES, f"{path}.boxes", f"one of {MASK_BOXES}", boxes)
+        return cls(
+            _str(d["source"], f"{path}.source"),
+            _int(d["dilate"], f"{path}.dilate"),
+            boxes,
+            (_int(frame[0], f"{path}.frame[0]"), _int(frame[1], f"{path}.frame[1]")),
+        )
+
+
+def rebuild_mask(meta: SampleMeta) -> np.ndarray:
+    """The mask of a ``--pairs`` sample made again from its json alone: ``(height, width)``
+    ``uint8``, 255 = removed, equal to its ``mask.png``. Only for mask source ``box`` (a
+    segmentation mask needs the dataset's polygons: read ``mask.png``); ``ValueError``
+    otherwise, or for a sample without ``mask``."""
+    from counterfactual.method.masks import box_mask, dilate
+
+    made = meta.mask
+    if made is None:
+        raise ValueError(f"sample {meta.key} records no mask (made without --pairs)")
+    if made.source != "box":
+        raise ValueError(
+            f"sample {meta.key}: a {made.source} mask needs the dataset's segmentations; "
+            "read its mask.png"
+        )
+    fw, fh = made.frame
+    sx, sy = (meta.width / fw, meta.height / fh) if fw and fh else (1.0, 1.0)
+    boxes = [(x * sx, y * sy, w * sx, h * sy) for x, y, w, h in meta.mask_boxes]
+    return dilate(box_mask(meta.height, meta.width, boxes), made.dilate)
+
+
 @dataclass(frozen=True, slots=True)
 class BestOfNMeta:
     """Best-of-n inpainting: the candidate kept (index), its seed, and every candidate's score
@@ -486,7 +551,8 @@ class SampleMeta:
     the json when ``None``: ``source`` (the picture lies inside a tar or Parquet file),
     ``origin`` (the url, downloader key, status and hash img2dataset recorded),
     ``detection`` (boxes from the detector: top-level ``detector``, ``objects``, ``not_drawn``),
-    ``best_of_n`` and ``verify``; ``caption_cleaned`` (control or invisible characters the reader
+    ``best_of_n``, ``verify`` and ``mask`` (``--pairs``: how ``mask.png`` was made,
+    :class:`MaskMeta`); ``caption_cleaned`` (control or invisible characters the reader
     removed from the original caption, :mod:`counterfactual.readers.clean`) is absent when 0.
     """
 
@@ -515,6 +581,7 @@ class SampleMeta:
     verify: VerifyMeta | None = None
     caption_cleaned: int = 0
     origin: Origin | None = None
+    mask: MaskMeta | None = None
 
     def source_record(self) -> ImageRecord | None:
         """A record that loads the original picture from inside its tar or Parquet file (a
@@ -551,6 +618,7 @@ class SampleMeta:
             "sample_seed": self.sample_seed,
             "counterfactual_version": self.counterfactual_version,
             **({"verify": self.verify.to_dict()} if self.verify is not None else {}),
+            **({"mask": self.mask.to_dict()} if self.mask is not None else {}),
         }
 
     @classmethod
@@ -592,6 +660,7 @@ class SampleMeta:
             verify=VerifyMeta.from_dict(d["verify"]) if "verify" in d else None,
             caption_cleaned=_cleaned(d.get("caption_cleaned", 0)),
             origin=_origin(d["origin"]) if "origin" in d else None,
+            mask=MaskMeta.from_dict(d["mask"]) if "mask" in d else None,
         )
 
     @classmethod
@@ -621,9 +690,25 @@ def _fields(cls: type) -> tuple[str, ...]:
     return tuple(cls.__dataclass_fields__)  # type: ignore[attr-defined]
 
 
-_OPTIONAL_FIELDS = ("source", "detection", "best_of_n", "verify", "caption_cleaned", "origin")
+_OPTIONAL_FIELDS = (
+    "source",
+    "detection",
+    "best_of_n",
+    "verify",
+    "caption_cleaned",
+    "origin",
+    "mask",
+)
 _REQUIRED = tuple(f for f in _fields(SampleMeta) if f not in _OPTIONAL_FIELDS)
-_OPTIONAL = ("source", *DetectionMeta.KEYS, "best_of_n", "verify", "caption_cleaned", "origin")
+_OPTIONAL = (
+    "source",
+    *DetectionMeta.KEYS,
+    "best_of_n",
+    "verify",
+    "caption_cleaned",
+    "origin",
+    "mask",
+)
 
 
 # --- reading shards ----------------------------------------------------------------------------

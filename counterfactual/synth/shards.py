@@ -1,4 +1,5 @@
-"""WebDataset shards: per sample ``<key>.jpg``, ``<key>.txt`` and ``<key>.json``.
+"""WebDataset shards: per sample ``<key>.jpg``, ``<key>.txt`` and ``<key>.json`` (with
+``--pairs`` also ``<key>.orig.jpg`` and ``<key>.mask.png``).
 
 Shards are ``{prefix}-{index:06d}.tar`` in a local folder or under an fsspec URL. The worker
 that makes a shard writes it whole (:class:`ShardWriter`): the tar first, atomically (a local
@@ -45,10 +46,15 @@ def sample_key(*parts: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
+    """One sample as the writer takes it: ``jpg`` the edited picture, ``txt`` its caption,
+    ``meta`` its json; ``extra`` more members as ``(extension, bytes)`` (``--pairs``:
+    ``orig.jpg`` and ``mask.png``)."""
+
     key: str
     jpg: bytes
     txt: str
     meta: dict[str, Any]
+    extra: tuple[tuple[str, bytes], ...] = ()
 
 
 def shard_name(prefix: str, index: int) -> str:
@@ -364,10 +370,17 @@ class ShardWriter:
         if self._tar is None:
             self._tar = _TarStream(fs.join(self.out_dir, self.name), self.mtime, self.run)
         meta = json.dumps(sample.meta, ensure_ascii=False, sort_keys=True)
+        members = [
+            ("jpg", sample.jpg),
+            ("json", meta.encode("utf-8")),
+            ("txt", sample.txt.encode("utf-8")),
+            *sample.extra,
+        ]
+        if len({ext for ext, _ in members}) != len(members):
+            raise ValueError(f"sample {sample.key!r} repeats a member: {[e for e, _ in members]}")
         # members in the order WebDataset's TarWriter uses: extensions sorted
-        self._tar.add(f"{sample.key}.jpg", sample.jpg)
-        self._tar.add(f"{sample.key}.json", meta.encode("utf-8"))
-        self._tar.add(f"{sample.key}.txt", sample.txt.encode("utf-8"))
+        for ext, data in sorted(members, key=lambda m: m[0]):
+            self._tar.add(f"{sample.key}.{ext}", data)
         self.keys.append(sample.key)
         self.json_schema = merge_types(self.json_schema, json_type(sample.meta))
 

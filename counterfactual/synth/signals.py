@@ -16,6 +16,7 @@ installed in the main thread only; elsewhere :func:`watch` does nothing.
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import sys
@@ -49,6 +50,18 @@ class Interrupted(KeyboardInterrupt):
         return f"interrupted by {self.name}; rerun the same command to resume"
 
 
+class Stopped(KeyboardInterrupt):
+    """A run stopped from inside, by a thread that found it must not go on (its lock lost:
+    :func:`stop_main`): :attr:`message`, the one line the command prints, and
+    :attr:`exit_code`. A :class:`KeyboardInterrupt`, as :class:`Interrupted` is, so that no
+    ``except Exception`` of the code it lands in takes it for a sample's failure."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        self.message = message
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
 class _Watch:
     """The handlers' state: the first signal raises, any later one exits at once."""
 
@@ -56,6 +69,7 @@ class _Watch:
         self.depth = 0
         self.first: int | None = None
         self.saved: dict[int, Any] = {}
+        self.pending: Stopped | None = None
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.first is not None:  # cleanup is under way: the user wants out now
@@ -63,6 +77,9 @@ class _Watch:
             os.write(sys.stderr.fileno(), f"{stop.message}\n".encode())
             os._exit(stop.exit_code)
         self.first = signum
+        pending, self.pending = self.pending, None
+        if pending is not None and signum == signal.SIGINT:  # stop_main's, not the user's
+            raise pending
         raise Interrupted(signum)
 
     def install(self) -> None:
@@ -103,6 +120,16 @@ def watch() -> Iterator[None]:
         _WATCH.depth -= 1
         if _WATCH.depth == 0:
             _WATCH.restore()
+
+
+def stop_main(message: str, exit_code: int = 2) -> None:
+    """From another thread: raise :class:`Stopped` in the main thread at once, the way a
+    signal's handler raises :class:`Interrupted` (its wait or sleep is cut short), while
+    :func:`watch` is active; nothing otherwise (the run is over)."""
+    if _WATCH.depth == 0 or _WATCH.first is not None:
+        return
+    _WATCH.pending = Stopped(message, exit_code)
+    _thread.interrupt_main(signal.SIGINT)
 
 
 def rearm() -> None:

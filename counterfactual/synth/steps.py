@@ -36,9 +36,9 @@ from counterfactual.image import (
     make_editor,
 )
 from counterfactual.image.best_of_n import BestOfN
-from counterfactual.imageio import SampleError, encode_jpeg
+from counterfactual.imageio import SampleError, encode_jpeg, encode_png
 from counterfactual.method.detect import Detection, Detector, to_objects
-from counterfactual.method.masks import plan_mask
+from counterfactual.method.masks import MaskConfig, plan_mask
 from counterfactual.method.selection import CAPTION_UNCHANGED, RemovalPlan, select_many
 from counterfactual.method.verify import (
     RemovalScorer,
@@ -52,6 +52,7 @@ from counterfactual.synth.samples import (
     BestOfNMeta,
     DetectedObject,
     DetectionMeta,
+    MaskMeta,
     PlanMeta,
     SampleMeta,
     VerifyMeta,
@@ -89,7 +90,8 @@ class Done:
 class Job:
     """One work item between steps. ``shard``/``index`` place it in the output; arrays are
     ``uint8`` RGB ``HxWx3`` (``mask``: ``HxW``, 255 = repaint) and are dropped once encoded;
-    ``image`` (the original) is dropped by ``Edit``, or by ``Verify`` when verification is on.
+    ``image`` (the original) is dropped by ``Edit``, or by ``Verify`` when verification is on,
+    or by ``Encode`` with ``--pairs`` (which writes it as ``orig.jpg``).
     ``verify`` is :meth:`VerifyResult.to_dict` once verified."""
 
     shard: int
@@ -289,7 +291,8 @@ class Decode:
 
 class Edit:
     """Erase each job's plan: mask from the plan, then the configured image backend. The
-    original picture is dropped here unless ``Verify`` compares it with the edit."""
+    original picture is dropped here unless ``Verify`` compares it with the edit or ``Encode``
+    writes it (``--pairs``)."""
 
     name = "edit"
 
@@ -315,7 +318,7 @@ class Edit:
             cls.name,
             needs=_fields("image", "plan"),
             makes=_fields("mask", "edited"),
-            drops=frozenset() if config.verify.enabled else _fields("image"),
+            drops=frozenset() if config.verify.enabled or config.pairs else _fields("image"),
             resources=resources,
         )
 
@@ -533,9 +536,10 @@ class Rewrite:
         return self.check([*texts], [job.plan.removed for job in jobs])  # type: ignore[misc]
 
 
-def sample_meta(job: Job, seed: int) -> dict[str, Any]:
+def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str, Any]:
     """Everything needed to trace and reproduce a sample (SPEC 1.4): a
-    :class:`~counterfactual.synth.samples.SampleMeta` as its json."""
+    :class:`~counterfactual.synth.samples.SampleMeta` as its json; ``mask`` (``--pairs``): how
+    the mask was made, recorded as its ``mask``."""
     item, edited, caption = job.item, job.edited, job.caption
     if edited is None or caption is None or job.mask is None:
         raise ValueError(f"job {item.key} is not edited and rewritten")
@@ -566,7 +570,14 @@ def sample_meta(job: Job, seed: int) -> dict[str, Any]:
         sample_seed=item.seed,
         counterfactual_version=__version__,
         verify=None if job.verify is None else VerifyMeta.from_dict(job.verify),
+        mask=None if mask is None else _mask_meta(job, mask),
     ).to_dict()
+
+
+def _mask_meta(job: Job, mask: MaskConfig) -> MaskMeta:
+    record = job.item.record
+    boxes = "detector" if "detector" in job.methods else "dataset"
+    return MaskMeta(mask.source, mask.dilate, boxes, (record.width, record.height))
 
 
 def _detection_meta(job: Job) -> DetectionMeta | None:
@@ -722,7 +733,7 @@ class Verify:
             cls.name,
             needs=_fields("image", "edited", "caption", "plan"),
             makes=_fields("verify"),
-            drops=_fields("image"),
+            drops=frozenset() if config.pairs else _fields("image"),
             resources=resources,
         )
 
@@ -750,7 +761,8 @@ class Verify:
         requests = [self._request(job) for job in todo]
         results = _batch_or_each(self.verifier, todo, requests, model_detail="verify: ")
         for job, out in zip(todo, results, strict=True):
-            job.image = None
+            if "image" in self.spec.drops:
+                job.image = None
             if isinstance(out, Status):
                 job.fail(out.reason, out.detail)
                 continue
@@ -789,9 +801,10 @@ class Encode:
 
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
+        needs = _fields("plan", "mask", "edited", "caption")
         return StepSpec(
             cls.name,
-            needs=_fields("plan", "mask", "edited", "caption"),
+            needs=needs | _fields("image") if config.pairs else needs,
             makes=_fields("sample"),
             drops=_fields("image", "mask", "edited"),
         )
@@ -802,6 +815,7 @@ class Encode:
         self.spec = self.declare(config)
         self.quality = config.jpeg_quality
         self.seed = config.seed
+        self.mask = config.mask if config.pairs else None
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         start = time.perf_counter()
@@ -812,15 +826,26 @@ class Encode:
                 raise ValueError(f"job {job.item.key} reached Encode unfinished")
             try:
                 jpg = encode_jpeg(job.edited, self.quality)
+                extra = self._pair(job)
             except SampleError as err:
                 job.fail(err.reason, err.detail)
                 continue
-            job.sample = Sample(
-                job.item.key, jpg, job.caption.text or "", sample_meta(job, self.seed)
-            )
+            meta = sample_meta(job, self.seed, self.mask)
+            job.sample = Sample(job.item.key, jpg, job.caption.text or "", meta, extra)
             job.image = job.mask = job.edited = None
         _timed(self.name, jobs, start)
         return jobs
+
+    def _pair(self, job: Job) -> tuple[tuple[str, bytes], ...]:
+        """``--pairs``: the original picture and the mask as shard members, else none."""
+        if self.mask is None:
+            return ()
+        if job.image is None or job.mask is None:
+            raise ValueError(f"job {job.item.key} reached Encode without its original and mask")
+        return (
+            ("mask.png", encode_png(job.mask)),
+            ("orig.jpg", encode_jpeg(job.image, self.quality)),
+        )
 
 
 class StepType(Protocol):

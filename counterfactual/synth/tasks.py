@@ -84,6 +84,8 @@ def piece_fingerprint(piece: InputPiece) -> str:
 
 PARTS = {
     "ids": "other images (another dataset, split, limit or file)",
+    "keys": "other of its keys repeat an earlier piece's (duplicate-key rows; an input file "
+    "before it was added, removed or changed)",
     "annotations": "the annotations of its images changed (boxes, classes or captions)",
     "sizes": "its input files changed (their sizes differ)",
     "stamps": "its input files were modified (their modification times or ETags differ; "
@@ -101,6 +103,7 @@ def input_parts(
     """What decides a shard's content, part by part (:data:`PARTS`), each a short digest.
 
     ``ids``: the images (ids, and the reader's failures) or the piece (file name and range);
+    ``keys``: a piece's rows or keys that repeat an earlier piece's (only when it has any);
     ``annotations``: each record's file, size, objects and captions as read (an annotated
     dataset, or a corpus's first rows under ``--limit``); ``sizes`` and ``stamps``: of each
     picture file, the file a picture lies in, or the piece's file (its files, for a folder):
@@ -117,6 +120,10 @@ def input_parts(
 
     if piece is not None:
         parts = {"ids": piece_fingerprint(piece)}
+        if piece.repeated or piece.repeated_keys:
+            rows = ",".join(map(str, sorted(piece.repeated)))
+            keys = hashlib.blake2b(piece.repeated_keys, digest_size=12).hexdigest()
+            parts["keys"] = _fingerprint([rows, keys])
         stamp(piece.path)
     else:
         annotations = hashlib.blake2b(digest_size=12)
@@ -152,7 +159,7 @@ def input_change(recorded: dict[str, str], input: str, now: dict[str, str]) -> s
     sides, modification times and ETags are not compared (a copied dataset resumes)."""
     if not recorded:
         return None if input == now.get("ids") else PARTS["ids"]
-    names = ["ids", "annotations", "sizes"]
+    names = ["ids", "keys", "annotations", "sizes"]
     names.append("content" if "content" in recorded and "content" in now else "stamps")
     for name in names:
         if recorded.get(name) != now.get(name):
