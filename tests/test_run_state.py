@@ -26,7 +26,14 @@ from counterfactual.synth.plan import SynthConfig, bundled_form, fingerprint_dif
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ("synth", "--dataset", "demo", "--contact-sheet", "0")
 DEMO = (*BASE, "--image-method", "blur")
-OUTPUTS = {"README.md", "manifest.json", "run.json", "status.jsonl"}
+OUTPUTS = {
+    "README.md",
+    "manifest.json",
+    "run.json",
+    "status.jsonl",
+    "sizes.json",
+    "shardindex.json",
+}
 
 
 @pytest.fixture
