@@ -249,8 +249,6 @@ def bench_select(work: Path, n: int, repeat: int = 2) -> dict[str, float]:
         floor.append(_seconds(lambda: json.loads(instances.read_bytes())))
     plans_new = [json.loads(line) for line in new_out.read_text().splitlines()]
     plans_old = [json.loads(line) for line in old_out.read_text().splitlines()]
-    for plan in plans_old:
-        plan["image_id"] = int(plan["image_id"])
     return {
         "select_images": float(n),
         "select_workers": float(usable_cores()),

@@ -10,7 +10,7 @@ sample reads as ``None``). Anything else cannot share a column and gives :data:`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 JsonType = str | dict[str, Any]
@@ -94,6 +94,25 @@ def check_type(t: Any) -> JsonType:
     return t
 
 
+def declare(t: JsonType, known: Mapping[str, JsonType], path: str = "") -> JsonType:
+    """``t`` with each key path of ``known`` (``plan.rejected_by``; ``[]`` for list items) that
+    it holds merged with its known type: a nullable key every value held as ``None`` is typed
+    ``null`` by :func:`json_type`, and ``known`` says what it holds when set. Paths ``t``
+    does not hold are not added."""
+    if path in known:
+        t = merge_types(t, known[path])
+    if isinstance(t, dict) and "list" in t:
+        return {"list": declare(t["list"], known, f"{path}[]")}
+    if isinstance(t, dict) and "struct" in t:
+        return {
+            "struct": {
+                k: declare(sub, known, f"{path}.{k}" if path else k)
+                for k, sub in t["struct"].items()
+            }
+        }
+    return t
+
+
 def hf_feature(t: JsonType) -> dict[str, Any]:
     """The Hugging Face ``datasets`` feature of ``t`` as a dataset card's YAML writes it, less
     its ``name`` (``{"dtype": "string"}``, ``{"list": ...}``, ``{"struct": [...]}``).
@@ -112,6 +131,7 @@ __all__: Sequence[str] = (
     "NULL",
     "JsonType",
     "check_type",
+    "declare",
     "hf_feature",
     "json_type",
     "merge_types",

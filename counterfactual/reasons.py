@@ -7,7 +7,9 @@ test checks that the README holds it and that every reason the code writes is li
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,24 @@ def markdown_table() -> str:
     lines = ["| reason | status | meaning |", "|---|---|---|"]
     lines += [f"| `{name}` | {r.status} | {r.meaning} |" for name, r in REASONS.items()]
     return "\n".join(lines)
+
+
+def no_samples_line(counts: Mapping[str, int], inputs: Any, unit: str = "images") -> str:
+    """Why a run holds no samples, in one line: its status rows by reason, most first, each
+    with what it means (:data:`REASONS`)."""
+    rows = sorted(((n, key) for key, n in counts.items() if key != "written"), reverse=True)
+    if not rows:
+        return f"No samples: the run read {inputs} input {unit} and wrote no status row."
+    why = []
+    for n, key in rows:
+        status, _, reason = key.partition(":")
+        known = REASONS.get(reason)
+        meaning = f" ({known.meaning})" if known is not None else ""
+        why.append(f"{n:,} {status} {reason}{meaning}")
+    return (
+        f"No samples: none of the {inputs} input {unit} made one; status.jsonl says why: "
+        + "; ".join(why)
+    )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import functools
 import itertools
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -51,7 +52,7 @@ from counterfactual.records import ImageRecord, Status
 from counterfactual.synth import signals
 from counterfactual.synth.layout import MODEL_CPUS, Cluster, Layout, Node, plan_layout
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.synth.run import RunResult, preflight, run_shards
+from counterfactual.synth.run import RunResult, preflight, run_shards, started
 from counterfactual.synth.steps import (
     Chain,
     Job,
@@ -84,6 +85,8 @@ class RayOptions:
     ``place_timeout``: seconds an actor may wait for the cluster to place it;
     ``load_timeout``: seconds it may take to load its model; past either the run ends with
     one line. ``verbose``: Ray's own logs and worker output on the driver's terminal.
+    ``keep_ray_logs``: keep the folder a local Ray wrote its session logs in (outside OUT, in
+    the system temp dir: :func:`ray_temp_dir`) instead of removing it at the end of the run.
     """
 
     cpu_actors: int | None = None
@@ -97,6 +100,7 @@ class RayOptions:
     place_timeout: float = 120.0
     load_timeout: float = 1800.0
     verbose: bool = False
+    keep_ray_logs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("cpu_actors", "model_actors", "model_batch_size", "num_cpus", "in_flight"):
@@ -285,8 +289,13 @@ class ShardWorker:
 # ------------------------------------------------------------------------------ cluster
 
 
-def init_ray(work_dir: fs.PathLike, options: RayOptions) -> dict[str, Any]:
-    """Start or join Ray once per process; return what the manifest records about it."""
+def init_ray(
+    work_dir: fs.PathLike | None, options: RayOptions, temp_dir: Path | None = None
+) -> dict[str, Any]:
+    """Start or join Ray once per process; return what the manifest records about it.
+    A local Ray keeps its session files, logs and sockets in ``temp_dir``, else in
+    ``WORK/.ray`` when that path is short enough for Ray's sockets, else in a fresh
+    :func:`ray_temp_dir`."""
     import ray
 
     dashboard = None
@@ -302,7 +311,7 @@ def init_ray(work_dir: fs.PathLike, options: RayOptions) -> dict[str, Any]:
                 num_cpus=options.num_cpus,
                 include_dashboard=options.dashboard and _has_dashboard(),
                 dashboard_host="127.0.0.1",
-                _temp_dir=str(ray_temp_dir(work_dir)),
+                _temp_dir=str(temp_dir or _work_ray_dir(work_dir) or ray_temp_dir()),
                 **quiet,
             )
         dashboard = ctx.dashboard_url or None
@@ -320,15 +329,46 @@ def init_ray(work_dir: fs.PathLike, options: RayOptions) -> dict[str, Any]:
     }
 
 
-def ray_temp_dir(work_dir: fs.PathLike) -> Path:
-    """``WORK/.ray`` when WORK is a local folder whose path is short enough for Ray's unix
-    sockets (which must stay under 107 bytes), else a fresh folder under the system temp dir."""
-    if not fs.is_url(work_dir):
-        path = Path(fs.as_path(work_dir)).resolve() / ".ray"
-        if len(str(path)) <= 40:
-            path.mkdir(parents=True, exist_ok=True)
-            return path
-    return Path(tempfile.mkdtemp(prefix="cf-ray-"))
+RAY_DIR_LIMIT = 40
+"""The longest folder a local Ray may keep its files in: its unix sockets
+(``session_<time>_<pid>/sockets/plasma_store``, ...) must stay under 107 bytes."""
+
+
+def ray_temp_dir() -> Path:
+    """A fresh folder ``cf-ray-*`` for a local Ray's session files, logs and sockets, outside
+    OUT: in the system temp dir (``TMPDIR``), or in ``/tmp`` when that path is too long for
+    Ray's sockets (:data:`RAY_DIR_LIMIT`). :func:`stop_ray` removes it."""
+    base = tempfile.gettempdir()
+    if len(base) + len("/cf-ray-12345678") > RAY_DIR_LIMIT and os.access("/tmp", os.W_OK):
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="cf-ray-", dir=base))
+
+
+def _work_ray_dir(work_dir: fs.PathLike | None) -> Path | None:
+    """``WORK/.ray`` when WORK is a local folder whose path is short enough for Ray's sockets."""
+    if work_dir is None or fs.is_url(work_dir):
+        return None
+    path = Path(fs.as_path(work_dir)).resolve() / ".ray"
+    if len(str(path)) > RAY_DIR_LIMIT:
+        return None
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def stop_ray(temp_dir: Path, keep_logs: bool = False) -> str | None:
+    """Shut down the local Ray this process started in ``temp_dir`` (:func:`ray_temp_dir`) and
+    remove the folder, or, with ``keep_logs``, keep it and return where its logs are."""
+    import ray
+
+    ray.shutdown()
+    if keep_logs:
+        return str(temp_dir / "session_latest" / "logs")
+    for _ in range(3):  # a worker still exiting may write one more log line
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if not temp_dir.exists():
+            break
+        time.sleep(0.2)
+    return None
 
 
 def _has_dashboard() -> bool:
@@ -610,13 +650,28 @@ def dry_run(
     work_dir: fs.PathLike | None = None,
 ) -> Layout:
     """The layout a run would use: joins or starts Ray as :func:`run_ray` does (``work_dir``:
-    where a local Ray keeps its files, default a temporary folder), starts no actor and loads
-    no model; :class:`SetupError` (one line) when the cluster cannot hold it."""
+    where a local Ray keeps its files, ``WORK/.ray``, default a fresh :func:`ray_temp_dir`;
+    a local Ray it starts is stopped and its folder removed before it returns), starts no
+    actor and loads no model; :class:`SetupError` (one line) when the cluster cannot hold it."""
     options, runtime = options or RayOptions(), runtime or Runtime()
     preflight(config, runtime)
     stages = plan_stages(config, runtime)
-    init_ray(work_dir if work_dir is not None else tempfile.mkdtemp(prefix="cf-"), options)
-    return layout_actors(stages, options, cluster_shape())
+    own = _owns_ray(options)
+    temp = (_work_ray_dir(work_dir) or ray_temp_dir()) if own else None
+    try:
+        init_ray(None, options, temp)
+        return layout_actors(stages, options, cluster_shape())
+    finally:
+        if temp is not None:
+            stop_ray(temp)
+
+
+def _owns_ray(options: RayOptions) -> bool:
+    """Whether a run starts its own local Ray (none running in this process, no cluster
+    named), which it stops and whose folder it removes at its end."""
+    import ray
+
+    return not ray.is_initialized() and not (options.address or os.environ.get("RAY_ADDRESS"))
 
 
 def run_ray(
@@ -644,6 +699,7 @@ def run_ray(
     preflight(config, runtime)
     stages = plan_stages(config, runtime)
     info: dict[str, Any] = {"skipped": "every shard was committed"}
+    owned: list[Path] = []  # the folder of the local Ray this run starts, stops and removes
     out = str(fs.as_path(out_dir)) if fs.is_url(out_dir) else str(Path(out_dir).resolve())
 
     def execute(tasks: Iterator[ShardTask]) -> Iterator[ShardDone]:
@@ -652,7 +708,11 @@ def run_ray(
             return
         info.clear()
         start = time.perf_counter()
-        info.update(init_ray(out_dir, options))
+        if _owns_ray(options):
+            owned.append(ray_temp_dir())
+        info.update(init_ray(None, options, owned[0] if owned else None))
+        if owned and options.keep_ray_logs:
+            info["logs"] = str(owned[0] / "session_latest" / "logs")
         signals.rearm()  # ray.init replaced the SIGTERM handler with its own
         layout = layout_actors(stages, options, cluster_shape())
         info["layout"] = asdict(layout)
@@ -670,6 +730,7 @@ def run_ray(
             models, workers = _start(config, runtime, out, stages, layout, options, board)
             actors += [*models, *workers]
             info["seconds"]["actors_ready"] = round(time.perf_counter() - start, 3)
+            started(tasks)  # run.json now: a run that failed to start leaves none
             work = itertools.chain([first], tasks)
             yield from _map_unordered(workers, work, options.in_flight, board, on_items)
             info["seconds"]["shards_done"] = round(time.perf_counter() - start, 3)
@@ -686,14 +747,20 @@ def run_ray(
             }
         }
 
-    return run_shards(
-        RunInput.of(inputs, failures),
-        out_dir,
-        config,
-        execute,
-        "ray",
-        on_shard,
-        progress,
-        extra,
-        runtime,
-    )
+    try:
+        return run_shards(
+            RunInput.of(inputs, failures),
+            out_dir,
+            config,
+            execute,
+            "ray",
+            on_shard,
+            progress,
+            extra,
+            runtime,
+        )
+    finally:
+        if owned:
+            logs = stop_ray(owned[0], options.keep_ray_logs)
+            if logs is not None:
+                print(f"Ray's logs: {logs}", file=sys.stderr)

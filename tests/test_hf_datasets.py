@@ -309,6 +309,27 @@ def test_mixed_paths_and_features():
     }  # fmt: skip
 
 
-def test_a_run_without_samples_has_a_card_without_configs():
+def test_a_run_without_samples_lists_its_empty_shards_and_the_columns_it_knows():
     meta = card_metadata([ShardEntry("shard-000000.tar", 0, None)])
-    assert "configs" not in meta and "dataset_info" not in meta
+    (config,) = meta["configs"]
+    assert config["data_files"] == [{"split": "train", "path": ["shard-000000.tar"]}]
+    assert [f["name"] for f in meta["dataset_info"]["features"]] == [
+        "jpg", "txt", "__key__", "__url__"
+    ]  # fmt: skip
+    assert "configs" not in card_metadata([])  # no shard: nothing to list
+
+
+def test_keys_every_sample_holds_as_null_are_declared_with_their_type(out, tmp_path):
+    """COCO without a split file: ``split`` is None in every sample, and a written plan is never
+    rejected; the card declares both as strings, and ``datasets`` reads them as ``None``."""
+    (json_feature,) = [f for f in _card(out)["dataset_info"]["features"] if f["name"] == "json"]
+    fields = {f["name"]: f for f in json_feature["struct"]}
+    plan = {f["name"]: f for f in fields["plan"]["struct"]}
+    assert fields["split"] == {"name": "split", "dtype": "string"}
+    assert plan["rejected_by"] == {"name": "rejected_by", "dtype": "string"}
+    assert fields["image_id"] == {"name": "image_id", "dtype": "string"}
+    ds = _load(out, tmp_path / "cache")
+    assert ds.features["json"]["split"].dtype == "string"
+    assert ds.features["json"]["plan"]["rejected_by"].dtype == "string"
+    assert {s["json"]["split"] for s in ds} == {None}
+    assert {s["json"]["plan"]["rejected_by"] for s in ds} == {None}

@@ -152,7 +152,7 @@ def test_demo_report_through_the_cli(demo, capsys):
     assert_links_exist(index, page)
     assert page_counts(page) == status_counts(demo)
     assert sorted(p.name for p in index.parent.glob("sheet-*.png")) == ["sheet-00.png"]
-    # the demo's originals are found under OUT/demo-data without --root
+    # the demo's originals are found where the run made them, without --root
     assert "original not found" not in "".join(page.text)
     samples = page.rows("samples")
     written = sum(n for k, n in status_counts(demo).items() if k == "written")

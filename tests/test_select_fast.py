@@ -159,7 +159,7 @@ def test_anything_to_report_goes_to_read_coco_with_the_same_plans(tmp_path, caps
     ids: dict = {}
     read_coco(path, None, tmp_path, original_ids=ids)
     for row in expected:
-        row["image_id"] = ids[row["image_id"]]
+        row["image_id"] = str(ids[row["image_id"]])
     assert rows == expected
 
 
@@ -191,6 +191,4 @@ def test_plans_of_a_clean_file_equal_one_image_at_a_time(tmp_path, capsys):
     assert main(["select", "--annotations", str(path), "--policy", "all"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     expected = one_at_a_time(path, SelectionConfig(policy="all"), False)
-    for row in expected:
-        row["image_id"] = int(row["image_id"])
-    assert rows == expected
+    assert rows == expected  # ids as strings, as shards hold them

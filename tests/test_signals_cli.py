@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -171,10 +173,14 @@ def test_a_ray_run_ends_gracefully_on_a_signal_and_resumes(
     out, log = tmp_path / "out", tmp_path / "run.log"
     ray = ("--runner", "ray", "--num-cpus", "1", "--no-dashboard", "--batch-size", "1")
     args = synth_args(coco, out, *EXTRA, *ray)
-    proc = _start([sys.executable, "-m", "counterfactual", *args], log)
+    tmp = Path(tempfile.mkdtemp(prefix="cft-", dir="/tmp"))  # short enough for Ray's sockets
+    proc = _start([sys.executable, "-m", "counterfactual", *args], log, TMPDIR=str(tmp))
     _wait_for(lambda: any(out.glob("shard-*_stats.json")), proc, log)
     os.kill(proc.pid, getattr(signal, name))
     code, text = _ended(proc, log)
+    left = os.listdir(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert left == [], left  # Ray's session folder was there, and is gone
     assert code == 128 + getattr(signal, name), text
     assert text.rstrip().splitlines()[-1] == LINE.format(name), text
     assert text.count("interrupted by") == 1

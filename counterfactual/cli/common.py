@@ -104,11 +104,13 @@ def selection_config(args: argparse.Namespace) -> SelectionConfig:
 
 
 def add_data_args(
-    parser: argparse.ArgumentParser, demo_root: str = "OUT/demo-data", corpora: bool = False
+    parser: argparse.ArgumentParser,
+    demo_root: str = "~/.cache/counterfactual/demo, or $COUNTERFACTUAL_CACHE/demo",
+    corpora: bool = False,
 ) -> argparse._ArgumentGroup:
-    """The dataset options of ``synth`` (read by ``counterfactual.cli.synth.load_dataset``,
-    which also needs an ``out`` attribute: the demo is written to ``OUT/demo-data``, named
-    ``demo_root`` in the help). ``corpora``: also offer the box-less corpora (WebDataset,
+    """The dataset options of ``synth`` (read by ``counterfactual.cli.synth.load_dataset``;
+    without ``--root`` the demo is written to the user's cache, named ``demo_root`` in the
+    help). ``corpora``: also offer the box-less corpora (WebDataset,
     Parquet, CSV, img2dataset's files) and their column options. Defaults: :class:`DataSpec`'s.
     """
     from counterfactual.readers.spec import DataSpec

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "contains its plan's kept classes), and draw both and their difference as a PNG; the "
         "counts and the plotted matrices go to a JSON file beside it.",
     )
-    add_data_args(p, demo_root="SYNTHETIC/demo-data")
+    add_data_args(p)
     p.add_argument(
         "--synthetic",
         type=Path,
@@ -102,4 +102,6 @@ def _spec(args: argparse.Namespace) -> DataSpec:
         recorded = json.loads(fs.read_text(manifest)).get("data")
         if isinstance(recorded, dict):
             return DataSpec.from_dict({**recorded, "limit": args.limit})
-    return data_spec(args, str(fs.join(args.synthetic, "demo-data")))
+    from counterfactual.readers.demo import demo_cache_dir
+
+    return data_spec(args, str(demo_cache_dir()))

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--root",
         type=Path,
         default=None,
-        help="dataset folder (default for the demo: QUERIES/demo-data)",
+        help="dataset folder (demo: ~/.cache/counterfactual/demo, or $COUNTERFACTUAL_CACHE/demo)",
     )
     p.add_argument(
         "--split-file",
@@ -117,9 +117,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def load_corpus(args: argparse.Namespace) -> tuple[Corpus, str | None]:
     """The gallery (every caption of every split) and the split to use for R@K."""
     if args.dataset == "demo":
-        from counterfactual.readers.demo import read_demo
+        from counterfactual.readers.demo import demo_cache_dir, read_demo
 
-        root = args.root or _queries_dir(args.queries) / "demo-data"
+        old = _queries_dir(args.queries) / "demo-data"  # where earlier versions made them
+        root = args.root or (old if old.is_dir() else demo_cache_dir())
         return corpus_from_records(read_demo(root).records), None
     if args.root is None and args.split_file is None:
         raise ValueError(f"--dataset {args.dataset} needs --root or --split-file")

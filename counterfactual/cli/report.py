@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         default=None,
         help="folder the samples' file names are relative to (default: the dataset folders "
-        "the run recorded in manifest.json, found from any working directory, or "
-        "OUT_DIR/demo-data for the demo; a corpus's originals are read from its tars or "
+        "the run recorded in manifest.json, found from any working directory; the demo's "
+        "pictures are made again in the user's cache when they are gone; a corpus's originals are read from its tars or "
         "tables); where no original is found, the edited picture only",
     )
     p.add_argument(
@@ -76,5 +76,7 @@ def run(args: argparse.Namespace) -> int:
             "(give --root DATASET_FOLDER)",
             file=sys.stderr,
         )
+    if report.empty is not None:
+        print(report.empty, file=sys.stderr)
     print(report.index)
     return 0

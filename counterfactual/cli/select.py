@@ -96,7 +96,7 @@ def _collector_paused() -> Iterator[None]:
 
 def _select(job: _Job) -> _Done:
     """One chunk's plans (and with ``rejected`` then each image's refused candidates) as JSON
-    lines, ``image_id`` as the input file has it."""
+    lines, ``image_id`` the input file's id as a string (as in shards and status rows)."""
     with _collector_paused():
         rows, plans, refused = select_rows(
             job.table, job.config, job.stats, job.seed, job.rejected, job.ids
@@ -122,10 +122,13 @@ def write_plans(
     seed: int = 0,
 ) -> tuple[int, int]:
     """Write each image's chosen plans (and with ``rejected`` then its refused candidates) as
-    one JSON object per line, in table order; ``image_id`` is ``ids[image]``, the id as the
-    input file has it. ``workers`` processes select chunks of at most :data:`CHUNK` images (1:
+    one JSON object per line, in table order; ``image_id`` is ``str(ids[image])``: the input
+    file's id as a string, the one id type of every output (shards, ``status.jsonl``), since
+    corpora's keys are strings; COCO's ``139`` is ``"139"`` (``int()`` joins it with
+    ``pycocotools``). ``workers`` processes select chunks of at most :data:`CHUNK` images (1:
     this process; 0: one per usable core), as many chunks for each and of even sizes, so that
     they finish together. Returns ``(plans, rejected candidates)``."""
+    ids = [str(ident) for ident in ids]
     chunks = -(-len(table) // CHUNK)
     workers = min(workers or usable_cores(), chunks)
     chunks = -(-chunks // max(workers, 1)) * max(workers, 1)

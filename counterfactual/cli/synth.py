@@ -447,6 +447,13 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
         help="Ray's own logs and the workers' output on this terminal",
     )
     r.add_argument(
+        "--keep-ray-logs",
+        action="store_true",
+        help="keep the folder a local Ray writes its session logs in (in the system temp dir, "
+        "outside OUT; its path is printed at the end and kept in manifest.json) instead of "
+        "removing it when the run ends",
+    )
+    r.add_argument(
         "--no-dashboard",
         dest="dashboard",
         action="store_false",
@@ -455,8 +462,11 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
 
 
 def demo_root(args: argparse.Namespace) -> str:
-    """Where the demo's pictures go without ``--root``: ``OUT/demo-data``."""
-    return str(fs.join(args.out, "demo-data"))
+    """Where the demo's pictures go without ``--root``: the user's cache, not OUT (which holds
+    only the run's outputs), :func:`~counterfactual.readers.demo.demo_cache_dir`."""
+    from counterfactual.readers.demo import demo_cache_dir
+
+    return str(demo_cache_dir())
 
 
 def default_vocabulary(args: argparse.Namespace) -> str | None:
@@ -573,6 +583,7 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
         place_timeout=args.place_timeout,
         load_timeout=args.load_timeout,
         verbose=args.verbose,
+        keep_ray_logs=args.keep_ray_logs,
     )
 
 

@@ -164,7 +164,30 @@ def read_demo(dest: Path) -> Dataset:
     return read_coco(files.instances, files.captions, files.images, dataset="demo")
 
 
-__all__ = ["PHOTOS", "DemoFiles", "demo_recipe", "prepare_demo", "read_demo", "render"]
+__all__ = [
+    "PHOTOS",
+    "DemoFiles",
+    "demo_cache_dir",
+    "demo_recipe",
+    "prepare_demo",
+    "read_demo",
+    "render",
+]
+
+
+CACHE_ENV = "COUNTERFACTUAL_CACHE"
+
+
+def demo_cache_dir() -> Path:
+    """Where the demo's pictures are made when no ``--root`` names a folder, outside any run's
+    OUT: ``$COUNTERFACTUAL_CACHE/demo``, else ``$XDG_CACHE_HOME/counterfactual/demo``, else
+    ``~/.cache/counterfactual/demo``. :func:`prepare_demo` makes what is missing again, so
+    the folder may be deleted at any time."""
+    base = os.environ.get(CACHE_ENV)
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "counterfactual")
+    return Path(base) / "demo"
 
 
 def demo_vocabulary_path() -> Path:

@@ -90,7 +90,8 @@ def dataset_roots(
     """Folders a sample's ``file`` may be relative to, most likely first, existing ones only:
     ``root`` (and its ``images``/``train2017``/``val2017``/``flickr30k-images``) when given, else
     the data spec the run recorded (``images``, ``root``; a corpus's ``images`` or its tables'
-    folders; the demo's ``OUT/demo-data``).
+    folders; the demo's, made again in the user's cache when the recorded one is gone;
+    ``OUT/demo-data``, where earlier versions made them).
 
     A run records absolute paths (:meth:`DataSpec.absolute`), found from any working
     directory. A relative path (in an older manifest) is looked for under the working
@@ -107,8 +108,18 @@ def dataset_roots(
             bases = [Path.cwd(), *Path(out_dir).absolute().parents]
             for anchored in dict.fromkeys(spec.absolute(base) for base in bases):
                 candidates += _spec_folders(anchored)
-        candidates.append(Path(out_dir) / "demo-data" / "images")
+            if spec.kind == "demo" and not any(c.is_dir() for c in candidates):
+                candidates.append(_demo_images())
+        candidates.append(Path(out_dir) / "demo-data" / "images")  # earlier versions' place
     return list(dict.fromkeys(c for c in candidates if c.is_dir()))
+
+
+def _demo_images() -> Path:
+    """The demo's pictures, made again in the user's cache when its recorded folder is gone
+    (they are the same pictures: :func:`~counterfactual.readers.demo.prepare_demo`)."""
+    from counterfactual.readers.demo import demo_cache_dir, prepare_demo
+
+    return prepare_demo(demo_cache_dir()).images
 
 
 def _spec_folders(spec: DataSpec) -> list[Path]:

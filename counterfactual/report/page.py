@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactual import fs
+from counterfactual.reasons import no_samples_line
 from counterfactual.report.index import RunIndex, SampleRef
 from counterfactual.report.lines import (
     caption_segments,
@@ -112,6 +113,9 @@ def page(
         + "</div>",
     ]
     parts += [f'<p class="note">{_e(n)}</p>' for n in run.notes]
+    if not run.samples:
+        line = no_samples_line(run.counts(), inputs, unit)
+        parts.append(f'<p class="note" id="no-samples">{_e(line)}</p>')
     if ((m.get("config") or {}).get("mask") or {}).get("source", "box") != "box":
         parts.append(
             '<p class="note">This run painted segmentation masks; the masks shown are the '

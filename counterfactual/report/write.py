@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from counterfactual.imageio import DEFAULT_MAX_PIXELS
+from counterfactual.reasons import no_samples_line
 from counterfactual.records import ImageRecord
-from counterfactual.report.index import DEFAULT_N, SampleRef, read_run, stratify
+from counterfactual.report.index import DEFAULT_N, RunIndex, SampleRef, read_run, stratify
 from counterfactual.report.originals import Originals, dataset_roots
 from counterfactual.report.page import page
 from counterfactual.report.sheets import ROWS_PER_SHEET, draw_sheet, render_row, write_png
@@ -32,6 +33,9 @@ class Report:
     sheets: tuple[Path, ...]
     shown: tuple[SampleRef, ...]
     missing_originals: int
+    empty: str | None = None
+    """Why the run holds no samples (:func:`~counterfactual.report.lines.no_samples_line`),
+    ``None`` when it holds some."""
 
 
 def write_report(
@@ -75,4 +79,13 @@ def write_report(
     tmp.write_text(text, encoding="utf-8", errors="replace")
     index = tmp.replace(report_dir / "index.html")
     missing = sum(r.original.image is None for r in rows)
-    return Report(index, tuple(sheets), tuple(shown), missing)
+    return Report(index, tuple(sheets), tuple(shown), missing, empty_reason(run))
+
+
+def empty_reason(run: RunIndex) -> str | None:
+    """Why ``run`` holds no samples, or ``None`` when it holds some."""
+    if run.samples:
+        return None
+    unit = run.manifest.get("input_unit", "images")
+    inputs = run.manifest.get("inputs", len({s.image_id for s in run.statuses}))
+    return no_samples_line(run.counts(), inputs, unit)

@@ -3,11 +3,14 @@
 Its YAML front matter names the shards that hold samples (``configs``: one ``train`` split,
 paths relative to ``OUT``, so the folder can be copied or uploaded whole) and declares the
 features (``dataset_info``): ``jpg`` an image (with ``--pairs`` also ``orig.jpg`` and
-``mask.png``), ``txt`` a string, ``json`` the struct of every key any sample's json has, with the types merged over all samples
-(:mod:`counterfactual.json_types`). Without declared features ``datasets`` infers them from the
+``mask.png``), ``txt`` a string, ``json`` the struct of every key any sample's json has, with
+the types merged over all samples (:mod:`counterfactual.json_types`), a key that every sample
+holds as ``None`` with the type it holds when set
+(:data:`~counterfactual.synth.samples.NULLABLE_TYPES`). Without declared features ``datasets`` infers them from the
 first five samples of the first shard and then drops keys those lack, or fails on a type they
 leave unknown (``null``, an empty list). Shards without samples are left out of the list (their
-tar is still written, see :mod:`counterfactual.synth.shards`). When two shards' json types cannot
+tar is still written, see :mod:`counterfactual.synth.shards`), unless no shard has any: then
+the empty shards are listed, so the folder still opens, empty. When two shards' json types cannot
 share a column (shards of an older layout beside newer ones), the card declares no features
 and says which keys differ. The prose below the front matter is for people: counts, the config
 and the license note.
@@ -24,7 +27,16 @@ from typing import Any
 import yaml
 
 from counterfactual import fs
-from counterfactual.json_types import JsonType, hf_feature, json_type, merge_types, mixed_paths
+from counterfactual.json_types import (
+    JsonType,
+    declare,
+    hf_feature,
+    json_type,
+    merge_types,
+    mixed_paths,
+)
+from counterfactual.reasons import no_samples_line
+from counterfactual.synth.samples import NULLABLE_TYPES
 
 CARD_FILE = "README.md"
 SPLIT = "train"
@@ -58,30 +70,43 @@ PAIR_MEMBERS = ("mask.png", "orig.jpg")
 
 
 def card_metadata(shards: Sequence[ShardEntry], pairs: bool = False) -> dict[str, Any]:
-    """The YAML front matter as a dict (see the module doc); no ``configs`` without samples.
-    ``pairs``: the samples also hold :data:`PAIR_MEMBERS`, declared as images."""
+    """The YAML front matter as a dict (see the module doc). ``pairs``: the samples also hold
+    :data:`PAIR_MEMBERS`, declared as images. A run without samples lists its (empty) shards
+    and declares the columns it knows without a sample (``jpg``, ``txt``, ``__key__``,
+    ``__url__``, the pair's), so ``load_dataset(OUT, streaming=True)`` opens it empty instead
+    of guessing a builder from ``status.jsonl``; no ``configs`` without any shard."""
     with_samples = [s for s in shards if s.samples > 0]
     meta: dict[str, Any] = {"license": "other", "tags": ["webdataset", "counterfactual"]}
     if not with_samples:
+        if shards:
+            meta["configs"] = [_config([s.name for s in shards])]
+            features = _features(None, pairs)
+            meta["dataset_info"] = {"config_name": "default", "features": features}
         return meta
-    meta["configs"] = [
-        {
-            "config_name": "default",
-            "data_files": [{"split": SPLIT, "path": [s.name for s in with_samples]}],
-        }
-    ]
+    meta["configs"] = [_config([s.name for s in with_samples])]
     schema = merged_schema(with_samples)
+    if schema is not None:
+        schema = declare(schema, NULLABLE_TYPES)
     if schema is not None and not list(mixed_paths(schema)):
-        features = [
-            {"name": "jpg", "dtype": "image"},
-            {"name": "json", **hf_feature(schema)},
-            *({"name": name, "dtype": "image"} for name in (PAIR_MEMBERS if pairs else ())),
-            {"name": "txt", "dtype": "string"},
-            {"name": "__key__", "dtype": "string"},
-            {"name": "__url__", "dtype": "string"},
-        ]
-        meta["dataset_info"] = {"config_name": "default", "features": features}
+        meta["dataset_info"] = {"config_name": "default", "features": _features(schema, pairs)}
     return meta
+
+
+def _config(paths: list[str]) -> dict[str, Any]:
+    return {"config_name": "default", "data_files": [{"split": SPLIT, "path": paths}]}
+
+
+def _features(schema: JsonType | None, pairs: bool) -> list[dict[str, Any]]:
+    """The declared columns; ``json`` only with a schema (a run with samples)."""
+    json_ = [{"name": "json", **hf_feature(schema)}] if schema is not None else []
+    return [
+        {"name": "jpg", "dtype": "image"},
+        *json_,
+        *({"name": name, "dtype": "image"} for name in (PAIR_MEMBERS if pairs else ())),
+        {"name": "txt", "dtype": "string"},
+        {"name": "__key__", "dtype": "string"},
+        {"name": "__url__", "dtype": "string"},
+    ]
 
 
 def merged_schema(shards: Sequence[ShardEntry]) -> JsonType | None:
@@ -168,7 +193,18 @@ def card_text(
         "key that some samples lack (such as `caption_cleaned`, written only when not 0) reads "
         "as `None` for them.",
     ]
-    if meta.get("configs") and "dataset_info" not in meta:
+    if not held:
+        lines += [
+            "",
+            "## No samples",
+            "",
+            no_samples_line(counts, f"{inputs:,}", unit),
+            "",
+            '`load_dataset("path/to/this/folder", streaming=True)` opens it (empty). Without '
+            'streaming, `datasets` (5.2 tested) refuses any empty split (`Instruction "train" '
+            "corresponds to no data!`).",
+        ]
+    if held and "dataset_info" not in meta:
         mixed = list(mixed_paths(merged_schema(held) or "null"))
         why = (
             f"their json differs in type at {', '.join(mixed[:5])}"

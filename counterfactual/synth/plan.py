@@ -11,11 +11,14 @@ against the annotation. The per-item steps live in :mod:`counterfactual.synth.st
 
 from __future__ import annotations
 
+import hashlib
 import json
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from functools import cache
+from importlib import resources
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -232,11 +235,46 @@ a new id (Stability deleted its SD 2 inpainting repo in November 2025; the defau
 community mirror), so runs recorded before keep their fingerprint."""
 
 
+BUNDLED = "bundled:"
+"""How a fingerprint names a file shipped inside the package (``counterfactual/data``):
+``bundled:NAME@sha256:HEX``, its name and content, not where this install put it."""
+
+
+def bundled_form(value: Any) -> Any:
+    """``value`` as a fingerprint holds it: a path to a file shipped in ``counterfactual/data``
+    (this install's, or any other's as an older ``run.json`` recorded it: a path ending in
+    ``counterfactual/data/NAME`` of a file this package ships) becomes
+    ``bundled:NAME@sha256:HEX``, so the same command from another venv or checkout has the
+    same fingerprint. The hash is of the file at the recorded path when it still exists, else
+    of this install's copy. Anything else is returned as it is."""
+    if not isinstance(value, str) or value.startswith(BUNDLED) or "data" not in value:
+        return value
+    path = PurePath(value)
+    if len(path.parts) < 3 or path.parts[-3:-1] != ("counterfactual", "data"):
+        return value
+    shipped = _data_dir() / path.name
+    if not shipped.is_file():
+        return value
+    here = Path(value)
+    source = here if here.is_absolute() and here.is_file() else shipped
+    return f"{BUNDLED}{path.name}@sha256:{_sha256(str(source))}"
+
+
+@cache
+def _data_dir() -> Path:
+    return Path(str(resources.files("counterfactual") / "data"))
+
+
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
     """The fingerprint of a config as a run recorded it (:meth:`SynthConfig.to_dict`,
     :meth:`~SynthConfig.record`, or the ``run.json`` of any run since format 2, whose
     fingerprint kept more): the runtime fields and every option at its default left out, the
-    verification options while verification is off and the detector's while there is none.
+    verification options while verification is off and the detector's while there is none;
+    a file shipped with the package named by :func:`bundled_form`, not by its path.
     Two configs make the same output when their fingerprints are equal."""
     recorded = json.loads(json.dumps(recorded))
     defaults = _defaults()
@@ -251,7 +289,7 @@ def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, dict):
             base, skip = defaults.get(key) or {}, RUNTIME_FIELDS.get(key, {})
             out[key] = {
-                k: v
+                k: bundled_form(v)
                 for k, v in value.items()
                 if k not in skip
                 and (k not in base or v != base[k])
@@ -262,8 +300,61 @@ def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:
                 # names it; a record without it was made while it was off: the paper's captions.
                 out[key]["repair"] = bool(value.get("repair", False))
         elif key not in defaults or value != defaults[key]:
-            out[key] = value
+            out[key] = bundled_form(value)
     return out
+
+
+def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The options two fingerprints (:func:`fingerprint_of`) disagree on, one line each:
+    ``part.option: OLD -> NEW`` (an option a fingerprint leaves out is at its default, shown
+    as ``default VALUE``; a part left out entirely, as ``off``/``none``)."""
+    defaults = _defaults()
+    lines = []
+    for key in sorted(set(old) | set(new), key=_option_order):
+        a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
+        if a == b:
+            continue
+        if isinstance(a, dict) or isinstance(b, dict):
+            a = a if isinstance(a, dict) else {}
+            b = b if isinstance(b, dict) else {}
+            base = defaults.get(key) if isinstance(defaults.get(key), dict) else {}
+            if not a or not b:
+                off = "off" if key == "verify" else "none"
+                if not a and key not in old:
+                    lines.append(f"{key}: {off} -> {json.dumps(b, ensure_ascii=False)}")
+                    continue
+                if not b and key not in new:
+                    lines.append(f"{key}: {json.dumps(a, ensure_ascii=False)} -> {off}")
+                    continue
+            for sub in sorted(set(a) | set(b)):
+                x, y = a.get(sub, _ABSENT), b.get(sub, _ABSENT)
+                if x != y:
+                    lines.append(
+                        f"{key}.{sub}: {_shown(x, base.get(sub, _ABSENT))} -> "
+                        f"{_shown(y, base.get(sub, _ABSENT))}"
+                    )
+        else:
+            lines.append(
+                f"{key}: {_shown(a, defaults.get(key, _ABSENT))} -> "
+                f"{_shown(b, defaults.get(key, _ABSENT))}"
+            )
+    if any(line.startswith("seed:") for line in lines):  # the seed is recorded twice
+        lines = [line for line in lines if not line.startswith("selection.seed:")]
+    return lines
+
+
+_ABSENT = object()
+
+
+def _option_order(key: str) -> tuple[int, str]:
+    order = [f.name for f in fields(SynthConfig)]
+    return (order.index(key) if key in order else len(order), key)
+
+
+def _shown(value: Any, default: Any) -> str:
+    if value is _ABSENT:
+        return "unset" if default is _ABSENT else f"default {json.dumps(default)}"
+    return json.dumps(value, ensure_ascii=False)
 
 
 @cache

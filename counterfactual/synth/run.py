@@ -3,11 +3,12 @@
 The input is cut into shard tasks (:mod:`counterfactual.synth.tasks`); workers make and commit the
 shards. The driver only streams tasks out and counts back, so it holds O(shards), not
 O(samples). :func:`run_shards` is the driver's loop, shared by both runners, which differ only
-in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), writes
+in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), has
 ``run.json`` (the format and the config's fingerprint: the options that decide the output,
-:func:`~counterfactual.synth.plan.fingerprint_of`) on the first run and refuses a rerun with another
-config (the runtime may change; a missing ``run.json`` is rebuilt only when every shard records
-this config), refuses a run that makes fewer shards than OUT holds (its records would list the
+:func:`~counterfactual.synth.plan.fingerprint_of`) written when the first shard starts
+(:meth:`RunPlan.begin`: a run that fails to start leaves none) and refuses a rerun with another
+config, naming each option that differs (the runtime may change; a missing ``run.json`` is
+rebuilt only when every shard records this config), refuses a run that makes fewer shards than OUT holds (its records would list the
 others nowhere), finds the committed shards (their stats file exists; each is verified against
 it, and a damaged one is made again; a rerun over changed input is refused shard by shard,
 naming what changed) and removes unfinished temporary files of the project's own names: at
@@ -48,7 +49,7 @@ from counterfactual.synth import signals
 from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, write_card
 from counterfactual.synth.indexes import IndexedShard, write_indexes
 from counterfactual.synth.models import model_records
-from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
+from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_diff, fingerprint_of
 from counterfactual.synth.runlock import LockLost, RunLock, pid_running
 from counterfactual.synth.samples import verify_summary_from_samples
 from counterfactual.synth.shards import (
@@ -137,6 +138,16 @@ class RunPlan:
     no other run's."""
     notes: list[str] = field(default_factory=list)
     """Lines for the log: damaged shards to be made again, a ``run.json`` rebuilt."""
+    pending: str | None = None
+    """``run.json``'s text while it is not written yet (a first run: :meth:`begin` writes it)."""
+
+    def begin(self) -> None:
+        """Write ``run.json`` if it is not written yet: when the first shard starts (the
+        runner has loaded its models), so a run that fails before that leaves nothing to refuse
+        the corrected rerun."""
+        if self.pending is not None:
+            fs.write_text(fs.join(self.out_dir, RUN_FILE), self.pending, run=self.token)
+            self.pending = None
 
     def todo(
         self,
@@ -219,11 +230,18 @@ def prepare_run(
                 "hold other images; use another --out, or delete the folder to start over"
             )
         recorded = previous.get("config")
-        if not isinstance(recorded, dict) or fingerprint_of(recorded) != identity["config"]:
+        if not isinstance(recorded, dict):
+            raise ValueError(f"{run_file}: not a run file (no config); use another --out")
+        before = fingerprint_of(recorded)
+        if before != identity["config"]:
+            differ = fingerprint_diff(before, identity["config"])
             raise ValueError(
-                f"{out_dir} holds a run with different config; resuming it would mix two runs. "
-                "Use another --out, or delete the folder to start over"
+                f"{out_dir} holds a run with different config ("
+                + "; ".join(differ or ["the recorded config could not be read"])
+                + "); resuming it would mix two runs. Use another --out, or delete the folder "
+                "to start over"
             )
+        pending = None
     else:
         recorded = {s.config for _, s in iter_stats(out_dir)}
         if recorded and recorded != {digest}:
@@ -232,11 +250,13 @@ def prepare_run(
                 "with), and they do not record this config; use another --out, or delete the "
                 "folder to start over"
             )
+        pending = json.dumps(identity, indent=1)
         if recorded:
             notes.append(
                 f"{run_file} was missing: rebuilt from the shards, which record this config"
             )
-        fs.write_text(run_file, json.dumps(identity, indent=1), run=token)
+            fs.write_text(run_file, pending, run=token)
+            pending = None
     if shards is not None:
         _refuse_extra_shards(out_dir, names, shards)
     _remove_temporary(out_dir, names, spare=spare)
@@ -254,7 +274,9 @@ def prepare_run(
         notes.append(
             f"warning: {fs.join(out_dir, stats.shard)} is damaged ({problem}); making it again"
         )
-    return RunPlan(out_dir, config, committed, runtime=runtime, token=token, notes=notes)
+    return RunPlan(
+        out_dir, config, committed, runtime=runtime, token=token, notes=notes, pending=pending
+    )
 
 
 def _refuse_extra_shards(out_dir: fs.PathLike, names: Iterable[str], shards: int) -> None:
@@ -280,7 +302,29 @@ def _shard_file_index(name: str) -> int | None:
 
 Execute = Callable[[Iterator[ShardTask]], Iterable[ShardDone]]
 """How a runner executes tasks: takes them lazily, yields each shard's counts when it is done
-(in any order)."""
+(in any order). The iterator is a :class:`Tasks`: a runner calls its :meth:`Tasks.started`
+once its models are loaded, right before it makes the first shard."""
+
+
+class Tasks(Iterator[ShardTask]):
+    """The tasks a runner executes, and :meth:`started`, which it calls when the first shard
+    starts (``run.json`` is written then, :meth:`RunPlan.begin`)."""
+
+    def __init__(self, tasks: Iterator[ShardTask], started: Callable[[], None]) -> None:
+        self._tasks, self._started = tasks, started
+
+    def __next__(self) -> ShardTask:
+        return next(self._tasks)
+
+    def started(self) -> None:
+        self._started()
+
+
+def started(tasks: Iterator[ShardTask]) -> None:
+    """Tell the driver the first shard starts (``tasks`` is a :class:`Tasks`; any other
+    iterator: nothing to tell)."""
+    if isinstance(tasks, Tasks):
+        tasks.started()
 
 
 def run_shards(
@@ -347,9 +391,10 @@ def run_shards(
             tasks = list(tasks)  # the input is held already: refuse changed input before work
             for task in tasks:
                 run.check_input(task)
-        results = execute(run.todo(tasks, seen, count))
+        results = execute(Tasks(run.todo(tasks, seen, count), run.begin))
         try:
             for done in results:
+                run.begin()  # a runner that did not say when it started
                 finished[done.index] = done
                 count(done)
                 if on_shard is not None:
@@ -466,6 +511,7 @@ def finish_run(
     (:mod:`counterfactual.synth.card`) and the loaders' shard lists ``sizes.json`` and
     ``shardindex.json`` (:mod:`counterfactual.synth.indexes`); raise if a planned shard is
     missing."""
+    run.begin()  # a run without shards
     names = fs.listdir(run.out_dir)
     committed = {i for i, _ in committed_names(names)}
     missing = [i for i in range(shards) if i not in committed]

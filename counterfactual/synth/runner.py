@@ -17,7 +17,7 @@ from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.synth.run import RunResult, preflight, run_shards
+from counterfactual.synth.run import RunResult, preflight, run_shards, started
 from counterfactual.synth.steps import Staged, start_steps
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
 from counterfactual.text import TextRewriter
@@ -54,6 +54,7 @@ def run_local(
                 steps = start_steps(config, None, editor, rewriter, detector, runtime)
                 staged = Staged.local(config, steps, runtime)
                 maker = ShardMaker(config, out_dir, staged, node, None, runtime.batch_size)
+                started(tasks)  # run.json now: a run that failed to start leaves none
             maker.on_batch = _counting(task.index, on_batch, progress)
             yield maker(task)
 

@@ -258,6 +258,18 @@ class PlanMeta:
         )
 
 
+NULLABLE_TYPES: dict[str, Any] = {
+    "split": "string",
+    "plan.rejected_by": "string",
+    "objects[].score": "float64",
+    "verify.text": {"struct": {"names_removed": {"list": "string"}, "names_kept": "bool"}},
+    "verify.text.names_kept": "bool",
+}
+"""The json's keys that may hold ``None``, by path (:func:`~counterfactual.json_types.declare`),
+with the type they hold when set: a run whose samples all hold ``None`` there (a dataset
+without splits; a written plan is never rejected) still declares the real type."""
+
+
 @dataclass(frozen=True, slots=True)
 class DetectedObject:
     """One object the detector kept: ``bbox`` ``xywh`` pixels, ``score`` its confidence."""
