@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--root",
         type=Path,
         default=None,
-        help="dataset folder (demo: ~/.cache/counterfactual/demo, or $COUNTERFACTUAL_CACHE/demo)",
+        help="dataset folder (default for the demo: ~/.cache/counterfactual/demo, or $COUNTERFACTUAL_CACHE/demo)",
     )
     p.add_argument(
         "--split-file",
