@@ -39,6 +39,8 @@ SUBCOMMANDS = (
     "report",
     "check",
     "cooccurrence",
+    "world",
+    "experiment",
 )
 
 
