@@ -58,7 +58,10 @@ def test_scratch_model_trains_and_embeds(tmp_path: Path) -> None:
     # the same folder and seed give the same untrained weights
     a, _ = load_scratch(init)
     b, _ = load_scratch(init)
-    assert all(np.array_equal(x.detach(), y.detach()) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    assert all(
+        np.array_equal(x.detach(), y.detach())
+        for x, y in zip(a.parameters(), b.parameters(), strict=True)
+    )
 
 
 def test_a_clip_folder_is_not_a_scratch_model(tmp_path: Path) -> None:

@@ -7,8 +7,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from counterfactual.cli.common import nonnegative_int, positive_int
-from counterfactual.world.experiment import IMAGE_METHODS, TEXT_METHODS, ExperimentConfig
+from counterfactual.cli.common import nonnegative_int, positive_float, positive_int
+from counterfactual.world.experiment import (
+    IMAGE_METHODS,
+    POLICIES,
+    TEXT_METHODS,
+    ExperimentConfig,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -90,6 +95,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=d["image_method"].default,
         help="synth's; inpaint is OpenCV's (default: %(default)s)",
     )
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=d["policy"].default,
+        help="synth's plan policy on the train split (the queries: uniform) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--ratio",
+        type=positive_float,
+        default=None,
+        help="D' drawn at this many per original sample (train --mix ratio; default: their "
+        "natural ratio, as many as synth made)",
+    )
     p.set_defaults(func=run)
 
 
@@ -109,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         text_method=args.text_method,
         image_method=args.image_method,
+        policy=args.policy,
+        ratio=args.ratio,
     )
     results = run_experiment(config, args.out)
     print(table(results))

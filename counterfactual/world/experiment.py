@@ -52,6 +52,7 @@ METRICS = (
 """The numbers of one arm and seed, all fractions in [0, 1]."""
 TEXT_METHODS = ("np-removal", "prompt")
 IMAGE_METHODS = ("inpaint", "zero", "blur")
+POLICIES = ("uniform", "spurious", "all")
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class ExperimentConfig:
     text_method: str = "np-removal"
     image_method: str = "inpaint"
     captions_per_image: str = "one"
+    policy: str = "uniform"
+    ratio: float | None = None
     images: int = 6000
     test: int = 700
     channels: tuple[int, ...] = (16, 32, 64)
@@ -86,6 +89,10 @@ class ExperimentConfig:
             raise ValueError(
                 f"image_method must be one of {IMAGE_METHODS}, got {self.image_method!r}"
             )
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.ratio is not None and not self.ratio > 0:
+            raise ValueError(f"ratio must be > 0 or None (natural), got {self.ratio!r}")
         if self.captions_per_image not in ("one", "all"):
             raise ValueError(
                 f"captions_per_image must be one or all, got {self.captions_per_image!r}"
@@ -126,9 +133,11 @@ def prepare_world(config: ExperimentConfig, out: Path) -> World:
     return write_world(config.world, root)
 
 
-def synth(world: World, split: str, out: Path, config: ExperimentConfig, captions: str) -> Path:
+def synth(
+    world: World, split: str, out: Path, config: ExperimentConfig, captions: str, policy: str
+) -> Path:
     """``counterfactual synth`` on one split of the world (resumes a finished run)."""
-    image = ["--image-method", config.image_method]
+    image = ["--image-method", config.image_method, "--policy", policy]
     if config.image_method == "inpaint":
         image += ["--inpaint-backend", "opencv"]
     _cli(
@@ -254,15 +263,20 @@ def run_experiment(
         write_original_shards(world, "train", originals, seed=config.seed)
     seconds["world"] = time.perf_counter() - start
     start = time.perf_counter()
-    d_prime = synth(world, "train", out / "synth-train", config, config.captions_per_image)
-    queries = synth(world, "test", out / "synth-test", config, "one")
+    d_prime = synth(
+        world, "train", out / "synth-train", config, config.captions_per_image, config.policy
+    )
+    queries = synth(world, "test", out / "synth-test", config, "one", "uniform")
     seconds["synth"] = time.perf_counter() - start
     clean = out / "queries-clean"
     write_clean_queries(world, queries, clean)
     n_original = sum(count_samples(s) for s in expand_shards([str(originals)]))
     n_synthetic = sum(count_samples(s) for s in expand_shards([str(d_prime)]))
-    ratio = n_synthetic / n_original
-    log(f"D: {n_original} pairs, D': {n_synthetic} ({ratio:.3f} per original)")
+    natural = n_synthetic / n_original
+    ratio = config.ratio or natural
+    log(
+        f"D: {n_original} pairs, D': {n_synthetic} ({natural:.3f} per original); drawn at {ratio:.3g}"
+    )
     vocab = build_vocab(world.captions("train"))
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     seconds["train"] = seconds["eval"] = 0.0
@@ -291,6 +305,7 @@ def run_experiment(
         "config": {
             **config.to_dict(),
             "ratio": ratio,
+            "natural_ratio": natural,
             "original": n_original,
             "synthetic": n_synthetic,
         },
