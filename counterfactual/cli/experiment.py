@@ -108,6 +108,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="D' drawn at this many per original sample (train --mix ratio; default: their "
         "natural ratio, as many as synth made)",
     )
+    p.add_argument(
+        "--partner-contrast",
+        type=positive_float,
+        default=None,
+        help="contrast of the partner classes in (0, 1] (default: the world's, 0.65): how hard "
+        "the co-occurring object is to see",
+    )
     p.set_defaults(func=run)
 
 
@@ -129,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         image_method=args.image_method,
         policy=args.policy,
         ratio=args.ratio,
+        partner_contrast=args.partner_contrast,
     )
     results = run_experiment(config, args.out)
     print(table(results))

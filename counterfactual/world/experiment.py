@@ -24,13 +24,14 @@ import json
 import tarfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from counterfactual.imageio import encode_jpeg
+from counterfactual.world.classes import PAIRS
 from counterfactual.world.scene import WorldConfig
 from counterfactual.world.write import (
     COCO_SET,
@@ -72,6 +73,7 @@ class ExperimentConfig:
     image_method: str = "inpaint"
     captions_per_image: str = "one"
     policy: str = "uniform"
+    partner_contrast: float | None = None
     ratio: float | None = None
     images: int = 6000
     test: int = 700
@@ -102,7 +104,15 @@ class ExperimentConfig:
     @property
     def world(self) -> WorldConfig:
         val = max(self.images // 20, 1)
+        classes = WorldConfig().classes
+        if self.partner_contrast is not None:
+            partners = {b for _, b in PAIRS}
+            classes = tuple(
+                replace(c, contrast=self.partner_contrast) if c.name in partners else c
+                for c in classes
+            )
         return WorldConfig(
+            classes=classes,
             images=self.images,
             val=val,
             test=self.test,
