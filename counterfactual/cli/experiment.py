@@ -101,12 +101,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=d["policy"].default,
         help="synth's plan policy on the train split (the queries: uniform) (default: %(default)s)",
     )
-    p.add_argument(
+    r = p.add_mutually_exclusive_group()
+    r.add_argument(
         "--ratio",
         type=positive_float,
-        default=None,
-        help="D' drawn at this many per original sample (train --mix ratio; default: their "
-        "natural ratio, as many as synth made)",
+        default=d["ratio"].default,
+        help="D' drawn at this many per original sample (train --mix ratio) (default: %(default)s)",
+    )
+    r.add_argument(
+        "--natural-ratio",
+        dest="ratio",
+        action="store_const",
+        const=None,
+        help="D' drawn at its natural ratio: as many as synth made (about 0.19 per original)",
     )
     p.add_argument(
         "--partner-contrast",

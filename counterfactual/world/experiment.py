@@ -8,7 +8,9 @@
    shards with the picture swapped (a gain that only the pipeline's queries show would be the
    model reading the eraser's traces);
 4. per seed, ``counterfactual train --recipe scratch`` from the same initial weights, the same
-   steps and seed, on D (arm ``D``) and on D ∪ D' at their natural ratio (arm ``D+D'``);
+   steps and seed, on D (arm ``D``) and on D ∪ D' (arm ``D+D'``: D' drawn at ``ratio`` per
+   original sample, by default 1: at D''s natural ratio, about 0.19, the gain is a third as
+   large; ``ratio=None`` draws it so);
 5. ``counterfactual eval`` of both arms on both query sets (R@K on the test split).
 
 :func:`run_experiment` writes ``OUT/results.json`` (``{"config", "arms": {"D", "D+D'"}}``, each
@@ -58,7 +60,8 @@ POLICIES = ("uniform", "spurious", "all")
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """The experiment's options; checked on construction. ``seeds`` runs seeds ``seed``,
+    """The experiment's options; checked on construction. ``ratio``: D' per original sample in
+    the D ∪ D' arm (None: the natural ratio). ``seeds`` runs seeds ``seed``,
     ``seed + 1``, ...; ``steps`` optimizer steps of ``batch_size`` per arm; ``world``: the world's
     knobs (its ``cooccurrence`` and ``seed`` are this config's)."""
 
@@ -74,7 +77,7 @@ class ExperimentConfig:
     captions_per_image: str = "one"
     policy: str = "uniform"
     partner_contrast: float | None = None
-    ratio: float | None = None
+    ratio: float | None = 1.0
     images: int = 6000
     test: int = 700
     channels: tuple[int, ...] = (16, 32, 64)
