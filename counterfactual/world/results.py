@@ -43,7 +43,9 @@ def table(results: Mapping[str, Any], seconds: Mapping[str, float] | None = None
         f"p(partner | anchor) in train = {config['cooccurrence']}, {config['steps']} steps of "
         f"{config['batch_size']}, {n} seed(s) from {config['seed']}; text "
         f"{config['text_method']}, image {config['image_method']}; D' = {config['synthetic']} "
-        f"samples per {config['original']} of D ({config['ratio']:.3f}).",
+        f"samples beside {config['original']} of D (natural ratio "
+        f"{config.get('natural_ratio', config['ratio']):.3f}), drawn at {config['ratio']:.3g} "
+        "per original.",
         "",
         "| metric | D | D ∪ D' | gain | 2 × spread |",
         "|---|---|---|---|---|",
