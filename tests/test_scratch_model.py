@@ -47,6 +47,9 @@ def test_scratch_model_trains_and_embeds(tmp_path: Path) -> None:
     info = json.loads((tmp_path / "run" / "train.json").read_text())
     assert info["status"] == "done" and info["result"]["steps"] == 20
     assert info["result"]["last_loss"] < info["result"]["first_loss"]
+    assert main(argv) == 0  # finished: resumed after its last epoch, nothing trained again
+    again = json.loads((tmp_path / "run" / "train.json").read_text())
+    assert again["status"] == "done" and again["result"]["steps"] == 20
     final = tmp_path / "run" / "final"
     assert parse_model_spec(str(final)).kind == "scratch"
     embedder = load_embedder(f"scratch:{final}", device="cpu")

@@ -209,8 +209,7 @@ def train_arm(
     ]  # fmt: skip
     if synthetic is not None:
         argv += ["--synthetic", synthetic, "--ratio", f"{ratio:.6g}"]
-    if not (out / "final").exists():
-        _cli(argv)
+    _cli(argv)  # a finished arm is resumed after its last epoch: nothing to do, config checked
     return out / "final"
 
 
