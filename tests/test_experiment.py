@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 def test_d_prime_lowers_the_reliance_on_co_occurring_objects(tmp_path: Path) -> None:
     out = tmp_path / "exp"
     argv = [
-        "experiment", "--out", str(out), "--seeds", "1", "--images", "1500", "--test", "300",
-        "--steps", "150", "--cooccurrence", "0.95",
+        "experiment", "--out", str(out), "--seeds", "1", "--images", "1000", "--test", "250",
+        "--steps", "100", "--cooccurrence", "0.95",
     ]  # fmt: skip
     assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
