@@ -39,11 +39,14 @@ export HF_HUB_DISABLE_TELEMETRY ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 DEMO_OFFLINE = $(if $(filter demo,$(DATASET)),$(OFFLINE))
+# make experiment: where and how many seeds
+EXP_OUT ?= out/experiment
+SEEDS ?= 3
 # make models: TO=DIR puts the models in a folder instead of the Hugging Face cache
 TO ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install models synth eval data test test-fast gpu-check lint format bench clean
+.PHONY: help install models synth eval data test test-fast gpu-check lint format bench experiment clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -105,6 +108,10 @@ format: $(STAMP) ## fix style (ruff)
 
 bench: $(STAMP) ## speed figures as ratios; writes benchmarks/latest.json
 	$(OFFLINE) $(BIN)/python benchmarks/bench.py --out benchmarks/latest.json $(ARGS)
+
+experiment: $(STAMP) ## the controlled world, D vs D ∪ D' from scratch on CPU: results.json/png/md [EXP_OUT=out/experiment SEEDS=3 ARGS=]
+	$(OFFLINE) $(BIN)/counterfactual experiment --out $(EXP_OUT) --seeds $(SEEDS) $(ARGS)
+	@cat $(EXP_OUT)/results.md
 
 clean: ## remove generated output (keeps .venv)
 	rm -rf out .pytest_cache .ruff_cache

@@ -42,6 +42,8 @@ SUBCOMMANDS = (
     "report",
     "check",
     "cooccurrence",
+    "world",
+    "experiment",
 )
 
 

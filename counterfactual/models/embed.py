@@ -34,10 +34,10 @@ from counterfactual._lazy import check_torchvision, require
 if TYPE_CHECKING:
     import torch
 
-KINDS = ("hf-clip", "blip", "open_clip")
+KINDS = ("hf-clip", "blip", "open_clip", "scratch")
 """The backends a :class:`ModelSpec` may name."""
 
-_FOLDER_KINDS = {"clip": "hf-clip", "blip": "blip"}
+_FOLDER_KINDS = {"clip": "hf-clip", "blip": "blip", "scratch-dual": "scratch"}
 """``config.json`` ``model_type`` -> backend, for bare local folders."""
 _HF_HUB = "hf-hub:"
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -458,6 +458,36 @@ class OpenClipEmbedder(_TorchEmbedder):
         return self._model.encode_text(self._tokenizer(texts).to(self.device))
 
 
+class ScratchEmbedder(_TorchEmbedder):
+    """``scratch:FOLDER``: the small dual encoder trained from scratch
+    (:mod:`counterfactual.models.scratch`), in eval mode."""
+
+    def __init__(
+        self,
+        name: str,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        batch_size: int = 64,
+    ) -> None:
+        super().__init__(device, "float32" if dtype is None else dtype, batch_size)
+        if not Path(name).is_dir():
+            raise FileNotFoundError(f"scratch model folder {name!r} does not exist")
+        from counterfactual.models.scratch import load_scratch
+
+        self.spec = ModelSpec("scratch", name)
+        model, self._processor = load_scratch(name)
+        self._model = model.to(self.device, dtype=self.dtype).eval()
+        self.dim = model.config.embed_dim
+
+    def _image_features(self, images: list[Image.Image]) -> torch.Tensor:
+        pixels = self._processor.pixels(images).to(self.device, dtype=self.dtype)
+        return self._model.encode_image(pixels)
+
+    def _text_features(self, texts: list[str]) -> torch.Tensor:
+        tokens = {k: v.to(self.device) for k, v in self._processor.tokens(texts).items()}
+        return self._model.encode_text(tokens["input_ids"], tokens["attention_mask"])
+
+
 def load_embedder(
     spec: str | ModelSpec,
     device: str | torch.device | None = None,
@@ -476,4 +506,6 @@ def load_embedder(
         return HFClipEmbedder(spec.name, device, dtype, batch_size)
     if spec.kind == "blip":
         return BlipEmbedder(spec.name, device, dtype, batch_size)
+    if spec.kind == "scratch":
+        return ScratchEmbedder(spec.name, device, dtype, batch_size)
     return OpenClipEmbedder(spec.name, spec.pretrained, device, dtype, batch_size)

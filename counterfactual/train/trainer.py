@@ -140,6 +140,19 @@ RECIPES: Mapping[str, Recipe] = {
         weight_decay=0.05,  # the paper gives none; BLIP's retrieval fine-tuning configs use 0.05
         max_text_length=35,  # BLIP's retrieval fine-tuning tokenizes at max_length=35
     ),
+    "scratch": Recipe(
+        name="scratch",
+        model_type="scratch-dual",
+        model_class="ScratchDualEncoder",
+        epochs=1,
+        batch_size=128,
+        optimizer="adamw",
+        lr=2e-3,
+        lr_decay=0.3,
+        lr_decay_every=0.4,
+        weight_decay=1e-4,
+        max_text_length=64,
+    ),
 }
 """The recipes by name; a :class:`TrainConfig` field left unset takes its recipe's value."""
 
@@ -701,7 +714,32 @@ class _Blip(_Family):
         return contrastive_loss(cosines, BLIP_TEMPERATURE)
 
 
-_FAMILIES: Mapping[str, _Family] = {"clip": _Clip(RECIPES["clip"]), "blip": _Blip(RECIPES["blip"])}
+class _Scratch(_Family):
+    """:class:`~counterfactual.models.scratch.ScratchDualEncoder`, the small dual encoder trained
+    from scratch (the controlled world's): its own CLIP loss, temperature clamped as CLIP's."""
+
+    def load(self, source: str) -> tuple[Any, Any]:
+        from counterfactual.models.scratch import is_scratch, load_scratch
+
+        if not is_scratch(source):
+            raise ValueError(
+                f"{source} is not a scratch model folder (config.json with model_type "
+                "'scratch-dual'; counterfactual.models.scratch.init_model writes one)"
+            )
+        return load_scratch(source)
+
+    def loss(self, model: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
+        return model(inputs["pixel_values"], inputs["input_ids"], inputs["attention_mask"])
+
+    def after_step(self, model: Any) -> None:
+        model.logit_scale.clamp_(0, MAX_LOGIT_SCALE)
+
+
+_FAMILIES: Mapping[str, _Family] = {
+    "clip": _Clip(RECIPES["clip"]),
+    "blip": _Blip(RECIPES["blip"]),
+    "scratch": _Scratch(RECIPES["scratch"]),
+}
 
 
 class _Window:

@@ -1,0 +1,345 @@
+"""The whole loop on the controlled world, with the project's own commands (issue 26):
+
+1. ``counterfactual world``: the dataset (train co-occurrence ``cooccurrence``, balanced test);
+   the train split's image-caption pairs as WebDataset shards (D, shuffled);
+2. ``counterfactual synth`` on the train split (the paper's alpha rules, an eraser without
+   weights, ``np-removal``): D'; and on the test split: the ODmAP@k queries;
+3. the clean queries: each query's scene drawn again without its removed classes, in the same
+   shards with the picture swapped (a gain that only the pipeline's queries show would be the
+   model reading the eraser's traces);
+4. per seed, ``counterfactual train --recipe scratch`` from the same initial weights, the same
+   steps and seed, on D (arm ``D``) and on D ∪ D' (arm ``D+D'``: D' drawn at ``ratio`` per
+   original sample, by default 1: at D''s natural ratio, about 0.19, the gain is a third as
+   large; ``ratio=None`` draws it so);
+5. ``counterfactual eval`` of both arms on both query sets (R@K on the test split).
+
+:func:`run_experiment` writes ``OUT/results.json`` (``{"config", "arms": {"D", "D+D'"}}``, each
+arm ``{"mean", "std", "seeds"}`` of :data:`METRICS` as fractions), ``OUT/results.png`` (ODmAP@k
+per arm, error bars: the std over seeds) and ``OUT/results.md``. The world, D and the synth runs
+are made once (from ``seed``); seeds vary the model's initial weights and the data order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from counterfactual.imageio import encode_jpeg
+from counterfactual.world.classes import PAIRS
+from counterfactual.world.scene import WorldConfig
+from counterfactual.world.write import (
+    COCO_SET,
+    JPEG_QUALITY,
+    World,
+    read_world,
+    write_original_shards,
+    write_world,
+)
+
+ARMS = ("D", "D+D'")
+KS = (1, 5, 10)
+METRICS = (
+    *(f"odmap@{k}" for k in KS),
+    *(f"clean_odmap@{k}" for k in KS),
+    *(f"i2t_r@{k}" for k in KS),
+    *(f"t2i_r@{k}" for k in KS),
+)
+"""The numbers of one arm and seed, all fractions in [0, 1]."""
+TEXT_METHODS = ("np-removal", "prompt")
+IMAGE_METHODS = ("inpaint", "zero", "blur")
+POLICIES = ("uniform", "spurious", "all")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """The experiment's options; checked on construction. ``ratio``: D' per original sample in
+    the D ∪ D' arm (None: the natural ratio). ``seeds`` runs seeds ``seed``,
+    ``seed + 1``, ...; ``steps`` optimizer steps of ``batch_size`` per arm; ``world``: the world's
+    knobs (its ``cooccurrence`` and ``seed`` are this config's)."""
+
+    seeds: int = 3
+    seed: int = 0
+    cooccurrence: float = 0.9
+    steps: int = 1500
+    batch_size: int = 128
+    lr: float = 2e-3
+    device: str = "cpu"
+    text_method: str = "np-removal"
+    image_method: str = "inpaint"
+    captions_per_image: str = "one"
+    policy: str = "uniform"
+    partner_contrast: float | None = None
+    ratio: float | None = 1.0
+    images: int = 6000
+    test: int = 700
+    channels: tuple[int, ...] = (16, 32, 64)
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("seeds", "steps", "batch_size", "images", "test", "threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.text_method not in TEXT_METHODS:
+            raise ValueError(f"text_method must be one of {TEXT_METHODS}, got {self.text_method!r}")
+        if self.image_method not in IMAGE_METHODS:
+            raise ValueError(
+                f"image_method must be one of {IMAGE_METHODS}, got {self.image_method!r}"
+            )
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.ratio is not None and not self.ratio > 0:
+            raise ValueError(f"ratio must be > 0 or None (natural), got {self.ratio!r}")
+        if self.captions_per_image not in ("one", "all"):
+            raise ValueError(
+                f"captions_per_image must be one or all, got {self.captions_per_image!r}"
+            )
+        _ = self.world  # checks the world's knobs
+
+    @property
+    def world(self) -> WorldConfig:
+        val = max(self.images // 20, 1)
+        classes = WorldConfig().classes
+        if self.partner_contrast is not None:
+            partners = {b for _, b in PAIRS}
+            classes = tuple(
+                replace(c, contrast=self.partner_contrast) if c.name in partners else c
+                for c in classes
+            )
+        return WorldConfig(
+            classes=classes,
+            images=self.images,
+            val=val,
+            test=self.test,
+            cooccurrence=self.cooccurrence,
+            seed=self.seed,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "channels": list(self.channels), "world": self.world.to_dict()}
+
+
+def _cli(argv: Sequence[str]) -> None:
+    """One project command, in this process; ``RuntimeError`` when it fails."""
+    from counterfactual.cli import main
+
+    code = main([str(a) for a in argv])
+    if code != 0:
+        raise RuntimeError(f"`counterfactual {' '.join(map(str, argv))}` exited with {code}")
+
+
+def prepare_world(config: ExperimentConfig, out: Path) -> World:
+    """The world in ``out/world``, reused when it was written with the same knobs."""
+    root = out / "world"
+    if (root / "world.json").exists():
+        world = read_world(root)
+        if world.config == config.world:
+            return world
+    return write_world(config.world, root)
+
+
+def synth(
+    world: World, split: str, out: Path, config: ExperimentConfig, captions: str, policy: str
+) -> Path:
+    """``counterfactual synth`` on one split of the world (resumes a finished run)."""
+    image = ["--image-method", config.image_method, "--policy", policy]
+    if config.image_method == "inpaint":
+        image += ["--inpaint-backend", "opencv"]
+    _cli(
+        [
+            "synth", "--runner", "local", "--dataset", "coco", "--root", world.root,
+            "--coco-set", COCO_SET, "--split-file", world.split_file, "--split", split,
+            "--vocabulary", world.vocabulary, "--text-method", config.text_method,
+            "--captions-per-image", captions, "--seed", config.seed, "--contact-sheet", 4,
+            "--out", out, *image,
+        ]
+    )  # fmt: skip
+    return out
+
+
+def write_clean_queries(world: World, queries: Path, out: Path) -> int:
+    """``queries``' shards again with each picture drawn anew without its removed classes
+    (the same keys, captions and metadata): the clean renders. Returns the samples written."""
+    out.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for shard in sorted(queries.glob("*.tar")):
+        members: dict[str, dict[str, bytes]] = {}
+        with tarfile.open(shard) as tar:
+            for info in tar:
+                if info.isfile():
+                    key, _, ext = info.name.partition(".")
+                    data = tar.extractfile(info)
+                    members.setdefault(key, {})[ext] = data.read() if data else b""
+        tmp = out / (shard.name + ".part")
+        with tarfile.open(tmp, "w") as tar:
+            for key, parts in members.items():
+                if "json" in parts and "jpg" in parts:
+                    meta = json.loads(parts["json"])
+                    removed = meta["plan"]["removed"]
+                    pixels = world.picture(int(meta["image_id"]), without=removed)
+                    parts = {**parts, "jpg": encode_jpeg(pixels, JPEG_QUALITY)}
+                    n += 1
+                for ext, data in parts.items():
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        tmp.replace(out / shard.name)
+    return n
+
+
+def train_arm(
+    init: Path, original: Path, synthetic: Path | None, ratio: float, out: Path,
+    config: ExperimentConfig, seed: int,
+) -> Path:  # fmt: skip
+    """``counterfactual train --recipe scratch``: ``steps`` steps from ``init``; with
+    ``synthetic``, D' drawn at ``ratio`` per original sample."""
+    argv: list[Any] = [
+        "train", "--recipe", "scratch", "--model", init, "--original", original,
+        "--mix", "ratio", "--epochs", 1, "--batch-size", config.batch_size, "--lr", config.lr,
+        "--samples-per-epoch", config.steps * config.batch_size, "--seed", seed,
+        "--device", config.device, "--out", out, "--log-every", 100,
+    ]  # fmt: skip
+    if synthetic is not None:
+        argv += ["--synthetic", synthetic, "--ratio", f"{ratio:.6g}"]
+    _cli(argv)  # a finished arm is resumed after its last epoch: nothing to do, config checked
+    return out / "final"
+
+
+def evaluate(
+    world: World, queries: Path, models: Sequence[Path], out: Path, cache: Path,
+    config: ExperimentConfig, recall: bool,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """``counterfactual eval`` of ``models`` on ``queries``; each model's report entry."""
+    argv: list[Any] = [
+        "eval", "--dataset", "coco", "--root", world.root, "--split-file", world.split_file,
+        "--queries", queries, "--vocabulary", world.vocabulary, "--out", out, "--cache", cache,
+        "--device", config.device, "--grid", 0, "--batch-size", 256,
+    ]  # fmt: skip
+    for model in models:
+        argv += ["--model", f"scratch:{model}"]
+    if not recall:
+        argv.append("--no-recall")
+    _cli(argv)
+    return json.loads((out / "report.json").read_text("utf-8"))["models"]
+
+
+def arm_metrics(pipeline: dict[str, Any], clean: dict[str, Any]) -> dict[str, float]:
+    """One arm's :data:`METRICS` from its two report entries (R@K: percent -> fraction)."""
+    metrics: dict[str, float] = {}
+    for k in KS:
+        metrics[f"odmap@{k}"] = float(pipeline["odmap"][str(k)])
+    for k in KS:
+        metrics[f"clean_odmap@{k}"] = float(clean["odmap"][str(k)])
+    recall = pipeline["recall"]
+    for name, key in (("i2t", "image_to_text"), ("t2i", "text_to_image")):
+        for k in KS:
+            metrics[f"{name}_r@{k}"] = float(recall[key][str(k)]) / 100.0
+    return metrics
+
+
+def summarise(runs: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """``{"mean", "std", "seeds"}`` over seeds (std: population, 0 for one seed)."""
+    table = np.array([[r[m] for m in METRICS] for r in runs], np.float64)
+    return {
+        "mean": dict(zip(METRICS, map(float, table.mean(axis=0)), strict=True)),
+        "std": dict(zip(METRICS, map(float, table.std(axis=0)), strict=True)),
+        "seeds": [dict(r) for r in runs],
+    }
+
+
+def run_experiment(
+    config: ExperimentConfig, out: str | Path, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The loop (module docstring); returns what ``OUT/results.json`` holds."""
+    import torch
+
+    from counterfactual.models.scratch import ScratchConfig, build_vocab, init_model
+    from counterfactual.train.mix import count_samples, expand_shards
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(config.threads)  # fixed: CPU sums depend on the thread count
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    world = prepare_world(config, out)
+    originals = out / "shards" / "original"
+    if not originals.exists():
+        write_original_shards(world, "train", originals, seed=config.seed)
+    seconds["world"] = time.perf_counter() - start
+    start = time.perf_counter()
+    d_prime = synth(
+        world, "train", out / "synth-train", config, config.captions_per_image, config.policy
+    )
+    queries = synth(world, "test", out / "synth-test", config, "one", "uniform")
+    seconds["synth"] = time.perf_counter() - start
+    clean = out / "queries-clean"
+    write_clean_queries(world, queries, clean)
+    n_original = sum(count_samples(s) for s in expand_shards([str(originals)]))
+    n_synthetic = sum(count_samples(s) for s in expand_shards([str(d_prime)]))
+    natural = n_synthetic / n_original
+    ratio = config.ratio or natural
+    log(
+        f"D: {n_original} pairs, D': {n_synthetic} ({natural:.3f} per original); drawn at {ratio:.3g}"
+    )
+    vocab = build_vocab(world.captions("train"))
+    runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
+    seconds["train"] = seconds["eval"] = 0.0
+    for seed in range(config.seed, config.seed + config.seeds):
+        folder = out / f"seed-{seed}"
+        init = init_model(
+            folder / "init", vocab, ScratchConfig(channels=config.channels, seed=seed)
+        )
+        start = time.perf_counter()
+        models = [
+            train_arm(init, originals, None, ratio, folder / "D", config, seed),
+            train_arm(init, originals, d_prime, ratio, folder / "D+D'", config, seed),
+        ]
+        seconds["train"] += time.perf_counter() - start
+        start = time.perf_counter()
+        cache = out / "cache"
+        pipeline = evaluate(world, queries, models, folder / "eval", cache, config, True)
+        cleaned = evaluate(world, clean, models, folder / "eval-clean", cache, config, False)
+        seconds["eval"] += time.perf_counter() - start
+        for arm, p, c in zip(ARMS, pipeline, cleaned, strict=True):
+            runs[arm].append(arm_metrics(p, c))
+            log(
+                f"seed {seed} {arm}: " + ", ".join(f"{m} {v:.3f}" for m, v in runs[arm][-1].items())
+            )
+    results = {
+        "config": {
+            **config.to_dict(),
+            "ratio": ratio,
+            "natural_ratio": natural,
+            "original": n_original,
+            "synthetic": n_synthetic,
+        },
+        "arms": {arm: summarise(runs[arm]) for arm in ARMS},
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", "utf-8")
+    (out / "timings.json").write_text(json.dumps(seconds, indent=1) + "\n", "utf-8")
+    from counterfactual.world.results import plot, table
+
+    plot(results, out / "results.png")
+    (out / "results.md").write_text(table(results, seconds), "utf-8")
+    return results
+
+
+__all__ = [
+    "ARMS",
+    "IMAGE_METHODS",
+    "METRICS",
+    "TEXT_METHODS",
+    "ExperimentConfig",
+    "arm_metrics",
+    "run_experiment",
+    "summarise",
+    "write_clean_queries",
+]

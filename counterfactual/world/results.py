@@ -1,0 +1,93 @@
+"""How an experiment's results are shown: :func:`table` (Markdown: mean ± std per arm, and the
+ODmAP@1 gain against twice the spread) and :func:`plot` (ODmAP@k per arm, error bars)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROWS = (
+    ("ODmAP@1", "odmap@1"),
+    ("ODmAP@5", "odmap@5"),
+    ("ODmAP@10", "odmap@10"),
+    ("clean ODmAP@1", "clean_odmap@1"),
+    ("clean ODmAP@5", "clean_odmap@5"),
+    ("clean ODmAP@10", "clean_odmap@10"),
+    ("i2t R@1", "i2t_r@1"),
+    ("i2t R@5", "i2t_r@5"),
+    ("t2i R@1", "t2i_r@1"),
+    ("t2i R@5", "t2i_r@5"),
+)
+
+
+def spread(results: Mapping[str, Any], metric: str) -> float:
+    """The larger of the two arms' std of ``metric``."""
+    return max(arm["std"][metric] for arm in results["arms"].values())
+
+
+def gain(results: Mapping[str, Any], metric: str) -> float:
+    """Mean of arm D+D' minus mean of arm D."""
+    arms = results["arms"]
+    return arms["D+D'"]["mean"][metric] - arms["D"]["mean"][metric]
+
+
+def table(results: Mapping[str, Any], seconds: Mapping[str, float] | None = None) -> str:
+    """The Markdown summary."""
+    arms = results["arms"]
+    config = results["config"]
+    n = len(arms["D"]["seeds"])
+    lines = [
+        "# Controlled world: D vs D ∪ D'",
+        "",
+        f"p(partner | anchor) in train = {config['cooccurrence']}, {config['steps']} steps of "
+        f"{config['batch_size']}, {n} seed(s) from {config['seed']}; text "
+        f"{config['text_method']}, image {config['image_method']}; D' = {config['synthetic']} "
+        f"samples beside {config['original']} of D (natural ratio "
+        f"{config.get('natural_ratio', config['ratio']):.3f}), drawn at {config['ratio']:.3g} "
+        "per original.",
+        "",
+        "| metric | D | D ∪ D' | gain | 2 × spread |",
+        "|---|---|---|---|---|",
+    ]
+    for label, key in ROWS:
+        d, dd = arms["D"], arms["D+D'"]
+        lines.append(
+            f"| {label} | {d['mean'][key]:.3f} ± {d['std'][key]:.3f} | "
+            f"{dd['mean'][key]:.3f} ± {dd['std'][key]:.3f} | {gain(results, key):+.3f} | "
+            f"{2 * spread(results, key):.3f} |"
+        )
+    if seconds:
+        lines += ["", "Seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: Mapping[str, Any], path: str | Path) -> Path:
+    """ODmAP@k (pipeline and clean queries) per arm, bars with the std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = results["arms"]
+    fig, axes = plt.subplots(1, 2, figsize=(7, 3), sharey=True)
+    ks = (1, 5, 10)
+    for ax, prefix, title in (
+        (axes[0], "odmap", "pipeline queries"),
+        (axes[1], "clean_odmap", "clean renders"),
+    ):
+        for offset, (arm, label) in enumerate((("D", "D"), ("D+D'", "D ∪ D'"))):
+            means = [arms[arm]["mean"][f"{prefix}@{k}"] for k in ks]
+            stds = [arms[arm]["std"][f"{prefix}@{k}"] for k in ks]
+            xs = [i + (offset - 0.5) * 0.38 for i in range(len(ks))]
+            ax.bar(xs, means, 0.36, yerr=stds, capsize=3, label=label)
+        ax.set_xticks(range(len(ks)), [f"@{k}" for k in ks])
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(0, 1)
+    axes[0].set_ylabel("ODmAP")
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
