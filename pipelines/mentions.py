@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from counterfactual.eval.mentions import MentionIndexer
-from counterfactual.pipelines.synth import RayOptions, init_ray
+from counterfactual.pipelines.synth import RayOptions, init_ray, owns_ray, ray_temp_dir, stop_ray
 from counterfactual.vocab import ClassVocabulary
 
 
@@ -38,12 +38,30 @@ def index_mentions_ray(
     block: int = 4096,
 ) -> list[frozenset[str]]:
     """``indexer(texts)``, computed by an actor pool over the cluster's CPUs (or
-    ``options.cpu_actors`` actors), ``block`` captions per batch."""
+    ``options.cpu_actors`` actors), ``block`` captions per batch. A local Ray it starts keeps
+    its files in a fresh :func:`ray_temp_dir` (outside ``work_dir``), and is stopped and the
+    folder removed before it returns."""
+    options = options or RayOptions()
+    temp = ray_temp_dir() if owns_ray(options) else None
+    try:
+        return _index(texts, indexer, work_dir, options, block, temp)
+    finally:
+        if temp is not None:
+            stop_ray(temp)
+
+
+def _index(
+    texts: Sequence[str],
+    indexer: MentionIndexer,
+    work_dir: Path,
+    options: RayOptions,
+    block: int,
+    temp: Path | None,
+) -> list[frozenset[str]]:
     import pyarrow as pa
     import ray
 
-    options = options or RayOptions()
-    info = init_ray(work_dir, options)
+    info = init_ray(work_dir, options, temp)
     actors = options.cpu_actors or max(1, int(info["cpus"]))
     table = pa.table({"index": np.arange(len(texts), dtype=np.int64), "text": list(texts)})
     blocks = [table.slice(start, block) for start in range(0, len(texts), block)]

@@ -656,7 +656,7 @@ def dry_run(
     options, runtime = options or RayOptions(), runtime or Runtime()
     preflight(config, runtime)
     stages = plan_stages(config, runtime)
-    own = _owns_ray(options)
+    own = owns_ray(options)
     temp = (_work_ray_dir(work_dir) or ray_temp_dir()) if own else None
     try:
         init_ray(None, options, temp)
@@ -666,7 +666,7 @@ def dry_run(
             stop_ray(temp)
 
 
-def _owns_ray(options: RayOptions) -> bool:
+def owns_ray(options: RayOptions) -> bool:
     """Whether a run starts its own local Ray (none running in this process, no cluster
     named), which it stops and whose folder it removes at its end."""
     import ray
@@ -708,7 +708,7 @@ def run_ray(
             return
         info.clear()
         start = time.perf_counter()
-        if _owns_ray(options):
+        if owns_ray(options):
             owned.append(ray_temp_dir())
         info.update(init_ray(None, options, owned[0] if owned else None))
         if owned and options.keep_ray_logs:

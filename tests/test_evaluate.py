@@ -225,8 +225,11 @@ def gallery_texts(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_mentions_on_ray_equal_in_process_and_are_cached(gallery_texts, tmp_path):
+def test_mentions_on_ray_equal_in_process_and_are_cached(gallery_texts, tmp_path, monkeypatch):
     pytest.importorskip("ray")
+    import shutil
+    import tempfile
+
     import ray
 
     from counterfactual.pipelines.mentions import index_mentions_ray
@@ -234,12 +237,19 @@ def test_mentions_on_ray_equal_in_process_and_are_cached(gallery_texts, tmp_path
 
     indexer = MentionIndexer()
     local = indexer(gallery_texts)
+    system_temp = Path(tempfile.mkdtemp(prefix="cfm", dir="/tmp"))  # short enough for Ray
+    monkeypatch.setattr(tempfile, "tempdir", str(system_temp))
     try:
         on_ray = index_mentions_ray(
             gallery_texts, indexer, tmp_path, RayOptions(num_cpus=2, dashboard=False), block=64
         )
+        stopped = not ray.is_initialized()
+        left = sorted(p.name for p in system_temp.iterdir())
     finally:
         ray.shutdown()
+        shutil.rmtree(system_temp, ignore_errors=True)
+    # the Ray it started is stopped, its folder gone, nothing left in the work folder
+    assert (stopped, left, sorted(p.name for p in tmp_path.iterdir())) == (True, [], [])
     assert on_ray == local
     assert sum(1 for m in local if m) > len(local) // 2  # the check has teeth
 
