@@ -349,4 +349,7 @@ def test_cli_help_shows_each_recipes_defaults(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "default: clip 10, blip 2" in text and "default: clip 2e-06, blip 1e-05" in text
-    assert "(default: clip 2, blip 0.5)" in text and "default: clip adam, blip adamw" in text
+    assert (
+        "(default: clip 2, blip 0.5, scratch 0.4)" in text
+        and "default: clip adam, blip adamw" in text
+    )

@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 
-from counterfactual import fs
+from counterfactual import __version__, fs
 from counterfactual.json_types import check_type
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import InputStamps, RunInput
@@ -70,7 +70,6 @@ MANIFEST_FILE = "manifest.json"
 RUN_FORMAT = 2
 """Shards are pieces of the input (format 1, before 0.2, numbered planned items instead)."""
 PACKAGES = (
-    "counterfactual",
     "numpy",
     "pillow",
     "opencv-python-headless",
@@ -740,14 +739,15 @@ def summary_table(result: RunResult) -> str:
 
 
 def package_versions() -> dict[str, str]:
-    """The installed versions of :data:`PACKAGES`, read from each one's ``Version:`` line
+    """This package's version (``counterfactual``, installed or run from a checkout) and the
+    installed versions of :data:`PACKAGES`, read from each one's ``Version:`` line
     (``metadata.version`` parses the whole file as an e-mail: a tenth of a second for all)."""
     return dict(_package_versions())
 
 
 @functools.cache
 def _package_versions() -> dict[str, str]:
-    out = {}
+    out = {"counterfactual": __version__}  # this package's, installed or from a checkout
     for name in PACKAGES:
         try:
             dist = metadata.distribution(name)
