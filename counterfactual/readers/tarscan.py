@@ -54,7 +54,7 @@ class Walk:
                 return
             yield member
             self.offset = member.offset_data
-            if member.type in _REGULAR_TYPES:
+            if member.isreg():  # its data follows the header
                 self.offset += -(-member.size // BLOCK) * BLOCK
 
     def _tarfile(self) -> Iterator[tarfile.TarInfo]:
@@ -67,7 +67,6 @@ class Walk:
         self.offset = tar.offset
 
 
-_REGULAR_TYPES = frozenset(bytes([t]) for t in _REGULAR)
 _END = tarfile.TarInfo()  # the end-of-archive block
 
 
@@ -101,8 +100,3 @@ def _plain(buf: bytes, offset: int) -> tarfile.TarInfo | None:
     info.offset = offset
     info.offset_data = offset + BLOCK
     return info
-
-
-def headers(fh: IO[bytes]) -> Iterator[tarfile.TarInfo]:
-    """The members of the tar at ``fh``'s position, as ``tarfile.TarFile.next`` gives them."""
-    return iter(Walk(fh))
