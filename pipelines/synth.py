@@ -283,6 +283,7 @@ class ShardWorker:
                 self.board.done.remote(task.index, finished)
 
         self.maker.on_batch = on_batch
+        _stop_if_cancelled(0)  # cancelled while queued: no temporary file is opened
         return self.maker(task)
 
 
@@ -465,10 +466,38 @@ def _start(
             started.append(workers[-1])
         _wait_ready(workers, board, options, layout.cluster)
     except BaseException:
-        for actor in started:
-            ray.kill(actor.handle)
+        _kill([actor.handle for actor in started])
         raise
     return [a.handle for a in models], [a.handle for a in workers]
+
+
+KILL_WAIT = 10.0
+"""Seconds the driver waits for killed actors to be reported dead."""
+
+
+def _kill(actors: Sequence[Any], timeout: float = KILL_WAIT) -> None:
+    """Kill actors and wait (at most ``timeout`` s) until Ray reports each one dead: a shard
+    worker whose task ended on the driver's side may still be running it (a cancelled task
+    that had already started), and the driver removes the run's temporary files only once no
+    worker can write one."""
+    import ray
+
+    for actor in actors:
+        ray.kill(actor)
+    alive = list(actors)
+    deadline = time.monotonic() + timeout
+    while alive and time.monotonic() < deadline:
+        probes = {actor.__ray_ready__.remote(): actor for actor in alive}
+        ended, _ = ray.wait(list(probes), num_returns=len(probes), timeout=_POLL_SECONDS)
+        alive = [probes[ref] for ref in probes if ref not in ended]
+        for ref in ended:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                continue  # dead
+            alive.append(probes[ref])  # answered before the kill reached it: ask again
+        if alive:
+            time.sleep(0.05)
 
 
 def _wait_ready(
@@ -735,8 +764,7 @@ def run_ray(
             yield from _map_unordered(workers, work, options.in_flight, board, on_items)
             info["seconds"]["shards_done"] = round(time.perf_counter() - start, 3)
         finally:
-            for actor in actors:
-                ray.kill(actor)
+            _kill(actors)
 
     def extra() -> dict[str, Any]:
         return {
