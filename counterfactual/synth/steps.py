@@ -44,6 +44,7 @@ from counterfactual.method.verify import (
     RemovalScorer,
     Verifier,
     VerifyRequest,
+    VerifyResult,
     class_boxes,
 )
 from counterfactual.records import Status
@@ -51,7 +52,6 @@ from counterfactual.synth.plan import Runtime, SynthConfig, WorkItem, load_recor
 from counterfactual.synth.samples import (
     BestOfNMeta,
     DetectedObject,
-    DetectionMeta,
     MaskMeta,
     PlanMeta,
     SampleMeta,
@@ -92,7 +92,7 @@ class Job:
     ``uint8`` RGB ``HxWx3`` (``mask``: ``HxW``, 255 = repaint) and are dropped once encoded;
     ``image`` (the original) is dropped by ``Edit``, or by ``Verify`` when verification is on,
     or by ``Encode`` with ``--pairs`` (which writes it as ``orig.jpg``).
-    ``verify`` is :meth:`VerifyResult.to_dict` once verified."""
+    ``verify`` is the :class:`VerifyResult` once verified."""
 
     shard: int
     index: int
@@ -101,7 +101,7 @@ class Job:
     mask: np.ndarray | None = None
     edited: np.ndarray | None = None
     caption: RewriteResult | None = None
-    verify: dict[str, Any] | None = None
+    verify: VerifyResult | None = None
     methods: dict[str, Any] = field(default_factory=dict)
     sample: Sample | None = None
     failure: Status | None = None
@@ -559,9 +559,9 @@ def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str
         caption=caption.text,
         caption_cleaned=item.caption.cleaned,
         removed_phrases=tuple(caption.removed_phrases),
-        plan=PlanMeta.from_dict(job.plan.to_dict()),
+        plan=PlanMeta.from_plan(job.plan),
         mask_boxes=job.plan.mask_boxes,
-        detection=_detection_meta(job),
+        **_detection_meta(job),
         mask_pixels=int(np.count_nonzero(job.mask)),
         image_method=job.methods.get("image_method"),
         best_of_n=None if best_of_n is None else BestOfNMeta.from_dict(best_of_n),
@@ -569,7 +569,7 @@ def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str
         seed=seed,
         sample_seed=item.seed,
         counterfactual_version=__version__,
-        verify=None if job.verify is None else VerifyMeta.from_dict(job.verify),
+        verify=None if job.verify is None else VerifyMeta.from_result(job.verify),
         mask=None if mask is None else _mask_meta(job, mask),
     ).to_dict()
 
@@ -580,16 +580,18 @@ def _mask_meta(job: Job, mask: MaskConfig) -> MaskMeta:
     return MaskMeta(mask.source, mask.dilate, boxes, (record.width, record.height))
 
 
-def _detection_meta(job: Job) -> DetectionMeta | None:
-    """With detected boxes: the detector, every object it kept (with its score) and the valid
-    targets the policy did not draw."""
+def _detection_meta(job: Job) -> dict[str, Any]:
+    """With detected boxes, the :class:`SampleMeta` fields of the detection: the detector, every
+    object it kept (with its score) and the valid targets the policy did not draw."""
     if "detector" not in job.methods:
-        return None
-    return DetectionMeta(
-        job.methods["detector"],
-        tuple(DetectedObject(o.category, o.bbox, o.score) for o in job.item.record.objects),
-        tuple(job.methods.get("not_drawn", ())),
-    )
+        return {}
+    return {
+        "detector": job.methods["detector"],
+        "objects": tuple(
+            DetectedObject(o.category, o.bbox, o.score) for o in job.item.record.objects
+        ),
+        "not_drawn": tuple(job.methods.get("not_drawn", ())),
+    }
 
 
 class Detect:
@@ -766,7 +768,7 @@ class Verify:
             if isinstance(out, Status):
                 job.fail(out.reason, out.detail)
                 continue
-            job.verify = out.to_dict()
+            job.verify = out
             if self.config.mode == "filter" and not out.passed:
                 job.fail(out.failed[0], out.detail())
         _timed(self.name, jobs, start)
