@@ -15,6 +15,8 @@ there on). :func:`iter_samples` yields the rows and raises on the first failure;
 :func:`sample_failures` lists the failures. With ``images=False`` only tar headers and the
 ``json``/``txt`` members are read: the JPEG data is skipped by seeking.
 
+The json is one schema, msgspec structs (:class:`Record`): decoding checks every key and type
+and a ``ValueError`` names the path of the first bad one (``$.plan.mask_boxes[0]``).
 Boxes are ``xywh`` in the pixels of the written picture (``width`` x ``height``), numbers kept as
 the json holds them (so ``from_dict(d).to_dict() == d`` and the bytes of a rewritten json match).
 No json object is keyed by data: per-class parts (the plan's evidence, the verifier's checks) are
@@ -734,12 +736,23 @@ def synthetic_class_sets(out_dir: str | Path) -> tuple[list[frozenset[str]], int
 __all__: Sequence[str] = (
     "BAD_METADATA",
     "BAD_SHARD",
+    "MASK_BOXES",
+    "NULLABLE_TYPES",
     "BestOfNMeta",
     "Box",
+    "CoRemoval",
     "DetectedObject",
     "DetectionMeta",
+    "Evidence",
+    "KeepOverlap",
+    "MaskMeta",
+    "Number",
+    "PMIEvidence",
+    "PMIWith",
     "PlanMeta",
+    "Record",
     "RemovalCheck",
+    "RemovedFraction",
     "RetentionCheck",
     "SampleMeta",
     "SampleRow",
@@ -749,6 +762,7 @@ __all__: Sequence[str] = (
     "read_member",
     "read_samples",
     "read_shard",
+    "rebuild_mask",
     "sample_failures",
     "shard_paths",
     "synthetic_class_sets",
