@@ -1,33 +1,26 @@
 """The per-item steps of a run, as callable classes over batches of :class:`Job`.
 
-A :class:`Job` is one work item on its way to a shard: ``Decode`` loads the picture, ``Edit``
-erases the plan, ``Rewrite`` writes the new caption, ``Verify`` (when asked) checks that the
-result is a counterfactual, ``Encode`` packs the shard sample. On a corpus without boxes,
-``Detect`` finds the objects after ``Decode`` and ``Select`` applies the alpha rules to them,
-so the plan is made in the worker. Each
-step's ``__init__`` loads what it needs once (models, spaCy); ``__call__`` transforms one batch
-and returns it. A job that fails keeps its place in the batch with a :class:`Status` saying why,
-and later steps pass it through, so every item reaches the writer exactly once.
+``Decode`` loads the picture, ``Edit`` erases the plan, ``Rewrite`` writes the new caption,
+``Verify`` (when asked) checks that the result is a counterfactual, ``Encode`` packs the shard
+sample. On a corpus without boxes, ``Detect`` finds the objects after ``Decode`` and ``Select``
+applies the alpha rules to them, so the plan is made in the worker. Each step's ``__init__``
+loads what it needs once (models, spaCy); ``__call__`` transforms one batch and returns it.
 
 Each step declares itself (:meth:`declare`, a :class:`StepSpec`, read from the config without
 loading anything): the job fields it needs, makes and drops (:data:`JOB_FIELDS`), and the
-learned model it runs, if any, with its device and batch size (:class:`Resources`). The run's
-order follows from the needs (:func:`step_order`), a :class:`Chain` checks its order when it is
-built, and both runners group the steps from the declarations alone (:func:`plan_stages`): the
-in-process runner chains them in one process; the Ray pipeline puts consecutive steps that load
-no learned model into one CPU stage and each model step into its own actor pool.
+learned model it runs, if any, with its device and batch size (:class:`Resources`). How the
+steps are ordered, built and grouped into stages is :mod:`counterfactual.synth.staging`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
-from counterfactual import __version__
 from counterfactual.image import (
     EditRequest,
     ImageEditor,
@@ -38,8 +31,8 @@ from counterfactual.image import (
 from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg, encode_png
 from counterfactual.method.detect import Detection, Detector, to_objects
-from counterfactual.method.masks import MaskConfig, plan_mask
-from counterfactual.method.selection import CAPTION_UNCHANGED, RemovalPlan, select_many
+from counterfactual.method.masks import plan_mask
+from counterfactual.method.selection import CAPTION_UNCHANGED, select_many
 from counterfactual.method.verify import (
     RemovalScorer,
     Verifier,
@@ -47,16 +40,8 @@ from counterfactual.method.verify import (
     class_boxes,
 )
 from counterfactual.records import Status
-from counterfactual.synth.plan import Runtime, SynthConfig, WorkItem, load_record_image
-from counterfactual.synth.samples import (
-    BestOfNMeta,
-    DetectedObject,
-    DetectionMeta,
-    MaskMeta,
-    PlanMeta,
-    SampleMeta,
-    VerifyMeta,
-)
+from counterfactual.synth.job import JOB_FIELDS, Job, sample_meta
+from counterfactual.synth.plan import Runtime, SynthConfig, load_record_image
 from counterfactual.synth.shards import Sample
 from counterfactual.text import (
     CAPTION_STILL_NAMES,
@@ -72,102 +57,6 @@ from counterfactual.vocab import load_vocabulary
 MODEL_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
 """What a learned model may raise on a batch (CUDA out of memory is a ``RuntimeError``). The
 batch is then retried one item at a time and the items that still fail get ``model-error``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """A finished job as the writer takes it: where it goes, its sample (``None`` when it
-    failed), its status row and the seconds each step spent on it."""
-
-    shard: int
-    index: int
-    sample: Sample | None
-    status: Status
-    seconds: dict[str, float]
-
-
-@dataclass(slots=True)
-class Job:
-    """One work item between steps. ``shard``/``index`` place it in the output; arrays are
-    ``uint8`` RGB ``HxWx3`` (``mask``: ``HxW``, 255 = repaint) and are dropped once encoded;
-    ``image`` (the original) is dropped by ``Edit``, or by ``Verify`` when verification is on,
-    or by ``Encode`` with ``--pairs`` (which writes it as ``orig.jpg``).
-    ``verify`` is :meth:`VerifyResult.to_dict` once verified."""
-
-    shard: int
-    index: int
-    item: WorkItem
-    image: np.ndarray | None = None
-    mask: np.ndarray | None = None
-    edited: np.ndarray | None = None
-    caption: RewriteResult | None = None
-    verify: dict[str, Any] | None = None
-    methods: dict[str, Any] = field(default_factory=dict)
-    sample: Sample | None = None
-    failure: Status | None = None
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-    def fail(self, reason: str | None, detail: str = "", status: str = "failed") -> None:
-        """End the job here with ``reason`` (``status="skipped"``: nothing went wrong, there is
-        just nothing to make)."""
-        self.failure = Status(
-            self.item.record.image_id,
-            status,
-            reason or "unknown",
-            detail,
-            self.item.key,
-            self.target,
-            self.url,
-        )
-        self.image = self.mask = self.edited = None
-
-    def done(self) -> Done:
-        """What the writer needs of a finished job, without the record and the pixels."""
-        return Done(self.shard, self.index, self.sample, self.status(), dict(self.seconds))
-
-    def status(self) -> Status:
-        """The row this job leaves in the status record."""
-        if self.failure is not None:
-            return self.failure
-        if self.sample is None:
-            raise ValueError(f"job {self.item.key} is neither encoded nor failed")
-        rec = self.item.record
-        return Status(rec.image_id, "written", None, "", self.item.key, self.target, self.url)
-
-    @property
-    def url(self) -> str | None:
-        """The url the picture was downloaded from, when its downloader recorded one."""
-        origin = self.item.record.origin
-        return origin.url if origin is not None else None
-
-    @property
-    def target(self) -> str | None:
-        """The removal target, once planned (``None`` before ``Select`` on detected boxes)."""
-        return None if self.item.plan is None else self.item.plan.target
-
-    @property
-    def plan(self) -> RemovalPlan:
-        """The item's plan; a step that needs one must not run before ``Select``."""
-        if self.item.plan is None:
-            raise ValueError(f"job {self.item.key} has no plan yet (Select runs after Detect)")
-        return self.item.plan
-
-
-JOB_FIELDS = ("image", "objects", "plan", "mask", "edited", "caption", "verify", "sample")
-"""What a step may need from a job or make for it: the :class:`Job` attributes of those names,
-``objects`` the record's boxes and ``plan`` the item's :class:`RemovalPlan`."""
-PLANNED = frozenset({"objects", "plan"})
-"""What a job holds when it starts from annotated boxes (:func:`counterfactual.synth.plan.plan`
-made its plan); with detected boxes it starts with nothing (:func:`planned_fields`)."""
-
-
-def planned_fields(config: SynthConfig) -> frozenset[str]:
-    """The fields a run's jobs hold before the first step."""
-    return frozenset() if config.detect is not None else PLANNED
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,62 +425,6 @@ class Rewrite:
         return self.check([*texts], [job.plan.removed for job in jobs])  # type: ignore[misc]
 
 
-def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str, Any]:
-    """Everything needed to trace and reproduce a sample (SPEC 1.4): a
-    :class:`~counterfactual.synth.samples.SampleMeta` as its json; ``mask`` (``--pairs``): how
-    the mask was made, recorded as its ``mask``."""
-    item, edited, caption = job.item, job.edited, job.caption
-    if edited is None or caption is None or job.mask is None:
-        raise ValueError(f"job {item.key} is not edited and rewritten")
-    best_of_n = job.methods.get("best_of_n")
-    return SampleMeta(
-        key=item.key,
-        dataset=item.record.dataset,
-        split=item.record.split,
-        image_id=item.record.image_id,
-        file=item.record.file,
-        source=item.record.source,
-        origin=item.record.origin,
-        width=int(edited.shape[1]),
-        height=int(edited.shape[0]),
-        caption_id=item.caption.caption_id,
-        original_caption=item.caption.text,
-        caption=caption.text,
-        caption_cleaned=item.caption.cleaned,
-        removed_phrases=tuple(caption.removed_phrases),
-        plan=PlanMeta.from_dict(job.plan.to_dict()),
-        mask_boxes=job.plan.mask_boxes,
-        detection=_detection_meta(job),
-        mask_pixels=int(np.count_nonzero(job.mask)),
-        image_method=job.methods.get("image_method"),
-        best_of_n=None if best_of_n is None else BestOfNMeta.from_dict(best_of_n),
-        text_method=job.methods.get("text_method"),
-        seed=seed,
-        sample_seed=item.seed,
-        counterfactual_version=__version__,
-        verify=None if job.verify is None else VerifyMeta.from_dict(job.verify),
-        mask=None if mask is None else _mask_meta(job, mask),
-    ).to_dict()
-
-
-def _mask_meta(job: Job, mask: MaskConfig) -> MaskMeta:
-    record = job.item.record
-    boxes = "detector" if "detector" in job.methods else "dataset"
-    return MaskMeta(mask.source, mask.dilate, boxes, (record.width, record.height))
-
-
-def _detection_meta(job: Job) -> DetectionMeta | None:
-    """With detected boxes: the detector, every object it kept (with its score) and the valid
-    targets the policy did not draw."""
-    if "detector" not in job.methods:
-        return None
-    return DetectionMeta(
-        job.methods["detector"],
-        tuple(DetectedObject(o.category, o.bbox, o.score) for o in job.item.record.objects),
-        tuple(job.methods.get("not_drawn", ())),
-    )
-
-
 class Detect:
     """Find each job's objects with the open-vocabulary detector (:mod:`counterfactual.method.detect`),
     asked for the classes its caption mentions (or the vocabulary, per ``DetectConfig.queries``).
@@ -870,219 +703,5 @@ it go from file to JPEG in one place, without shipping pixels around."""
 STEP_CLASSES: dict[str, StepType] = {cls.name: cls for cls in STEPS}
 
 
-class SetupError(ValueError):
-    """The run cannot start (a model that does not load, a stage the cluster cannot place); the
-    message names the stage, the cause and the fix, on one line."""
-
-
 def one_line(text: object) -> str:
     return " ".join(str(text).split())
-
-
-def setup_failure(spec: StepSpec, err: BaseException) -> SetupError:
-    """The error for a step that could not start: its stage, the cause, the option to fix."""
-    res = spec.resources
-    stage = res.stage if res is not None else spec.name
-    fix = f"; check {res.option} and --device" if res is not None else ""
-    return SetupError(f"{stage} could not start: {type(err).__name__}: {one_line(err)}{fix}")
-
-
-def check_device(spec: StepSpec) -> None:
-    """A model step on CUDA whose torch cannot use it: a :class:`SetupError` saying why (a
-    CPU build, no driver, a driver too old for the build), before any model loads."""
-    res = spec.resources
-    if res is None or not str(res.device).startswith("cuda"):
-        return
-    from counterfactual.models.embed import check_cuda
-
-    try:
-        check_cuda(res.device)
-    except ValueError as err:
-        raise SetupError(f"{res.stage} could not start: {one_line(err)}") from err
-
-
-def check_order(specs: Sequence[StepSpec], given: Iterable[str]) -> frozenset[str]:
-    """The fields jobs holding ``given`` hold after ``specs`` ran in this order; a
-    ``ValueError`` naming the first step that needs a field no step before it leaves."""
-    have = frozenset(given)
-    for i, spec in enumerate(specs):
-        missing = spec.needs - have
-        if missing:
-            before = " -> ".join(s.name for s in specs[:i]) or "none"
-            raise ValueError(
-                f"step {spec.name} needs {', '.join(sorted(missing))}, which the steps before "
-                f"it ({before}) do not make"
-            )
-        have = (have - spec.drops) | spec.makes
-    return have
-
-
-def plan_steps(config: SynthConfig, runtime: Runtime | None = None) -> tuple[StepSpec, ...]:
-    """The run's steps as they declare themselves, in run order: among the steps whose needs
-    are met, the first of :data:`STEPS` runs next."""
-    todo = [cls.declare(config, runtime) for cls in STEPS if cls.applies(config)]
-    have = planned_fields(config)
-    order: list[StepSpec] = []
-    while todo:
-        ready = next((spec for spec in todo if spec.needs <= have), None)
-        if ready is None:
-            names = ", ".join(f"{s.name} ({', '.join(sorted(s.needs - have))})" for s in todo)
-            raise ValueError(f"no step of this run makes what these need: {names}")
-        todo.remove(ready)
-        order.append(ready)
-        have = (have - ready.drops) | ready.makes
-    return tuple(order)
-
-
-def step_order(config: SynthConfig) -> tuple[str, ...]:
-    """The step names in run order (:func:`plan_steps`)."""
-    return tuple(spec.name for spec in plan_steps(config))
-
-
-def build_steps(
-    config: SynthConfig,
-    names: Sequence[str] | None = None,
-    editor: ImageEditor | None = None,
-    rewriter: TextRewriter | None = None,
-    verifier: Verifier | None = None,
-    detector: Callable[..., list[list[Detection]]] | None = None,
-    runtime: Runtime | None = None,
-) -> list[Step]:
-    """Instantiate the named steps (default: the run's, in :func:`step_order`) to run under
-    ``runtime``; ``editor``, ``rewriter``, ``verifier`` and ``detector`` replace the backend
-    the config names."""
-    backends: dict[str, Any] = {
-        Edit.name: editor,
-        Rewrite.name: rewriter,
-        Verify.name: verifier,
-        Detect.name: detector,
-    }
-    steps: list[Step] = []
-    for name in names or step_order(config):
-        if name not in STEP_CLASSES:
-            raise ValueError(f"unknown step {name!r}; steps are {tuple(STEP_CLASSES)}")
-        steps.append(STEP_CLASSES[name](config, backends.get(name), runtime))
-    return steps
-
-
-def start_steps(
-    config: SynthConfig,
-    names: Sequence[str] | None = None,
-    editor: ImageEditor | None = None,
-    rewriter: TextRewriter | None = None,
-    detector: Callable[..., list[list[Detection]]] | None = None,
-    runtime: Runtime | None = None,
-) -> list[Step]:
-    """:func:`build_steps`, one step at a time, with a step that cannot start (a model that
-    does not load) reported as a one-line :class:`SetupError` naming its stage and the fix."""
-    steps: list[Step] = []
-    for name in names or step_order(config):
-        if name in STEP_CLASSES:
-            check_device(STEP_CLASSES[name].declare(config, runtime))
-        try:
-            steps += build_steps(config, [name], editor, rewriter, None, detector, runtime)
-        except (OSError, RuntimeError, ImportError, ValueError) as err:
-            if name not in STEP_CLASSES:
-                raise
-            raise setup_failure(STEP_CLASSES[name].declare(config, runtime), err) from err
-    return steps
-
-
-class Chain:
-    """Several steps applied in order to one batch: one stage of a pipeline. ``given``: the
-    fields its jobs hold when they arrive; an order in which a step would need a field no step
-    before it makes is a ``ValueError`` here, when the chain is built."""
-
-    def __init__(self, steps: Sequence[Step], given: Iterable[str]) -> None:
-        self.steps = list(steps)
-        check_order([step.spec for step in self.steps], given)
-
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        for step in self.steps:
-            jobs = step(jobs)
-        return jobs
-
-
-@dataclass(frozen=True, slots=True)
-class Stage:
-    """Consecutive steps run in one place: a model step alone, the CPU steps between them
-    together. ``given``: the job fields the stage receives."""
-
-    specs: tuple[StepSpec, ...]
-    given: frozenset[str] = frozenset()
-
-    @property
-    def steps(self) -> tuple[str, ...]:
-        return tuple(spec.name for spec in self.specs)
-
-    @property
-    def resources(self) -> Resources | None:
-        """The model step's resources (a model stage holds that one step), else ``None``."""
-        return self.specs[0].resources
-
-    @property
-    def uses_model(self) -> bool:
-        return self.resources is not None
-
-
-def group_stages(specs: Sequence[StepSpec], given: Iterable[str]) -> list[Stage]:
-    """Group steps in run order by what they declare: each model step alone, the CPU steps
-    between them together; each stage knows the fields it receives."""
-    check_order(specs, given)
-    have = frozenset(given)
-    stages: list[Stage] = []
-    for spec in specs:
-        if not spec.uses_model and stages and not stages[-1].uses_model:
-            last = stages[-1]
-            stages[-1] = Stage((*last.specs, spec), last.given)
-        else:
-            stages.append(Stage((spec,), have))
-        have = (have - spec.drops) | spec.makes
-    return stages
-
-
-def plan_stages(config: SynthConfig, runtime: Runtime | None = None) -> list[Stage]:
-    """The run's stages (:func:`group_stages` over :func:`plan_steps`)."""
-    return group_stages(plan_steps(config, runtime), planned_fields(config))
-
-
-def in_chunks(call: Callable[[list[Job]], list[Job]], jobs: list[Job], size: int) -> list[Job]:
-    """``call`` on consecutive chunks of ``size`` jobs, results in order. Model steps get their
-    batches this way in every runner, so a model sees the same batches (and computes the same
-    floats) in process and on Ray."""
-    out: list[Job] = []
-    for start in range(0, len(jobs), size):
-        out.extend(call(jobs[start : start + size]))
-    return out
-
-
-Process = Callable[[list[Job]], list[Job]]
-"""Steps applied to one batch of jobs."""
-
-
-class Staged:
-    """A batch through the stages, one part per :class:`Stage`: ``(process, size)``, where a
-    model stage's part gets chunks of ``size`` jobs (:func:`in_chunks`), so a model sees the
-    same batches in every runner; ``size`` ``None``: the whole batch (CPU steps, or a part that
-    chunks by itself, such as the Ray workers' remote model steps)."""
-
-    def __init__(self, parts: Sequence[tuple[Process, int | None]]) -> None:
-        self.parts = list(parts)
-
-    @classmethod
-    def local(
-        cls, config: SynthConfig, steps: Sequence[Step], runtime: Runtime | None = None
-    ) -> Staged:
-        """Every stage in this process (the in-process runner's ``process``)."""
-        by_name = {step.name: step for step in steps}
-        parts: list[tuple[Process, int | None]] = []
-        for stage in plan_stages(config, runtime):
-            chain = Chain([by_name[name] for name in stage.steps], stage.given)
-            res = stage.resources
-            parts.append((chain, None if res is None else res.batch_size))
-        return cls(parts)
-
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        for process, size in self.parts:
-            jobs = process(jobs) if size is None else in_chunks(process, jobs, size)
-        return jobs
