@@ -15,9 +15,9 @@ steps are ordered, built and grouped into stages is :mod:`counterfactual.synth.s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -39,7 +39,6 @@ from counterfactual.method.verify import (
     VerifyRequest,
     class_boxes,
 )
-from counterfactual.records import Status
 from counterfactual.synth.job import JOB_FIELDS, Job, sample_meta
 from counterfactual.synth.plan import Runtime, SynthConfig, load_record_image
 from counterfactual.synth.shards import Sample
@@ -103,6 +102,10 @@ def _fields(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
 class Step(Protocol):
     """A step: ``spec`` is its :meth:`declare` under the config and runtime it was built with."""
 
@@ -112,48 +115,79 @@ class Step(Protocol):
     def __call__(self, jobs: list[Job]) -> list[Job]: ...
 
 
-def _timed(name: str, jobs: Sequence[Job], start: float) -> None:
-    share = (time.perf_counter() - start) / max(1, len(jobs))
-    for job in jobs:
-        job.seconds[name] = job.seconds.get(name, 0.0) + share
+class BatchStep:
+    """What every step does around its work, in one place: ``__call__`` hands :meth:`run` the
+    jobs of the batch that have not failed, in order, then spreads the seconds the call took
+    evenly over the whole batch under the step's name (``Job.seconds``; a shard's stats and the
+    manifest sum them). ``run`` changes the jobs in place; a job it cannot finish fails
+    (:meth:`Job.fail`) and keeps its place, through :func:`each` (a ``SampleError`` of one job)
+    or :func:`model_outputs` (a backend called on the batch)."""
 
-
-def _batch_or_each(
-    call: Callable[[Sequence[Any]], Sequence[Any]],
-    jobs: Sequence[Job],
-    requests: Sequence[Any],
-    model_detail: str = "",
-) -> list[Any]:
-    """``call(requests)`` as one batch; when that raises a ``SampleError`` (one bad request) or
-    a model error, each request alone, and the ones that still fail become ``Status`` rows
-    (their reason, or ``model-error`` with ``model_detail`` before the exception). Every step
-    that calls a backend on a batch goes through here."""
-    if not requests:
-        return []
-    try:
-        return list(call(requests))
-    except (SampleError, *MODEL_ERRORS):
-        pass  # retry one by one below
-    out: list[Any] = []
-    for job, request in zip(jobs, requests, strict=True):
-        image_id = job.item.record.image_id
-        try:
-            out.append(call([request])[0])
-        except SampleError as err:
-            out.append(Status(image_id, "failed", err.reason, err.detail))
-        except MODEL_ERRORS as err:
-            out.append(Status(image_id, "failed", "model-error", f"{model_detail}{err!r}"))
-    return out
-
-
-class Decode:
-    """Load each job's picture (EXIF-upright RGB), checked against the annotation."""
-
-    name = "decode"
+    name: str
+    spec: StepSpec
 
     @classmethod
     def applies(cls, config: SynthConfig) -> bool:
         return True
+
+    def __call__(self, jobs: list[Job]) -> list[Job]:
+        start = time.perf_counter()
+        self.run([job for job in jobs if job.ok])
+        share = (time.perf_counter() - start) / max(1, len(jobs))
+        for job in jobs:
+            job.seconds[self.name] = job.seconds.get(self.name, 0.0) + share
+        return jobs
+
+    def run(self, jobs: list[Job]) -> None:
+        """The step's work on ``jobs``, none of which has failed."""
+        raise NotImplementedError
+
+
+def each(jobs: Iterable[Job], work: Callable[[Job], T]) -> list[tuple[Job, T]]:
+    """``work`` on each job, paired with its job; a job whose work raises a ``SampleError``
+    fails with its reason and is left out."""
+    out: list[tuple[Job, T]] = []
+    for job in jobs:
+        try:
+            out.append((job, work(job)))
+        except SampleError as err:
+            job.fail(err.reason, err.detail)
+    return out
+
+
+def model_outputs(
+    call: Callable[[list[R]], Sequence[T]],
+    requests: Sequence[tuple[Job, R]],
+    model_detail: str = "",
+) -> list[tuple[Job, T]]:
+    """``call`` on the requests as one batch, each output paired with its job; when the batch
+    raises a ``SampleError`` (one bad request) or a model error, each request alone, and a job
+    whose request still fails fails with its reason (or ``model-error``, ``model_detail`` before
+    the exception) and is left out. Every step that calls a backend on a batch goes through
+    here."""
+    if not requests:
+        return []
+    try:
+        outputs = list(call([request for _, request in requests]))
+    except (SampleError, *MODEL_ERRORS):
+        pass  # retry one by one below
+    else:
+        return list(zip([job for job, _ in requests], outputs, strict=True))
+    out: list[tuple[Job, T]] = []
+    for job, request in requests:
+        try:
+            out.append((job, call([request])[0]))
+        except SampleError as err:
+            job.fail(err.reason, err.detail)
+        except MODEL_ERRORS as err:
+            job.fail("model-error", f"{model_detail}{err!r}")
+    return out
+
+
+class Decode(BatchStep):
+    """Load each job's picture (EXIF-upright RGB), checked against the annotation."""
+
+    name = "decode"
 
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
@@ -165,29 +199,20 @@ class Decode:
         self.spec = self.declare(config)
         self.max_pixels = config.max_pixels
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        for job in jobs:
-            if not job.ok:
-                continue
-            try:
-                job.image = load_record_image(job.item.record, self.max_pixels)
-            except SampleError as err:
-                job.fail(err.reason, err.detail)
-        _timed(self.name, jobs, start)
-        return jobs
+    def run(self, jobs: list[Job]) -> None:
+        for job, image in each(jobs, self._load):
+            job.image = image
+
+    def _load(self, job: Job) -> np.ndarray:
+        return load_record_image(job.item.record, self.max_pixels)
 
 
-class Edit:
+class Edit(BatchStep):
     """Erase each job's plan: mask from the plan, then the configured image backend. The
     original picture is dropped here unless ``Verify`` compares it with the edit or ``Encode``
     writes it (``--pairs``)."""
 
     name = "edit"
-
-    @classmethod
-    def applies(cls, config: SynthConfig) -> bool:
-        return True
 
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
@@ -229,41 +254,26 @@ class Edit:
         self.info = self.editor.describe()
         self.keep_original = "image" not in self.spec.drops  # Verify compares it with the edit
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        todo: list[Job] = []
-        requests: list[EditRequest] = []
-        for job in jobs:
-            if not job.ok:
+    def run(self, jobs: list[Job]) -> None:
+        for job, (edited, choice) in model_outputs(self._edit, each(jobs, self._request)):
+            if isinstance(edited, SampleError):  # the model's output was not a picture
+                job.fail(edited.reason, edited.detail)
                 continue
-            if job.image is None:
-                raise ValueError(f"job {job.item.key} reached Edit without a decoded image")
+            job.edited = edited
+            if not self.keep_original:
+                job.image = None
+            job.methods["image_method"] = self.info
+            if choice is not None:
+                job.methods["best_of_n"] = choice
+
+    def _request(self, job: Job) -> EditRequest:
+        if job.image is None:
+            raise ValueError(f"job {job.item.key} reached Edit without a decoded image")
+        if job.mask is None:  # else cut with the picture (crop_for_edit)
             h, w = job.image.shape[:2]
-            try:
-                if job.mask is None:  # else cut with the picture (crop_for_edit)
-                    job.mask = plan_mask(job.item.record, job.plan, h, w, self.config.mask)
-            except SampleError as err:
-                job.fail(err.reason, err.detail)
-                continue
-            plan = job.plan
-            requests.append(
-                EditRequest(job.image, job.mask, plan.removed, plan.kept, job.item.seed)
-            )
-            todo.append(job)
-        for job, out in zip(todo, _batch_or_each(self._edit, todo, requests), strict=True):
-            if isinstance(out, Status):
-                job.fail(out.reason, out.detail)
-            elif isinstance(out[0], SampleError):  # the model's output was not a picture
-                job.fail(out[0].reason, out[0].detail)
-            else:
-                job.edited, choice = out
-                if not self.keep_original:
-                    job.image = None
-                job.methods["image_method"] = self.info
-                if choice is not None:
-                    job.methods["best_of_n"] = choice
-        _timed(self.name, jobs, start)
-        return jobs
+            job.mask = plan_mask(job.item.record, job.plan, h, w, self.config.mask)
+        plan = job.plan
+        return EditRequest(job.image, job.mask, plan.removed, plan.kept, job.item.seed)
 
     def _edit(
         self, requests: Sequence[EditRequest]
@@ -339,15 +349,11 @@ def paste_edit(jobs: Sequence[Job], cuts: Sequence[Cut | None]) -> None:
             job.image = cut.image
 
 
-class Rewrite:
+class Rewrite(BatchStep):
     """Write each job's new caption. Captioners read the edited picture, so they come after
     ``Edit``; the other methods only read the original caption and may come first."""
 
     name = "rewrite"
-
-    @classmethod
-    def applies(cls, config: SynthConfig) -> bool:
-        return True
 
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
@@ -384,30 +390,10 @@ class Rewrite:
             else None
         )
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        todo = [job for job in jobs if job.ok]
-        requests = []
-        for job in todo:
-            if self.needs_image and job.edited is None:
-                raise ValueError(f"job {job.item.key} reached the captioner without an image")
-            it, plan = job.item, job.plan
-            requests.append(
-                RewriteRequest(
-                    caption=it.caption.text,
-                    removed=plan.removed,
-                    kept=plan.kept,
-                    phrases=it.caption.phrases,
-                    image=job.edited,
-                    seed=it.seed,
-                )
-            )
-        results = _batch_or_each(self.rewriter, todo, requests)
-        still = [[] for _ in todo] if self.check is None else self._still_named(todo, results)
-        for job, result, named in zip(todo, results, still, strict=True):
-            if isinstance(result, Status):
-                job.fail(result.reason, result.detail)
-            elif result.text is None:
+    def run(self, jobs: list[Job]) -> None:
+        results = model_outputs(self.rewriter, [(job, self._request(job)) for job in jobs])
+        for (job, result), named in zip(results, self._still_named(results), strict=True):
+            if result.text is None:
                 job.fail(result.reason)
             elif self.skip_unchanged and not result.removed_phrases:
                 job.fail(CAPTION_UNCHANGED, "the caption mentions no removed class", "skipped")
@@ -416,16 +402,28 @@ class Rewrite:
             else:
                 job.caption = result
                 job.methods["text_method"] = self.info
-        _timed(self.name, jobs, start)
-        return jobs
 
-    def _still_named(self, jobs: list[Job], results: list[Any]) -> list[list[str]]:
+    def _request(self, job: Job) -> RewriteRequest:
+        if self.needs_image and job.edited is None:
+            raise ValueError(f"job {job.item.key} reached the captioner without an image")
+        it, plan = job.item, job.plan
+        return RewriteRequest(
+            caption=it.caption.text,
+            removed=plan.removed,
+            kept=plan.kept,
+            phrases=it.caption.phrases,
+            image=job.edited,
+            seed=it.seed,
+        )
+
+    def _still_named(self, results: list[tuple[Job, RewriteResult]]) -> list[list[str]]:
         """The removed classes each new caption still names (:class:`MentionCheck`)."""
-        texts = [r.text if isinstance(r, RewriteResult) else None for r in results]
-        return self.check([*texts], [job.plan.removed for job in jobs])  # type: ignore[misc]
+        if self.check is None:
+            return [[] for _ in results]
+        return self.check([r.text for _, r in results], [job.plan.removed for job, _ in results])
 
 
-class Detect:
+class Detect(BatchStep):
     """Find each job's objects with the open-vocabulary detector (:mod:`counterfactual.method.detect`),
     asked for the classes its caption mentions (or the vocabulary, per ``DetectConfig.queries``).
     The detections become the record's objects, in the pixels of the decoded picture, which
@@ -468,32 +466,25 @@ class Detect:
         describe = getattr(self.detector, "describe", None)
         self.info = describe() if describe is not None else {"model": config.detect.model}
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        todo = [job for job in jobs if job.ok]
-        requests: list[tuple[np.ndarray, str]] = []
-        for job in todo:
-            if job.image is None:
-                raise ValueError(f"job {job.item.key} reached Detect without a decoded image")
-            requests.append((job.image, job.item.caption.text))
-        found = _batch_or_each(self._detect, todo, requests, model_detail="detect: ")
-        for job, out in zip(todo, found, strict=True):
-            if isinstance(out, Status):
-                job.fail(out.reason, out.detail)
-                continue
+    def run(self, jobs: list[Job]) -> None:
+        requests = [(job, self._request(job)) for job in jobs]
+        for job, out in model_outputs(self._detect, requests, model_detail="detect: "):
             assert job.image is not None
             h, w = job.image.shape[:2]
             record = replace(job.item.record, objects=to_objects(out), width=w, height=h)
             job.item = replace(job.item, record=record)
             job.methods["detector"] = self.info
-        _timed(self.name, jobs, start)
-        return jobs
+
+    def _request(self, job: Job) -> tuple[np.ndarray, str]:
+        if job.image is None:
+            raise ValueError(f"job {job.item.key} reached Detect without a decoded image")
+        return job.image, job.item.caption.text
 
     def _detect(self, requests: Sequence[tuple[np.ndarray, str]]) -> list[list[Detection]]:
         return self.detector([r[0] for r in requests], [r[1] for r in requests])
 
 
-class Select:
+class Select(BatchStep):
     """Apply the alpha rules and the policy to each job's detected objects: the job gets its
     plan, or is skipped with the selection's reason. With ``TextConfig.skip_unchanged`` only
     targets the caption mentions may be drawn (caption-aware selection: on a corpus the caption
@@ -519,9 +510,8 @@ class Select:
         if config.text.skip_unchanged:
             self.vocabulary = load_vocabulary(config.vocabulary)
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        todo = [job for job in jobs if job.ok and job.item.plan is None]
+    def run(self, jobs: list[Job]) -> None:
+        todo = [job for job in jobs if job.item.plan is None]
         targets = None
         if self.vocabulary is not None:
             targets = [self.vocabulary.mentioned(job.item.caption.text) for job in todo]
@@ -537,11 +527,9 @@ class Select:
                 continue
             job.item = replace(job.item, plan=chosen.plans[0])
             job.methods["not_drawn"] = list(chosen.not_drawn)
-        _timed(self.name, jobs, start)
-        return jobs
 
 
-class Verify:
+class Verify(BatchStep):
     """Check each job's counterfactual (:mod:`counterfactual.method.verify`): the removed classes are no
     longer recognised on their boxes, the kept ones still are, the new caption names no removed
     class. ``record`` mode stores the result in the sample's json under ``verify``; ``filter``
@@ -587,23 +575,17 @@ class Verify:
             )
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
-        if self.verifier is None:
-            return jobs
-        start = time.perf_counter()
-        todo = [job for job in jobs if job.ok]
-        requests = [self._request(job) for job in todo]
-        results = _batch_or_each(self.verifier, todo, requests, model_detail="verify: ")
-        for job, out in zip(todo, results, strict=True):
+        return jobs if self.verifier is None else super().__call__(jobs)
+
+    def run(self, jobs: list[Job]) -> None:
+        assert self.verifier is not None  # __call__ passes jobs on without one
+        requests = [(job, self._request(job)) for job in jobs]
+        for job, out in model_outputs(self.verifier, requests, model_detail="verify: "):
             if "image" in self.spec.drops:
                 job.image = None
-            if isinstance(out, Status):
-                job.fail(out.reason, out.detail)
-                continue
             job.verify = out.to_dict()
             if self.config.mode == "filter" and not out.passed:
                 job.fail(out.failed[0], out.detail())
-        _timed(self.name, jobs, start)
-        return jobs
 
     def _request(self, job: Job) -> VerifyRequest:
         if job.image is None or job.edited is None or job.caption is None:
@@ -622,15 +604,11 @@ class Verify:
         )
 
 
-class Encode:
+class Encode(BatchStep):
     """Pack each finished job into a shard sample (JPEG, caption, metadata) and drop its
     arrays, so only bytes travel to the writer."""
 
     name = "encode"
-
-    @classmethod
-    def applies(cls, config: SynthConfig) -> bool:
-        return True
 
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
@@ -650,24 +628,18 @@ class Encode:
         self.seed = config.seed
         self.mask = config.mask if config.pairs else None
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        for job in jobs:
-            if not job.ok:
-                continue
-            if job.edited is None or job.caption is None:
-                raise ValueError(f"job {job.item.key} reached Encode unfinished")
-            try:
-                jpg = encode_jpeg(job.edited, self.quality)
-                extra = self._pair(job)
-            except SampleError as err:
-                job.fail(err.reason, err.detail)
-                continue
+    def run(self, jobs: list[Job]) -> None:
+        for job, (jpg, extra) in each(jobs, self._encode):
+            assert job.caption is not None  # _encode checked it
             meta = sample_meta(job, self.seed, self.mask)
             job.sample = Sample(job.item.key, jpg, job.caption.text or "", meta, extra)
             job.image = job.mask = job.edited = None
-        _timed(self.name, jobs, start)
-        return jobs
+
+    def _encode(self, job: Job) -> tuple[bytes, tuple[tuple[str, bytes], ...]]:
+        """The edited picture as JPEG and, with ``--pairs``, the original and mask."""
+        if job.edited is None or job.caption is None:
+            raise ValueError(f"job {job.item.key} reached Encode unfinished")
+        return encode_jpeg(job.edited, self.quality), self._pair(job)
 
     def _pair(self, job: Job) -> tuple[tuple[str, bytes], ...]:
         """``--pairs``: the original picture and the mask as shard members, else none."""
