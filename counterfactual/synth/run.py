@@ -61,7 +61,7 @@ from counterfactual.synth.shards import (
     stats_name,
     verify_shard,
 )
-from counterfactual.synth.steps import SetupError, plan_steps
+from counterfactual.synth.staging import SetupError, plan_steps
 from counterfactual.synth.tasks import ShardDone, ShardTask, input_change, shard_tasks
 
 RUN_FILE = "run.json"
