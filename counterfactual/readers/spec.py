@@ -26,7 +26,6 @@ from counterfactual.records import Dataset, ImageRecord, Status
 
 if TYPE_CHECKING:
     from counterfactual.readers.corpus import InputPiece
-    from counterfactual.synth.plan import SynthConfig
 
 KINDS = DATASETS + CORPORA
 _PATH_FIELDS = ("root", "images", "instances", "captions", "split_file")
@@ -60,12 +59,12 @@ class RunInput:
             return inputs
         return cls(records=inputs, failures=tuple(failures))
 
-    def shard_count(self, config: SynthConfig) -> int | None:
-        """Shards this input makes, when known without reading it."""
+    def shard_count(self, images_per_shard: int) -> int | None:
+        """Shards this input makes at ``images_per_shard``, when known without reading it."""
         if self.pieces is not None:
             return len(self.pieces)
         if isinstance(self.records, Sequence):
-            return -(-len(self.records) // config.images_per_shard)
+            return -(-len(self.records) // images_per_shard)
         return None
 
     @property
