@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -112,6 +112,7 @@ class PlanOptions:
     id_column: str | None = None
 
 
+@runtime_checkable
 class CorpusFormat(Protocol):
     """One corpus format: what the planner (:func:`~counterfactual.readers.corpus.plan_pieces`),
     the workers (:func:`~counterfactual.readers.corpus.read_piece`) and
