@@ -1276,7 +1276,7 @@ TARGETS = {
     "run_layer.speed.ray_vs_local_over_two_process_gain": 0.85,
 }
 MAX_TARGETS = {
-    "experiment.seconds": 600,  # issue 26: one seed of both arms on a 2-core machine
+    "experiment.seconds": 600,  # one seed of both arms on a 2-core machine
     "pipeline_peak_memory_ratio": 1.2,
     "topk_seconds": 300,
     "topk_peak_rss_mib": 4096,
@@ -1327,7 +1327,7 @@ SECTIONS = (
 )
 NOTES = {
     "experiment": (
-        "`counterfactual experiment --seeds 1` (issue 26) in a child process with the CLI's "
+        "`counterfactual experiment --seeds 1` in a child process with the CLI's "
         "defaults (6,000 scenes of 48 px, 1,500 steps of 128 per arm, one torch thread): "
         "seconds in all (imports included) and per stage (world: the dataset and D's shards; "
         "synth: D' and the queries; train: both arms; eval: both arms on both query sets); "

@@ -52,6 +52,7 @@ def _drop_cache(folder: Path) -> None:
 
 def main() -> None:
     from counterfactual.readers import corpus
+    from counterfactual.readers.corpus import pieces
     from counterfactual.readers.keyset import KeySet
 
     per_tar = int(sys.argv[1]) if len(sys.argv) > 1 else 2500
@@ -62,12 +63,12 @@ def main() -> None:
         total = sum(p.stat().st_size for p in folder.glob("*.tar"))
 
         def plan_without_keys() -> int:
-            files = corpus._plan_files(pattern, "wds", None, None, None, None)
-            return len(list(corpus._pieces(files, 1, None)))
+            files = pieces._plan_files(pattern, "wds", None, None, None, None)
+            return len(list(pieces._pieces(files, 1, None)))
 
         def plan_with_keys() -> int:
-            files = corpus._plan_files(pattern, "wds", None, None, None, None)
-            return len(list(corpus._pieces(files, 1, KeySet())))
+            files = pieces._plan_files(pattern, "wds", None, None, None, None)
+            return len(list(pieces._pieces(files, 1, KeySet())))
 
         def worker_reads() -> int:
             return sum(

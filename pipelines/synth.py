@@ -50,24 +50,21 @@ from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
 from counterfactual.synth import signals
+from counterfactual.synth.job import Job
 from counterfactual.synth.layout import MODEL_CPUS, Cluster, Layout, Node, plan_layout
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.synth.run import RunResult, preflight, run_shards, started
-from counterfactual.synth.steps import (
+from counterfactual.synth.staging import (
     Chain,
-    Job,
     Process,
     SetupError,
     Stage,
     Staged,
-    crop_for_edit,
     in_chunks,
-    one_line,
-    paste_edit,
     plan_stages,
-    ships_crops,
     start_steps,
 )
+from counterfactual.synth.steps import crop_for_edit, one_line, paste_edit, ships_crops
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
 
 

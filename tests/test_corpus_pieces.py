@@ -21,8 +21,6 @@ from counterfactual.imageio import SampleError, encode_jpeg
 from counterfactual.readers.corpus import (
     InputPiece,
     TableLayout,
-    _binary_lines,
-    _csv_records,
     expand_pattern,
     iter_table,
     iter_wds,
@@ -30,6 +28,7 @@ from counterfactual.readers.corpus import (
     read_piece,
     read_source,
 )
+from counterfactual.readers.corpus.csv_table import _binary_lines, _csv_records
 from counterfactual.records import ImageRecord, ParquetCell, Status, TarMember
 from counterfactual.testing.corpora import (
     Sample,

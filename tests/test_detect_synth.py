@@ -30,7 +30,7 @@ from counterfactual.readers.coco import read_coco
 from counterfactual.readers.generate import generate_coco
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of, load_record_image
 from counterfactual.synth.runner import run_local
-from counterfactual.synth.steps import step_order
+from counterfactual.synth.staging import step_order
 from counterfactual.text import TextConfig
 from counterfactual.vocab import coco_vocabulary
 

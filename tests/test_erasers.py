@@ -268,8 +268,9 @@ def test_an_edit_sent_as_crops_gives_the_same_pictures(
     from tiny_lama import build_tiny_lama
 
     from counterfactual.image import LamaConfig
+    from counterfactual.synth.job import Job
     from counterfactual.synth.plan import SynthConfig, plan
-    from counterfactual.synth.steps import Decode, Edit, Job, crop_for_edit, paste_edit
+    from counterfactual.synth.steps import Decode, Edit, crop_for_edit, paste_edit
 
     recs = records(tmp_path, 4)
     for i in range(len(recs)):  # noise, so that no fill is blank

@@ -87,6 +87,15 @@ def test_hand_computed_odmap_and_recall(tmp_path):
     assert result.topk.tolist() == [[1, 0, 2, 3], [3, 0, 1, 2]]
     assert result.odmap == pytest.approx({1: 0.5, 2: (0.25 + 0.5) / 2, 4: (0.125 + 0.25) / 2})
     assert result.odmap_curve[3] == pytest.approx((1 / 3 * 1 / 2 + 1 / 3) / 2)
+    # per removed class: each class is one query's, its own AP
+    assert result.odmap_by_removed == {
+        "car": (1, pytest.approx({1: 0.0, 2: 0.25, 4: 0.125})),
+        "cat": (1, pytest.approx({1: 1.0, 2: 0.5, 4: 0.25})),
+    }
+    assert result.to_dict()["odmap_by_removed"]["cat"] == {
+        "queries": 1,
+        "odmap": pytest.approx({"1": 1.0, "2": 0.5, "4": 0.25}),
+    }
     # R@K: image a (red) ranks "a dog" first (own); image b (blue) ties a's "a car" (index 1)
     # and its own "a car" (index 2): the lower index wins, a miss at 1. Text->image: a's
     # "a car" ranks b first, a miss at 1; the other three hit.

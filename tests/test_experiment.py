@@ -1,4 +1,4 @@
-"""The whole loop on the controlled world, reduced (issue 26): world, synth, clean renders,
+"""The whole loop on the controlled world, reduced: world, synth, clean renders,
 the scratch dual encoder trained on D and on D ∪ D' by ``counterfactual train``, both scored by
 ``counterfactual eval``. Training on D ∪ D' must lower the model's reliance on co-occurring
 objects: ODmAP@1 up on the pipeline's queries and on the clean renders."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from counterfactual.cli import main
-from counterfactual.world.experiment import ARMS, METRICS, ExperimentConfig
+from counterfactual.world.experiment import ARMS, METRICS, ROLES, ExperimentConfig
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def test_d_prime_lowers_the_reliance_on_co_occurring_objects(tmp_path: Path) -> 
     ]  # fmt: skip
     assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
-    assert set(results) == {"config", "arms"} and set(results["arms"]) == set(ARMS)
+    assert set(results) == {"config", "arms", "by_role"} and set(results["arms"]) == set(ARMS)
     for arm in results["arms"].values():
         assert set(arm) == {"mean", "std", "seeds"} and len(arm["seeds"]) == 1
         assert set(arm["mean"]) == set(METRICS)
@@ -32,8 +32,17 @@ def test_d_prime_lowers_the_reliance_on_co_occurring_objects(tmp_path: Path) -> 
     d, dd = results["arms"]["D"]["mean"], results["arms"]["D+D'"]["mean"]
     assert dd["odmap@1"] > d["odmap@1"]
     assert dd["clean_odmap@1"] > d["clean_odmap@1"]
+    # the roles split the queries: their weighted ODmAP is the arm's
+    for arm in ARMS:
+        roles = results["by_role"][arm]
+        assert {"partner", "anchor", "unpaired"} <= set(roles) <= set(ROLES)
+        for key in ("odmap@1", "clean_odmap@10"):
+            n = sum(r["queries"] for r in roles.values())
+            mean = sum(r["queries"] * r["mean"][key] for r in roles.values()) / n
+            assert mean == pytest.approx(results["arms"][arm]["mean"][key])
     assert (out / "results.png").stat().st_size > 0
-    assert "ODmAP@1" in (out / "results.md").read_text()
+    summary = (out / "results.md").read_text()
+    assert "ODmAP@1" in summary and "| a partner (its anchor stays: the shortcut) |" in summary
 
 
 def test_config_is_checked() -> None:

@@ -11,7 +11,7 @@ from counterfactual.method.detect import DetectConfig
 from counterfactual.method.verify import VerifyConfig
 from counterfactual.synth.layout import Cluster, Node, plan_layout
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.synth.steps import SetupError, plan_stages
+from counterfactual.synth.staging import SetupError, plan_stages
 from counterfactual.text import TextConfig
 
 DIFFUSERS = ImageConfig(method="inpaint", backend="diffusers")

@@ -175,8 +175,9 @@ def test_the_original_travels_to_encode_only_with_pairs(verify):
     """Each step's declaration: with ``--pairs`` no step before ``Encode`` drops the original
     (verification or not), and ``Encode`` needs it; without, ``Edit`` or ``Verify`` drops it."""
     from counterfactual.method.verify import VerifyConfig
+    from counterfactual.synth.job import planned_fields
     from counterfactual.synth.plan import SynthConfig
-    from counterfactual.synth.steps import check_order, plan_steps, planned_fields
+    from counterfactual.synth.staging import check_order, plan_steps
 
     for pairs in (False, True):
         config = SynthConfig(verify=VerifyConfig(mode=verify), pairs=pairs)

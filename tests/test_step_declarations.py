@@ -10,26 +10,18 @@ from test_stages import records
 from counterfactual.image import DiffusersConfig, ImageConfig, LamaConfig
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.verify import VerifyConfig
+from counterfactual.synth.job import PLANNED, Job, planned_fields
 from counterfactual.synth.plan import Runtime, SynthConfig, plan
-from counterfactual.synth.steps import (
-    PLANNED,
-    STEPS,
+from counterfactual.synth.staging import (
     Chain,
-    Decode,
-    Edit,
-    Encode,
-    Job,
-    Resources,
-    Rewrite,
-    StepSpec,
     build_steps,
     check_order,
     group_stages,
     plan_stages,
     plan_steps,
-    planned_fields,
     step_order,
 )
+from counterfactual.synth.steps import STEPS, Decode, Edit, Encode, Resources, Rewrite, StepSpec
 from counterfactual.text import RewriteResult, TextConfig
 
 BLUR = ImageConfig(method="blur")

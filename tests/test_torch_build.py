@@ -158,7 +158,7 @@ def test_a_model_step_on_cuda_is_checked_before_it_loads():
         pytest.skip("this host has a GPU")
     from counterfactual.image import ImageConfig, LamaConfig
     from counterfactual.synth.plan import Runtime, SynthConfig
-    from counterfactual.synth.steps import SetupError, start_steps
+    from counterfactual.synth.staging import SetupError, start_steps
 
     lama = ImageConfig(backend="lama", lama=LamaConfig(model="/nowhere/big-lama.pt"))
     with pytest.raises(SetupError, match=r"^Inpaint could not start: --device cuda: "):

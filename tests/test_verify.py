@@ -32,15 +32,10 @@ from counterfactual.method.verify import (
     zero_shot_ranks,
 )
 from counterfactual.records import Caption, ImageRecord, ObjectAnnotation
+from counterfactual.synth.job import PLANNED, Job
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of, plan
-from counterfactual.synth.steps import (
-    PLANNED,
-    Chain,
-    Job,
-    Verify,
-    build_steps,
-    step_order,
-)
+from counterfactual.synth.staging import Chain, build_steps, step_order
+from counterfactual.synth.steps import Verify
 from counterfactual.text import TextConfig
 from counterfactual.vocab import ClassVocabulary, coco_vocabulary
 

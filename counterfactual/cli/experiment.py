@@ -126,6 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from counterfactual.cli import main
     from counterfactual.world.experiment import run_experiment
     from counterfactual.world.results import table
 
@@ -145,6 +146,6 @@ def run(args: argparse.Namespace) -> int:
         ratio=args.ratio,
         partner_contrast=args.partner_contrast,
     )
-    results = run_experiment(config, args.out)
+    results = run_experiment(config, args.out, main)
     print(table(results))
     return 0

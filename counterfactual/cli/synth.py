@@ -625,7 +625,9 @@ def run(args: argparse.Namespace) -> int:
     if config.verify.enabled and records:
         check_vocabulary(records, config.vocabulary)
     print(f"{spec.kind}: {_describe(inputs, spec)} -> {args.out} ({args.runner})", file=sys.stderr)
-    progress = Progress(inputs.image_count(), inputs.shard_count(config) or 0, unit=inputs.unit)
+    progress = Progress(
+        inputs.image_count(), inputs.shard_count(config.images_per_shard) or 0, unit=inputs.unit
+    )
     if args.runner == "ray":
         from counterfactual.pipelines.synth import run_ray
 

@@ -76,7 +76,8 @@ class ModelResult:
     """One model's scores. ``odmap`` and ``recall`` are fractions and percents as the paper
     prints them (``odmap`` 0-1, shown as percent in the report). ``topk`` holds each query's
     retrieved gallery rows (for the qualitative grid); ``failures`` the test images that could
-    not be read, by reason."""
+    not be read, by reason; ``odmap_by_removed`` the ``odmap`` table over the queries of each
+    removed-class set, with their count (which classes a model still sees when they are gone)."""
 
     model: str
     odmap: dict[int, float]
@@ -89,12 +90,17 @@ class ModelResult:
     topk: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64), repr=False)
     failures: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    odmap_by_removed: dict[str, tuple[int, dict[int, float]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
             "odmap": {str(k): v for k, v in self.odmap.items()},
             "odmap_curve": {str(k): v for k, v in self.odmap_curve.items()},
+            "odmap_by_removed": {
+                key: {"queries": n, "odmap": {str(k): v for k, v in table.items()}}
+                for key, (n, table) in self.odmap_by_removed.items()
+            },
             "recall": None
             if self.recall is None
             else {
@@ -202,23 +208,51 @@ def gallery_mentions(
     return found
 
 
+@dataclass(frozen=True)
+class OdmapScores:
+    """One model's ODmAP on a query set: ``table`` at ``config.odmap_ks``, ``curve`` at
+    k = 1..``curve_k``, ``by_removed`` the table over the queries of each removed-class set
+    (``"dog"``; several classes joined by ``+`` in name order) with their count, and ``top``
+    the retrieved gallery rows of each query."""
+
+    table: dict[int, float]
+    curve: dict[int, float]
+    by_removed: dict[str, tuple[int, dict[int, float]]]
+    top: np.ndarray
+
+
+def removed_key(removed: Sequence[str]) -> str:
+    """The ``by_removed`` key of a query's removed classes."""
+    return "+".join(sorted(removed))
+
+
 def odmap_scores(
     query_emb: np.ndarray,
     queries: Sequence[Query],
     gallery_emb: np.ndarray,
     mentions: Sequence[frozenset[str]],
     config: EvalConfig,
-) -> tuple[dict[int, float], dict[int, float], np.ndarray]:
-    """``(ODmAP@k for config.odmap_ks, ODmAP@k for k = 1..curve_k, top-k gallery rows)``."""
+) -> OdmapScores:
+    """ODmAP@k of ``queries`` against the gallery captions (their class ``mentions``)."""
     if len(mentions) != len(gallery_emb):
         raise ValueError(f"{len(mentions)} mention sets for {len(gallery_emb)} gallery captions")
     top = topk_chunked(query_emb, gallery_emb, config.depth, config.chunk, config.device)
     relevance = od_relevance(
         top.indices, mentions, [q.removed for q in queries], [q.kept for q in queries]
     )
-    table = odmap_at_k(relevance, list(config.odmap_ks))
-    curve = odmap_at_k(relevance, list(range(1, config.curve_k + 1)))
-    return table, curve, top.indices
+    groups: dict[str, list[int]] = {}
+    for i, query in enumerate(queries):
+        groups.setdefault(removed_key(query.removed), []).append(i)
+    by_removed = {
+        key: (len(rows), odmap_at_k(relevance[rows], list(config.odmap_ks)))
+        for key, rows in sorted(groups.items())
+    }
+    return OdmapScores(
+        odmap_at_k(relevance, list(config.odmap_ks)),
+        odmap_at_k(relevance, list(range(1, config.curve_k + 1))),
+        by_removed,
+        top.indices,
+    )
 
 
 def load_test_images(test: Corpus) -> tuple[list[Image.Image], Corpus, dict[str, int]]:
@@ -270,9 +304,18 @@ def evaluate_model(
     query_emb = _embed_all(embedder.embed_images, [q.image for q in queries], 64)
     seconds["embed_queries"] = time.perf_counter() - start
     start = time.perf_counter()
-    table, curve, top = odmap_scores(query_emb, queries, gallery_emb, mentions, config)
+    scores = odmap_scores(query_emb, queries, gallery_emb, mentions, config)
     seconds["odmap_topk"] = time.perf_counter() - start
-    result = ModelResult(model, table, curve, None, len(queries), len(gallery.captions), topk=top)
+    result = ModelResult(
+        model,
+        scores.table,
+        scores.curve,
+        None,
+        len(queries),
+        len(gallery.captions),
+        topk=scores.top,
+        odmap_by_removed=scores.by_removed,
+    )
     if test is not None:
         start = time.perf_counter()
         pictures, test, failures = load_test_images(test)

@@ -205,7 +205,7 @@ def to_objects(detections: Sequence[Detection]) -> tuple[ObjectAnnotation, ...]:
 
     Boxes are rounded to 1/100 px and scores to 4 decimals: finer digits are float noise that
     differs between thread counts (a Ray actor and this process), and would change the json.
-    (Both runners also give a model the same batches: :func:`counterfactual.synth.steps.in_chunks`.)
+    (Both runners also give a model the same batches: :func:`counterfactual.synth.staging.in_chunks`.)
     """
     return tuple(
         ObjectAnnotation(

@@ -26,7 +26,6 @@ from counterfactual.records import Dataset, ImageRecord, Status
 
 if TYPE_CHECKING:
     from counterfactual.readers.corpus import InputPiece
-    from counterfactual.synth.plan import SynthConfig
 
 KINDS = DATASETS + CORPORA
 _PATH_FIELDS = ("root", "images", "instances", "captions", "split_file")
@@ -60,12 +59,12 @@ class RunInput:
             return inputs
         return cls(records=inputs, failures=tuple(failures))
 
-    def shard_count(self, config: SynthConfig) -> int | None:
-        """Shards this input makes, when known without reading it."""
+    def shard_count(self, images_per_shard: int) -> int | None:
+        """Shards this input makes at ``images_per_shard``, when known without reading it."""
         if self.pieces is not None:
             return len(self.pieces)
         if isinstance(self.records, Sequence):
-            return -(-len(self.records) // config.images_per_shard)
+            return -(-len(self.records) // images_per_shard)
         return None
 
     @property
@@ -246,21 +245,13 @@ class DataSpec:
     def resolved(self) -> DataSpec:
         """The spec with every default filled in, or ``ValueError`` naming what is missing."""
         if self.corpus:
-            if self.root is None:
-                if self.kind == "files":
-                    raise ValueError(
-                        "--dataset files needs --root: img2dataset's output folder (its "
-                        "shard folders 00000/, 00001/, ...), e.g. 'data/cc3m'"
-                    )
-                ext = "tar" if self.kind == "wds" else self.kind
-                raise ValueError(
-                    f"--dataset {self.kind} needs --root: its files or their folder, e.g. "
-                    f"'data/{{00000..00009}}.{ext}' or 'data'"
-                )
-            if self.kind == "files" and self.images is None:
-                from counterfactual.readers.corpus import files_root
+            from counterfactual.readers.corpus import corpus_format
 
-                return replace(self, images=files_root(self.root))
+            form = corpus_format(self.kind)
+            if self.root is None:
+                raise ValueError(f"--dataset {self.kind} needs --root: {form.root_help}")
+            if self.images is None and (images := form.default_images(self.root)) is not None:
+                return replace(self, images=images)
             return self
         if self.kind == "demo":
             if self.root is None:
@@ -380,20 +371,15 @@ def open_input(spec: DataSpec, images_per_shard: int) -> RunInput:
 
 def _first_rows(spec: DataSpec) -> RunInput:
     """The first ``spec.limit`` records of a corpus (and the failures met on the way)."""
-    from counterfactual.readers.corpus import collect, iter_files, iter_table, iter_wds
+    from counterfactual.readers.corpus import collect, iter_corpus
 
-    if spec.kind == "wds":
-        rows = iter_wds(str(spec.root))
-    elif spec.kind == "files":
-        rows = iter_files(str(spec.root))
-    else:
-        rows = iter_table(
-            str(spec.root),
-            spec.kind,
-            images=None if spec.images is None else fs.as_path(spec.images),
-            caption_column=spec.caption_column,
-            image_column=spec.image_column,
-            id_column=spec.id_column,
-        )
+    rows = iter_corpus(
+        str(spec.root),
+        spec.kind,
+        images=None if spec.images is None else fs.as_path(spec.images),
+        caption_column=spec.caption_column,
+        image_column=spec.image_column,
+        id_column=spec.id_column,
+    )
     first = collect(spec.kind, rows, spec.limit)
     return RunInput(first.records, failures=first.failures, spec=spec.absolute().to_dict())

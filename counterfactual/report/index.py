@@ -39,7 +39,7 @@ DEFAULT_N = 48
 class SampleRef:
     """One written sample, compactly (a run may hold millions): its shard, where its JPEG and
     json lie in the tar (``(offset, size)``), and what the report counts and stratifies by. The
-    whole json (keys as :func:`counterfactual.synth.steps.sample_meta` writes them, maybe
+    whole json (keys as :func:`counterfactual.synth.job.sample_meta` writes them, maybe
     ``verify``) is read again by :meth:`load_meta` for the few samples shown."""
 
     shard: str | Path

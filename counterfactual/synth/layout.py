@@ -18,7 +18,7 @@ cluster before anything starts; ``pipelines/synth.py`` places what it says on Ra
 
 Ray puts a fractional GPU request on one GPU of one node, so the check packs the actors onto
 the nodes' GPUs (first fit, largest first), and a layout that does not fit is a
-:class:`~counterfactual.synth.steps.SetupError` of one line naming the stage, what it asks for
+:class:`~counterfactual.synth.staging.SetupError` of one line naming the stage, what it asks for
 and what the cluster has.
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from counterfactual.synth.steps import SetupError, Stage
+from counterfactual.synth.staging import SetupError, Stage
 
 LIGHT_GPU = 0.1
 """A light stage's actor: a tenth of a GPU beside the heavy stage's."""

@@ -61,7 +61,7 @@ from counterfactual.synth.shards import (
     stats_name,
     verify_shard,
 )
-from counterfactual.synth.steps import SetupError, plan_steps
+from counterfactual.synth.staging import SetupError, plan_steps
 from counterfactual.synth.tasks import ShardDone, ShardTask, input_change, shard_tasks
 
 RUN_FILE = "run.json"
@@ -358,7 +358,7 @@ def run_shards(
             out_dir,
             config,
             runtime,
-            shards=inputs.shard_count(config),
+            shards=inputs.shard_count(config.images_per_shard),
             token=lock.token,
             spare=_maybe_alive(lock.took_over),
         )
@@ -386,7 +386,7 @@ def run_shards(
         tasks: Iterable[ShardTask] = shard_tasks(
             inputs, config, InputStamps(content=runtime.hash_inputs)
         )
-        if run.committed and inputs.shard_count(config) is not None:
+        if run.committed and inputs.shard_count(config.images_per_shard) is not None:
             tasks = list(tasks)  # the input is held already: refuse changed input before work
             for task in tasks:
                 run.check_input(task)

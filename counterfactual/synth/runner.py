@@ -18,7 +18,7 @@ from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.synth.run import RunResult, preflight, run_shards, started
-from counterfactual.synth.steps import Staged, start_steps
+from counterfactual.synth.staging import Staged, start_steps
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
 from counterfactual.text import TextRewriter
 

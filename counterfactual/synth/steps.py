@@ -1,33 +1,26 @@
 """The per-item steps of a run, as callable classes over batches of :class:`Job`.
 
-A :class:`Job` is one work item on its way to a shard: ``Decode`` loads the picture, ``Edit``
-erases the plan, ``Rewrite`` writes the new caption, ``Verify`` (when asked) checks that the
-result is a counterfactual, ``Encode`` packs the shard sample. On a corpus without boxes,
-``Detect`` finds the objects after ``Decode`` and ``Select`` applies the alpha rules to them,
-so the plan is made in the worker. Each
-step's ``__init__`` loads what it needs once (models, spaCy); ``__call__`` transforms one batch
-and returns it. A job that fails keeps its place in the batch with a :class:`Status` saying why,
-and later steps pass it through, so every item reaches the writer exactly once.
+``Decode`` loads the picture, ``Edit`` erases the plan, ``Rewrite`` writes the new caption,
+``Verify`` (when asked) checks that the result is a counterfactual, ``Encode`` packs the shard
+sample. On a corpus without boxes, ``Detect`` finds the objects after ``Decode`` and ``Select``
+applies the alpha rules to them, so the plan is made in the worker. Each step's ``__init__``
+loads what it needs once (models, spaCy); ``__call__`` transforms one batch and returns it.
 
 Each step declares itself (:meth:`declare`, a :class:`StepSpec`, read from the config without
 loading anything): the job fields it needs, makes and drops (:data:`JOB_FIELDS`), and the
-learned model it runs, if any, with its device and batch size (:class:`Resources`). The run's
-order follows from the needs (:func:`step_order`), a :class:`Chain` checks its order when it is
-built, and both runners group the steps from the declarations alone (:func:`plan_stages`): the
-in-process runner chains them in one process; the Ray pipeline puts consecutive steps that load
-no learned model into one CPU stage and each model step into its own actor pool.
+learned model it runs, if any, with its device and batch size (:class:`Resources`). How the
+steps are ordered, built and grouped into stages is :mod:`counterfactual.synth.staging`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from counterfactual import __version__
 from counterfactual.image import (
     EditRequest,
     ImageEditor,
@@ -38,25 +31,16 @@ from counterfactual.image import (
 from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg, encode_png
 from counterfactual.method.detect import Detection, Detector, to_objects
-from counterfactual.method.masks import MaskConfig, plan_mask
-from counterfactual.method.selection import CAPTION_UNCHANGED, RemovalPlan, select_many
+from counterfactual.method.masks import plan_mask
+from counterfactual.method.selection import CAPTION_UNCHANGED, select_many
 from counterfactual.method.verify import (
     RemovalScorer,
     Verifier,
     VerifyRequest,
-    VerifyResult,
     class_boxes,
 )
-from counterfactual.records import Status
-from counterfactual.synth.plan import Runtime, SynthConfig, WorkItem, load_record_image
-from counterfactual.synth.samples import (
-    BestOfNMeta,
-    DetectedObject,
-    MaskMeta,
-    PlanMeta,
-    SampleMeta,
-    VerifyMeta,
-)
+from counterfactual.synth.job import JOB_FIELDS, Job, sample_meta
+from counterfactual.synth.plan import Runtime, SynthConfig, load_record_image
 from counterfactual.synth.shards import Sample
 from counterfactual.text import (
     CAPTION_STILL_NAMES,
@@ -72,102 +56,6 @@ from counterfactual.vocab import load_vocabulary
 MODEL_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
 """What a learned model may raise on a batch (CUDA out of memory is a ``RuntimeError``). The
 batch is then retried one item at a time and the items that still fail get ``model-error``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """A finished job as the writer takes it: where it goes, its sample (``None`` when it
-    failed), its status row and the seconds each step spent on it."""
-
-    shard: int
-    index: int
-    sample: Sample | None
-    status: Status
-    seconds: dict[str, float]
-
-
-@dataclass(slots=True)
-class Job:
-    """One work item between steps. ``shard``/``index`` place it in the output; arrays are
-    ``uint8`` RGB ``HxWx3`` (``mask``: ``HxW``, 255 = repaint) and are dropped once encoded;
-    ``image`` (the original) is dropped by ``Edit``, or by ``Verify`` when verification is on,
-    or by ``Encode`` with ``--pairs`` (which writes it as ``orig.jpg``).
-    ``verify`` is the :class:`VerifyResult` once verified."""
-
-    shard: int
-    index: int
-    item: WorkItem
-    image: np.ndarray | None = None
-    mask: np.ndarray | None = None
-    edited: np.ndarray | None = None
-    caption: RewriteResult | None = None
-    verify: VerifyResult | None = None
-    methods: dict[str, Any] = field(default_factory=dict)
-    sample: Sample | None = None
-    failure: Status | None = None
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-    def fail(self, reason: str | None, detail: str = "", status: str = "failed") -> None:
-        """End the job here with ``reason`` (``status="skipped"``: nothing went wrong, there is
-        just nothing to make)."""
-        self.failure = Status(
-            self.item.record.image_id,
-            status,
-            reason or "unknown",
-            detail,
-            self.item.key,
-            self.target,
-            self.url,
-        )
-        self.image = self.mask = self.edited = None
-
-    def done(self) -> Done:
-        """What the writer needs of a finished job, without the record and the pixels."""
-        return Done(self.shard, self.index, self.sample, self.status(), dict(self.seconds))
-
-    def status(self) -> Status:
-        """The row this job leaves in the status record."""
-        if self.failure is not None:
-            return self.failure
-        if self.sample is None:
-            raise ValueError(f"job {self.item.key} is neither encoded nor failed")
-        rec = self.item.record
-        return Status(rec.image_id, "written", None, "", self.item.key, self.target, self.url)
-
-    @property
-    def url(self) -> str | None:
-        """The url the picture was downloaded from, when its downloader recorded one."""
-        origin = self.item.record.origin
-        return origin.url if origin is not None else None
-
-    @property
-    def target(self) -> str | None:
-        """The removal target, once planned (``None`` before ``Select`` on detected boxes)."""
-        return None if self.item.plan is None else self.item.plan.target
-
-    @property
-    def plan(self) -> RemovalPlan:
-        """The item's plan; a step that needs one must not run before ``Select``."""
-        if self.item.plan is None:
-            raise ValueError(f"job {self.item.key} has no plan yet (Select runs after Detect)")
-        return self.item.plan
-
-
-JOB_FIELDS = ("image", "objects", "plan", "mask", "edited", "caption", "verify", "sample")
-"""What a step may need from a job or make for it: the :class:`Job` attributes of those names,
-``objects`` the record's boxes and ``plan`` the item's :class:`RemovalPlan`."""
-PLANNED = frozenset({"objects", "plan"})
-"""What a job holds when it starts from annotated boxes (:func:`counterfactual.synth.plan.plan`
-made its plan); with detected boxes it starts with nothing (:func:`planned_fields`)."""
-
-
-def planned_fields(config: SynthConfig) -> frozenset[str]:
-    """The fields a run's jobs hold before the first step."""
-    return frozenset() if config.detect is not None else PLANNED
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +102,10 @@ def _fields(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
 class Step(Protocol):
     """A step: ``spec`` is its :meth:`declare` under the config and runtime it was built with."""
 
@@ -223,48 +115,79 @@ class Step(Protocol):
     def __call__(self, jobs: list[Job]) -> list[Job]: ...
 
 
-def _timed(name: str, jobs: Sequence[Job], start: float) -> None:
-    share = (time.perf_counter() - start) / max(1, len(jobs))
-    for job in jobs:
-        job.seconds[name] = job.seconds.get(name, 0.0) + share
+class BatchStep:
+    """What every step does around its work, in one place: ``__call__`` hands :meth:`run` the
+    jobs of the batch that have not failed, in order, then spreads the seconds the call took
+    evenly over the whole batch under the step's name (``Job.seconds``; a shard's stats and the
+    manifest sum them). ``run`` changes the jobs in place; a job it cannot finish fails
+    (:meth:`Job.fail`) and keeps its place, through :func:`each` (a ``SampleError`` of one job)
+    or :func:`model_outputs` (a backend called on the batch)."""
 
-
-def _batch_or_each(
-    call: Callable[[Sequence[Any]], Sequence[Any]],
-    jobs: Sequence[Job],
-    requests: Sequence[Any],
-    model_detail: str = "",
-) -> list[Any]:
-    """``call(requests)`` as one batch; when that raises a ``SampleError`` (one bad request) or
-    a model error, each request alone, and the ones that still fail become ``Status`` rows
-    (their reason, or ``model-error`` with ``model_detail`` before the exception). Every step
-    that calls a backend on a batch goes through here."""
-    if not requests:
-        return []
-    try:
-        return list(call(requests))
-    except (SampleError, *MODEL_ERRORS):
-        pass  # retry one by one below
-    out: list[Any] = []
-    for job, request in zip(jobs, requests, strict=True):
-        image_id = job.item.record.image_id
-        try:
-            out.append(call([request])[0])
-        except SampleError as err:
-            out.append(Status(image_id, "failed", err.reason, err.detail))
-        except MODEL_ERRORS as err:
-            out.append(Status(image_id, "failed", "model-error", f"{model_detail}{err!r}"))
-    return out
-
-
-class Decode:
-    """Load each job's picture (EXIF-upright RGB), checked against the annotation."""
-
-    name = "decode"
+    name: str
+    spec: StepSpec
 
     @classmethod
     def applies(cls, config: SynthConfig) -> bool:
         return True
+
+    def __call__(self, jobs: list[Job]) -> list[Job]:
+        start = time.perf_counter()
+        self.run([job for job in jobs if job.ok])
+        share = (time.perf_counter() - start) / max(1, len(jobs))
+        for job in jobs:
+            job.seconds[self.name] = job.seconds.get(self.name, 0.0) + share
+        return jobs
+
+    def run(self, jobs: list[Job]) -> None:
+        """The step's work on ``jobs``, none of which has failed."""
+        raise NotImplementedError
+
+
+def each(jobs: Iterable[Job], work: Callable[[Job], T]) -> list[tuple[Job, T]]:
+    """``work`` on each job, paired with its job; a job whose work raises a ``SampleError``
+    fails with its reason and is left out."""
+    out: list[tuple[Job, T]] = []
+    for job in jobs:
+        try:
+            out.append((job, work(job)))
+        except SampleError as err:
+            job.fail(err.reason, err.detail)
+    return out
+
+
+def model_outputs(
+    call: Callable[[list[R]], Sequence[T]],
+    requests: Sequence[tuple[Job, R]],
+    model_detail: str = "",
+) -> list[tuple[Job, T]]:
+    """``call`` on the requests as one batch, each output paired with its job; when the batch
+    raises a ``SampleError`` (one bad request) or a model error, each request alone, and a job
+    whose request still fails fails with its reason (or ``model-error``, ``model_detail`` before
+    the exception) and is left out. Every step that calls a backend on a batch goes through
+    here."""
+    if not requests:
+        return []
+    try:
+        outputs = list(call([request for _, request in requests]))
+    except (SampleError, *MODEL_ERRORS):
+        pass  # retry one by one below
+    else:
+        return list(zip([job for job, _ in requests], outputs, strict=True))
+    out: list[tuple[Job, T]] = []
+    for job, request in requests:
+        try:
+            out.append((job, call([request])[0]))
+        except SampleError as err:
+            job.fail(err.reason, err.detail)
+        except MODEL_ERRORS as err:
+            job.fail("model-error", f"{model_detail}{err!r}")
+    return out
+
+
+class Decode(BatchStep):
+    """Load each job's picture (EXIF-upright RGB), checked against the annotation."""
+
+    name = "decode"
 
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
@@ -276,29 +199,20 @@ class Decode:
         self.spec = self.declare(config)
         self.max_pixels = config.max_pixels
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        for job in jobs:
-            if not job.ok:
-                continue
-            try:
-                job.image = load_record_image(job.item.record, self.max_pixels)
-            except SampleError as err:
-                job.fail(err.reason, err.detail)
-        _timed(self.name, jobs, start)
-        return jobs
+    def run(self, jobs: list[Job]) -> None:
+        for job, image in each(jobs, self._load):
+            job.image = image
+
+    def _load(self, job: Job) -> np.ndarray:
+        return load_record_image(job.item.record, self.max_pixels)
 
 
-class Edit:
+class Edit(BatchStep):
     """Erase each job's plan: mask from the plan, then the configured image backend. The
     original picture is dropped here unless ``Verify`` compares it with the edit or ``Encode``
     writes it (``--pairs``)."""
 
     name = "edit"
-
-    @classmethod
-    def applies(cls, config: SynthConfig) -> bool:
-        return True
 
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
@@ -340,41 +254,26 @@ class Edit:
         self.info = self.editor.describe()
         self.keep_original = "image" not in self.spec.drops  # Verify compares it with the edit
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        todo: list[Job] = []
-        requests: list[EditRequest] = []
-        for job in jobs:
-            if not job.ok:
+    def run(self, jobs: list[Job]) -> None:
+        for job, (edited, choice) in model_outputs(self._edit, each(jobs, self._request)):
+            if isinstance(edited, SampleError):  # the model's output was not a picture
+                job.fail(edited.reason, edited.detail)
                 continue
-            if job.image is None:
-                raise ValueError(f"job {job.item.key} reached Edit without a decoded image")
+            job.edited = edited
+            if not self.keep_original:
+                job.image = None
+            job.methods["image_method"] = self.info
+            if choice is not None:
+                job.methods["best_of_n"] = choice
+
+    def _request(self, job: Job) -> EditRequest:
+        if job.image is None:
+            raise ValueError(f"job {job.item.key} reached Edit without a decoded image")
+        if job.mask is None:  # else cut with the picture (crop_for_edit)
             h, w = job.image.shape[:2]
-            try:
-                if job.mask is None:  # else cut with the picture (crop_for_edit)
-                    job.mask = plan_mask(job.item.record, job.plan, h, w, self.config.mask)
-            except SampleError as err:
-                job.fail(err.reason, err.detail)
-                continue
-            plan = job.plan
-            requests.append(
-                EditRequest(job.image, job.mask, plan.removed, plan.kept, job.item.seed)
-            )
-            todo.append(job)
-        for job, out in zip(todo, _batch_or_each(self._edit, todo, requests), strict=True):
-            if isinstance(out, Status):
-                job.fail(out.reason, out.detail)
-            elif isinstance(out[0], SampleError):  # the model's output was not a picture
-                job.fail(out[0].reason, out[0].detail)
-            else:
-                job.edited, choice = out
-                if not self.keep_original:
-                    job.image = None
-                job.methods["image_method"] = self.info
-                if choice is not None:
-                    job.methods["best_of_n"] = choice
-        _timed(self.name, jobs, start)
-        return jobs
+            job.mask = plan_mask(job.item.record, job.plan, h, w, self.config.mask)
+        plan = job.plan
+        return EditRequest(job.image, job.mask, plan.removed, plan.kept, job.item.seed)
 
     def _edit(
         self, requests: Sequence[EditRequest]
@@ -450,15 +349,11 @@ def paste_edit(jobs: Sequence[Job], cuts: Sequence[Cut | None]) -> None:
             job.image = cut.image
 
 
-class Rewrite:
+class Rewrite(BatchStep):
     """Write each job's new caption. Captioners read the edited picture, so they come after
     ``Edit``; the other methods only read the original caption and may come first."""
 
     name = "rewrite"
-
-    @classmethod
-    def applies(cls, config: SynthConfig) -> bool:
-        return True
 
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
@@ -495,30 +390,10 @@ class Rewrite:
             else None
         )
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        todo = [job for job in jobs if job.ok]
-        requests = []
-        for job in todo:
-            if self.needs_image and job.edited is None:
-                raise ValueError(f"job {job.item.key} reached the captioner without an image")
-            it, plan = job.item, job.plan
-            requests.append(
-                RewriteRequest(
-                    caption=it.caption.text,
-                    removed=plan.removed,
-                    kept=plan.kept,
-                    phrases=it.caption.phrases,
-                    image=job.edited,
-                    seed=it.seed,
-                )
-            )
-        results = _batch_or_each(self.rewriter, todo, requests)
-        still = [[] for _ in todo] if self.check is None else self._still_named(todo, results)
-        for job, result, named in zip(todo, results, still, strict=True):
-            if isinstance(result, Status):
-                job.fail(result.reason, result.detail)
-            elif result.text is None:
+    def run(self, jobs: list[Job]) -> None:
+        results = model_outputs(self.rewriter, [(job, self._request(job)) for job in jobs])
+        for (job, result), named in zip(results, self._still_named(results), strict=True):
+            if result.text is None:
                 job.fail(result.reason)
             elif self.skip_unchanged and not result.removed_phrases:
                 job.fail(CAPTION_UNCHANGED, "the caption mentions no removed class", "skipped")
@@ -527,74 +402,28 @@ class Rewrite:
             else:
                 job.caption = result
                 job.methods["text_method"] = self.info
-        _timed(self.name, jobs, start)
-        return jobs
 
-    def _still_named(self, jobs: list[Job], results: list[Any]) -> list[list[str]]:
+    def _request(self, job: Job) -> RewriteRequest:
+        if self.needs_image and job.edited is None:
+            raise ValueError(f"job {job.item.key} reached the captioner without an image")
+        it, plan = job.item, job.plan
+        return RewriteRequest(
+            caption=it.caption.text,
+            removed=plan.removed,
+            kept=plan.kept,
+            phrases=it.caption.phrases,
+            image=job.edited,
+            seed=it.seed,
+        )
+
+    def _still_named(self, results: list[tuple[Job, RewriteResult]]) -> list[list[str]]:
         """The removed classes each new caption still names (:class:`MentionCheck`)."""
-        texts = [r.text if isinstance(r, RewriteResult) else None for r in results]
-        return self.check([*texts], [job.plan.removed for job in jobs])  # type: ignore[misc]
+        if self.check is None:
+            return [[] for _ in results]
+        return self.check([r.text for _, r in results], [job.plan.removed for job, _ in results])
 
 
-def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str, Any]:
-    """Everything needed to trace and reproduce a sample (SPEC 1.4): a
-    :class:`~counterfactual.synth.samples.SampleMeta` as its json; ``mask`` (``--pairs``): how
-    the mask was made, recorded as its ``mask``."""
-    item, edited, caption = job.item, job.edited, job.caption
-    if edited is None or caption is None or job.mask is None:
-        raise ValueError(f"job {item.key} is not edited and rewritten")
-    best_of_n = job.methods.get("best_of_n")
-    return SampleMeta(
-        key=item.key,
-        dataset=item.record.dataset,
-        split=item.record.split,
-        image_id=item.record.image_id,
-        file=item.record.file,
-        source=item.record.source,
-        origin=item.record.origin,
-        width=int(edited.shape[1]),
-        height=int(edited.shape[0]),
-        caption_id=item.caption.caption_id,
-        original_caption=item.caption.text,
-        caption=caption.text,
-        caption_cleaned=item.caption.cleaned,
-        removed_phrases=tuple(caption.removed_phrases),
-        plan=PlanMeta.from_plan(job.plan),
-        mask_boxes=job.plan.mask_boxes,
-        **_detection_meta(job),
-        mask_pixels=int(np.count_nonzero(job.mask)),
-        image_method=job.methods.get("image_method"),
-        best_of_n=None if best_of_n is None else BestOfNMeta.from_dict(best_of_n),
-        text_method=job.methods.get("text_method"),
-        seed=seed,
-        sample_seed=item.seed,
-        counterfactual_version=__version__,
-        verify=None if job.verify is None else VerifyMeta.from_result(job.verify),
-        mask=None if mask is None else _mask_meta(job, mask),
-    ).to_dict()
-
-
-def _mask_meta(job: Job, mask: MaskConfig) -> MaskMeta:
-    record = job.item.record
-    boxes = "detector" if "detector" in job.methods else "dataset"
-    return MaskMeta(mask.source, mask.dilate, boxes, (record.width, record.height))
-
-
-def _detection_meta(job: Job) -> dict[str, Any]:
-    """With detected boxes, the :class:`SampleMeta` fields of the detection: the detector, every
-    object it kept (with its score) and the valid targets the policy did not draw."""
-    if "detector" not in job.methods:
-        return {}
-    return {
-        "detector": job.methods["detector"],
-        "objects": tuple(
-            DetectedObject(o.category, o.bbox, o.score) for o in job.item.record.objects
-        ),
-        "not_drawn": tuple(job.methods.get("not_drawn", ())),
-    }
-
-
-class Detect:
+class Detect(BatchStep):
     """Find each job's objects with the open-vocabulary detector (:mod:`counterfactual.method.detect`),
     asked for the classes its caption mentions (or the vocabulary, per ``DetectConfig.queries``).
     The detections become the record's objects, in the pixels of the decoded picture, which
@@ -637,32 +466,25 @@ class Detect:
         describe = getattr(self.detector, "describe", None)
         self.info = describe() if describe is not None else {"model": config.detect.model}
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        todo = [job for job in jobs if job.ok]
-        requests: list[tuple[np.ndarray, str]] = []
-        for job in todo:
-            if job.image is None:
-                raise ValueError(f"job {job.item.key} reached Detect without a decoded image")
-            requests.append((job.image, job.item.caption.text))
-        found = _batch_or_each(self._detect, todo, requests, model_detail="detect: ")
-        for job, out in zip(todo, found, strict=True):
-            if isinstance(out, Status):
-                job.fail(out.reason, out.detail)
-                continue
+    def run(self, jobs: list[Job]) -> None:
+        requests = [(job, self._request(job)) for job in jobs]
+        for job, out in model_outputs(self._detect, requests, model_detail="detect: "):
             assert job.image is not None
             h, w = job.image.shape[:2]
             record = replace(job.item.record, objects=to_objects(out), width=w, height=h)
             job.item = replace(job.item, record=record)
             job.methods["detector"] = self.info
-        _timed(self.name, jobs, start)
-        return jobs
+
+    def _request(self, job: Job) -> tuple[np.ndarray, str]:
+        if job.image is None:
+            raise ValueError(f"job {job.item.key} reached Detect without a decoded image")
+        return job.image, job.item.caption.text
 
     def _detect(self, requests: Sequence[tuple[np.ndarray, str]]) -> list[list[Detection]]:
         return self.detector([r[0] for r in requests], [r[1] for r in requests])
 
 
-class Select:
+class Select(BatchStep):
     """Apply the alpha rules and the policy to each job's detected objects: the job gets its
     plan, or is skipped with the selection's reason. With ``TextConfig.skip_unchanged`` only
     targets the caption mentions may be drawn (caption-aware selection: on a corpus the caption
@@ -688,9 +510,8 @@ class Select:
         if config.text.skip_unchanged:
             self.vocabulary = load_vocabulary(config.vocabulary)
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        todo = [job for job in jobs if job.ok and job.item.plan is None]
+    def run(self, jobs: list[Job]) -> None:
+        todo = [job for job in jobs if job.item.plan is None]
         targets = None
         if self.vocabulary is not None:
             targets = [self.vocabulary.mentioned(job.item.caption.text) for job in todo]
@@ -706,11 +527,9 @@ class Select:
                 continue
             job.item = replace(job.item, plan=chosen.plans[0])
             job.methods["not_drawn"] = list(chosen.not_drawn)
-        _timed(self.name, jobs, start)
-        return jobs
 
 
-class Verify:
+class Verify(BatchStep):
     """Check each job's counterfactual (:mod:`counterfactual.method.verify`): the removed classes are no
     longer recognised on their boxes, the kept ones still are, the new caption names no removed
     class. ``record`` mode stores the result in the sample's json under ``verify``; ``filter``
@@ -756,23 +575,17 @@ class Verify:
             )
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
-        if self.verifier is None:
-            return jobs
-        start = time.perf_counter()
-        todo = [job for job in jobs if job.ok]
-        requests = [self._request(job) for job in todo]
-        results = _batch_or_each(self.verifier, todo, requests, model_detail="verify: ")
-        for job, out in zip(todo, results, strict=True):
+        return jobs if self.verifier is None else super().__call__(jobs)
+
+    def run(self, jobs: list[Job]) -> None:
+        assert self.verifier is not None  # __call__ passes jobs on without one
+        requests = [(job, self._request(job)) for job in jobs]
+        for job, out in model_outputs(self.verifier, requests, model_detail="verify: "):
             if "image" in self.spec.drops:
                 job.image = None
-            if isinstance(out, Status):
-                job.fail(out.reason, out.detail)
-                continue
             job.verify = out
             if self.config.mode == "filter" and not out.passed:
                 job.fail(out.failed[0], out.detail())
-        _timed(self.name, jobs, start)
-        return jobs
 
     def _request(self, job: Job) -> VerifyRequest:
         if job.image is None or job.edited is None or job.caption is None:
@@ -791,15 +604,11 @@ class Verify:
         )
 
 
-class Encode:
+class Encode(BatchStep):
     """Pack each finished job into a shard sample (JPEG, caption, metadata) and drop its
     arrays, so only bytes travel to the writer."""
 
     name = "encode"
-
-    @classmethod
-    def applies(cls, config: SynthConfig) -> bool:
-        return True
 
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
@@ -819,24 +628,18 @@ class Encode:
         self.seed = config.seed
         self.mask = config.mask if config.pairs else None
 
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        start = time.perf_counter()
-        for job in jobs:
-            if not job.ok:
-                continue
-            if job.edited is None or job.caption is None:
-                raise ValueError(f"job {job.item.key} reached Encode unfinished")
-            try:
-                jpg = encode_jpeg(job.edited, self.quality)
-                extra = self._pair(job)
-            except SampleError as err:
-                job.fail(err.reason, err.detail)
-                continue
+    def run(self, jobs: list[Job]) -> None:
+        for job, (jpg, extra) in each(jobs, self._encode):
+            assert job.caption is not None  # _encode checked it
             meta = sample_meta(job, self.seed, self.mask)
             job.sample = Sample(job.item.key, jpg, job.caption.text or "", meta, extra)
             job.image = job.mask = job.edited = None
-        _timed(self.name, jobs, start)
-        return jobs
+
+    def _encode(self, job: Job) -> tuple[bytes, tuple[tuple[str, bytes], ...]]:
+        """The edited picture as JPEG and, with ``--pairs``, the original and mask."""
+        if job.edited is None or job.caption is None:
+            raise ValueError(f"job {job.item.key} reached Encode unfinished")
+        return encode_jpeg(job.edited, self.quality), self._pair(job)
 
     def _pair(self, job: Job) -> tuple[tuple[str, bytes], ...]:
         """``--pairs``: the original picture and the mask as shard members, else none."""
@@ -872,219 +675,5 @@ it go from file to JPEG in one place, without shipping pixels around."""
 STEP_CLASSES: dict[str, StepType] = {cls.name: cls for cls in STEPS}
 
 
-class SetupError(ValueError):
-    """The run cannot start (a model that does not load, a stage the cluster cannot place); the
-    message names the stage, the cause and the fix, on one line."""
-
-
 def one_line(text: object) -> str:
     return " ".join(str(text).split())
-
-
-def setup_failure(spec: StepSpec, err: BaseException) -> SetupError:
-    """The error for a step that could not start: its stage, the cause, the option to fix."""
-    res = spec.resources
-    stage = res.stage if res is not None else spec.name
-    fix = f"; check {res.option} and --device" if res is not None else ""
-    return SetupError(f"{stage} could not start: {type(err).__name__}: {one_line(err)}{fix}")
-
-
-def check_device(spec: StepSpec) -> None:
-    """A model step on CUDA whose torch cannot use it: a :class:`SetupError` saying why (a
-    CPU build, no driver, a driver too old for the build), before any model loads."""
-    res = spec.resources
-    if res is None or not str(res.device).startswith("cuda"):
-        return
-    from counterfactual.models.embed import check_cuda
-
-    try:
-        check_cuda(res.device)
-    except ValueError as err:
-        raise SetupError(f"{res.stage} could not start: {one_line(err)}") from err
-
-
-def check_order(specs: Sequence[StepSpec], given: Iterable[str]) -> frozenset[str]:
-    """The fields jobs holding ``given`` hold after ``specs`` ran in this order; a
-    ``ValueError`` naming the first step that needs a field no step before it leaves."""
-    have = frozenset(given)
-    for i, spec in enumerate(specs):
-        missing = spec.needs - have
-        if missing:
-            before = " -> ".join(s.name for s in specs[:i]) or "none"
-            raise ValueError(
-                f"step {spec.name} needs {', '.join(sorted(missing))}, which the steps before "
-                f"it ({before}) do not make"
-            )
-        have = (have - spec.drops) | spec.makes
-    return have
-
-
-def plan_steps(config: SynthConfig, runtime: Runtime | None = None) -> tuple[StepSpec, ...]:
-    """The run's steps as they declare themselves, in run order: among the steps whose needs
-    are met, the first of :data:`STEPS` runs next."""
-    todo = [cls.declare(config, runtime) for cls in STEPS if cls.applies(config)]
-    have = planned_fields(config)
-    order: list[StepSpec] = []
-    while todo:
-        ready = next((spec for spec in todo if spec.needs <= have), None)
-        if ready is None:
-            names = ", ".join(f"{s.name} ({', '.join(sorted(s.needs - have))})" for s in todo)
-            raise ValueError(f"no step of this run makes what these need: {names}")
-        todo.remove(ready)
-        order.append(ready)
-        have = (have - ready.drops) | ready.makes
-    return tuple(order)
-
-
-def step_order(config: SynthConfig) -> tuple[str, ...]:
-    """The step names in run order (:func:`plan_steps`)."""
-    return tuple(spec.name for spec in plan_steps(config))
-
-
-def build_steps(
-    config: SynthConfig,
-    names: Sequence[str] | None = None,
-    editor: ImageEditor | None = None,
-    rewriter: TextRewriter | None = None,
-    verifier: Verifier | None = None,
-    detector: Callable[..., list[list[Detection]]] | None = None,
-    runtime: Runtime | None = None,
-) -> list[Step]:
-    """Instantiate the named steps (default: the run's, in :func:`step_order`) to run under
-    ``runtime``; ``editor``, ``rewriter``, ``verifier`` and ``detector`` replace the backend
-    the config names."""
-    backends: dict[str, Any] = {
-        Edit.name: editor,
-        Rewrite.name: rewriter,
-        Verify.name: verifier,
-        Detect.name: detector,
-    }
-    steps: list[Step] = []
-    for name in names or step_order(config):
-        if name not in STEP_CLASSES:
-            raise ValueError(f"unknown step {name!r}; steps are {tuple(STEP_CLASSES)}")
-        steps.append(STEP_CLASSES[name](config, backends.get(name), runtime))
-    return steps
-
-
-def start_steps(
-    config: SynthConfig,
-    names: Sequence[str] | None = None,
-    editor: ImageEditor | None = None,
-    rewriter: TextRewriter | None = None,
-    detector: Callable[..., list[list[Detection]]] | None = None,
-    runtime: Runtime | None = None,
-) -> list[Step]:
-    """:func:`build_steps`, one step at a time, with a step that cannot start (a model that
-    does not load) reported as a one-line :class:`SetupError` naming its stage and the fix."""
-    steps: list[Step] = []
-    for name in names or step_order(config):
-        if name in STEP_CLASSES:
-            check_device(STEP_CLASSES[name].declare(config, runtime))
-        try:
-            steps += build_steps(config, [name], editor, rewriter, None, detector, runtime)
-        except (OSError, RuntimeError, ImportError, ValueError) as err:
-            if name not in STEP_CLASSES:
-                raise
-            raise setup_failure(STEP_CLASSES[name].declare(config, runtime), err) from err
-    return steps
-
-
-class Chain:
-    """Several steps applied in order to one batch: one stage of a pipeline. ``given``: the
-    fields its jobs hold when they arrive; an order in which a step would need a field no step
-    before it makes is a ``ValueError`` here, when the chain is built."""
-
-    def __init__(self, steps: Sequence[Step], given: Iterable[str]) -> None:
-        self.steps = list(steps)
-        check_order([step.spec for step in self.steps], given)
-
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        for step in self.steps:
-            jobs = step(jobs)
-        return jobs
-
-
-@dataclass(frozen=True, slots=True)
-class Stage:
-    """Consecutive steps run in one place: a model step alone, the CPU steps between them
-    together. ``given``: the job fields the stage receives."""
-
-    specs: tuple[StepSpec, ...]
-    given: frozenset[str] = frozenset()
-
-    @property
-    def steps(self) -> tuple[str, ...]:
-        return tuple(spec.name for spec in self.specs)
-
-    @property
-    def resources(self) -> Resources | None:
-        """The model step's resources (a model stage holds that one step), else ``None``."""
-        return self.specs[0].resources
-
-    @property
-    def uses_model(self) -> bool:
-        return self.resources is not None
-
-
-def group_stages(specs: Sequence[StepSpec], given: Iterable[str]) -> list[Stage]:
-    """Group steps in run order by what they declare: each model step alone, the CPU steps
-    between them together; each stage knows the fields it receives."""
-    check_order(specs, given)
-    have = frozenset(given)
-    stages: list[Stage] = []
-    for spec in specs:
-        if not spec.uses_model and stages and not stages[-1].uses_model:
-            last = stages[-1]
-            stages[-1] = Stage((*last.specs, spec), last.given)
-        else:
-            stages.append(Stage((spec,), have))
-        have = (have - spec.drops) | spec.makes
-    return stages
-
-
-def plan_stages(config: SynthConfig, runtime: Runtime | None = None) -> list[Stage]:
-    """The run's stages (:func:`group_stages` over :func:`plan_steps`)."""
-    return group_stages(plan_steps(config, runtime), planned_fields(config))
-
-
-def in_chunks(call: Callable[[list[Job]], list[Job]], jobs: list[Job], size: int) -> list[Job]:
-    """``call`` on consecutive chunks of ``size`` jobs, results in order. Model steps get their
-    batches this way in every runner, so a model sees the same batches (and computes the same
-    floats) in process and on Ray."""
-    out: list[Job] = []
-    for start in range(0, len(jobs), size):
-        out.extend(call(jobs[start : start + size]))
-    return out
-
-
-Process = Callable[[list[Job]], list[Job]]
-"""Steps applied to one batch of jobs."""
-
-
-class Staged:
-    """A batch through the stages, one part per :class:`Stage`: ``(process, size)``, where a
-    model stage's part gets chunks of ``size`` jobs (:func:`in_chunks`), so a model sees the
-    same batches in every runner; ``size`` ``None``: the whole batch (CPU steps, or a part that
-    chunks by itself, such as the Ray workers' remote model steps)."""
-
-    def __init__(self, parts: Sequence[tuple[Process, int | None]]) -> None:
-        self.parts = list(parts)
-
-    @classmethod
-    def local(
-        cls, config: SynthConfig, steps: Sequence[Step], runtime: Runtime | None = None
-    ) -> Staged:
-        """Every stage in this process (the in-process runner's ``process``)."""
-        by_name = {step.name: step for step in steps}
-        parts: list[tuple[Process, int | None]] = []
-        for stage in plan_stages(config, runtime):
-            chain = Chain([by_name[name] for name in stage.steps], stage.given)
-            res = stage.resources
-            parts.append((chain, None if res is None else res.batch_size))
-        return cls(parts)
-
-    def __call__(self, jobs: list[Job]) -> list[Job]:
-        for process, size in self.parts:
-            jobs = process(jobs) if size is None else in_chunks(process, jobs, size)
-        return jobs

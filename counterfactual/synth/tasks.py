@@ -27,9 +27,10 @@ from counterfactual import fs
 from counterfactual.method.cooccurrence import CooccurrenceStats
 from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import ImageRecord, Status
+from counterfactual.synth.job import Job
 from counterfactual.synth.plan import Runtime, SynthConfig, plan
 from counterfactual.synth.shards import ShardStats, ShardWriter
-from counterfactual.synth.steps import Job, Process
+from counterfactual.synth.staging import Process
 
 if TYPE_CHECKING:
     from counterfactual.readers.corpus import InputPiece
@@ -258,7 +259,7 @@ class ShardDone:
 class ShardMaker:
     """Make one shard from its task: read, plan, process in batches, write.
 
-    ``process`` runs the steps on one batch of jobs (a :class:`~counterfactual.synth.steps.Chain`
+    ``process`` runs the steps on one batch of jobs (a :class:`~counterfactual.synth.staging.Chain`
     in process; on Ray the CPU steps here and the model steps on their actors), of
     ``batch_size`` jobs (:attr:`Runtime.batch_size`). ``on_batch(items)`` is called after each
     batch (progress).

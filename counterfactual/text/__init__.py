@@ -67,7 +67,7 @@ class TextConfig:
     skip_unchanged: bool = False
     """``np-removal`` only: skip (status ``skipped``, reason ``caption-unchanged``) a plan whose
     caption mentions none of the removed classes, so the rewrite would leave it as it was.
-    Off by default, as the paper; on for corpora whose caption is the only text (issue 7)."""
+    Off by default, as the paper; on for corpora whose caption is the only text."""
     # captioner
     model: str = "Salesforce/blip-image-captioning-base"
     max_new_tokens: int = 30

@@ -1,4 +1,4 @@
-"""The rule set a rewritten caption must pass to count as fluent (issue 23), as code.
+"""The rule set a rewritten caption must pass to count as fluent, as code.
 
 A cut can leave words that make a caption broken English; :func:`fluency_problems` finds them
 in a spaCy ``Doc`` (POS tags and tags; the remover's fast path is enough):

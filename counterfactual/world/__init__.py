@@ -1,4 +1,4 @@
-"""A controlled world for the whole loop (issue 26): procedurally drawn scenes whose class
+"""A controlled world for the whole loop: procedurally drawn scenes whose class
 co-occurrence in train is a knob, written as a COCO-format dataset, and the experiment that
 trains a small dual encoder on D and on D ∪ D' and measures ODmAP@k and R@K.
 

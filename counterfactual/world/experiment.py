@@ -1,4 +1,4 @@
-"""The whole loop on the controlled world, with the project's own commands (issue 26):
+"""The whole loop on the controlled world, with the project's own commands:
 
 1. ``counterfactual world``: the dataset (train co-occurrence ``cooccurrence``, balanced test);
    the train split's image-caption pairs as WebDataset shards (D, shuffled);
@@ -14,7 +14,8 @@
 5. ``counterfactual eval`` of both arms on both query sets (R@K on the test split).
 
 :func:`run_experiment` writes ``OUT/results.json`` (``{"config", "arms": {"D", "D+D'"}}``, each
-arm ``{"mean", "std", "seeds"}`` of :data:`METRICS` as fractions), ``OUT/results.png`` (ODmAP@k
+arm ``{"mean", "std", "seeds"}`` of :data:`METRICS` as fractions; ``"by_role"``: ODmAP@k per arm
+over the queries of each removed-class role, :data:`ROLES`), ``OUT/results.png`` (ODmAP@k
 per arm, error bars: the std over seeds) and ``OUT/results.md``. The world, D and the synth runs
 are made once (from ``seed``); seeds vary the model's initial weights and the data order.
 """
@@ -54,6 +55,11 @@ METRICS = (
 )
 """The numbers of one arm and seed, all fractions in [0, 1]."""
 TEXT_METHODS = ("np-removal", "prompt")
+ROLES = ("partner", "anchor", "unpaired", "several")
+"""What a query's removed class is in the world: the co-occurring partner of a pair (the
+shortcut: its anchor stays in the picture and suggests it), the anchor of a pair, a class of no
+pair; ``several``: a query that removed more than one class."""
+ROLE_METRICS = (*(f"odmap@{k}" for k in KS), *(f"clean_odmap@{k}" for k in KS))
 IMAGE_METHODS = ("inpaint", "zero", "blur")
 POLICIES = ("uniform", "spurious", "all")
 
@@ -127,11 +133,14 @@ class ExperimentConfig:
         return {**asdict(self), "channels": list(self.channels), "world": self.world.to_dict()}
 
 
-def _cli(argv: Sequence[str]) -> None:
-    """One project command, in this process; ``RuntimeError`` when it fails."""
-    from counterfactual.cli import main
+Command = Callable[[list[str]], int]
+"""Runs one project command line (``["synth", "--out", ...]``) and returns its exit code: the
+CLI's ``main`` (the entry point hands it in, so the library does not import the CLI)."""
 
-    code = main([str(a) for a in argv])
+
+def _call(command: Command, argv: Sequence[Any]) -> None:
+    """``command`` on ``argv``; ``RuntimeError`` when it fails."""
+    code = command([str(a) for a in argv])
     if code != 0:
         raise RuntimeError(f"`counterfactual {' '.join(map(str, argv))}` exited with {code}")
 
@@ -147,13 +156,15 @@ def prepare_world(config: ExperimentConfig, out: Path) -> World:
 
 
 def synth(
-    world: World, split: str, out: Path, config: ExperimentConfig, captions: str, policy: str
-) -> Path:
+    command: Command, world: World, split: str, out: Path, config: ExperimentConfig,
+    captions: str, policy: str,
+) -> Path:  # fmt: skip
     """``counterfactual synth`` on one split of the world (resumes a finished run)."""
     image = ["--image-method", config.image_method, "--policy", policy]
     if config.image_method == "inpaint":
         image += ["--inpaint-backend", "opencv"]
-    _cli(
+    _call(
+        command,
         [
             "synth", "--runner", "local", "--dataset", "coco", "--root", world.root,
             "--coco-set", COCO_SET, "--split-file", world.split_file, "--split", split,
@@ -196,7 +207,7 @@ def write_clean_queries(world: World, queries: Path, out: Path) -> int:
 
 
 def train_arm(
-    init: Path, original: Path, synthetic: Path | None, ratio: float, out: Path,
+    command: Command, init: Path, original: Path, synthetic: Path | None, ratio: float, out: Path,
     config: ExperimentConfig, seed: int,
 ) -> Path:  # fmt: skip
     """``counterfactual train --recipe scratch``: ``steps`` steps from ``init``; with
@@ -209,12 +220,14 @@ def train_arm(
     ]  # fmt: skip
     if synthetic is not None:
         argv += ["--synthetic", synthetic, "--ratio", f"{ratio:.6g}"]
-    _cli(argv)  # a finished arm is resumed after its last epoch: nothing to do, config checked
+    _call(
+        command, argv
+    )  # a finished arm is resumed after its last epoch: nothing to do, config checked
     return out / "final"
 
 
 def evaluate(
-    world: World, queries: Path, models: Sequence[Path], out: Path, cache: Path,
+    command: Command, world: World, queries: Path, models: Sequence[Path], out: Path, cache: Path,
     config: ExperimentConfig, recall: bool,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """``counterfactual eval`` of ``models`` on ``queries``; each model's report entry."""
@@ -227,7 +240,7 @@ def evaluate(
         argv += ["--model", f"scratch:{model}"]
     if not recall:
         argv.append("--no-recall")
-    _cli(argv)
+    _call(command, argv)
     return json.loads((out / "report.json").read_text("utf-8"))["models"]
 
 
@@ -245,6 +258,55 @@ def arm_metrics(pipeline: dict[str, Any], clean: dict[str, Any]) -> dict[str, fl
     return metrics
 
 
+def class_roles(world: WorldConfig) -> dict[str, str]:
+    """Each class's role (:data:`ROLES`) in ``world``."""
+    roles = {c.name: "unpaired" for c in world.classes}
+    for anchor, partner in world.pairs:
+        roles[anchor], roles[partner] = "anchor", "partner"
+    return roles
+
+
+def role_metrics(
+    pipeline: dict[str, Any], clean: dict[str, Any], roles: dict[str, str]
+) -> dict[str, dict[str, float]]:
+    """One arm's ODmAP@k (pipeline and clean queries) over the queries of each removed-class
+    role, from the report entries' ``odmap_by_removed``, with the number of queries: which part
+    of a gain is the shortcut unlearned (``partner``) and which a better model overall."""
+    out: dict[str, dict[str, float]] = {}
+    for role in ROLES:
+        row: dict[str, float] = {}
+        for prefix, entry in (("odmap", pipeline), ("clean_odmap", clean)):
+            cells = [
+                cell
+                for key, cell in entry["odmap_by_removed"].items()
+                if ("several" if "+" in key else roles.get(key, "unpaired")) == role
+            ]
+            n = sum(cell["queries"] for cell in cells)
+            row["queries"] = float(n)
+            for k in KS:
+                total = sum(cell["queries"] * cell["odmap"][str(k)] for cell in cells)
+                row[f"{prefix}@{k}"] = total / n if n else float("nan")
+        if row["queries"]:
+            out[role] = row
+    return out
+
+
+def summarise_roles(runs: Sequence[dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """``{role: {"queries", "mean", "std"}}`` over seeds (the roles every seed has)."""
+    summary: dict[str, Any] = {}
+    for role in ROLES:
+        rows = [run[role] for run in runs if role in run]
+        if len(rows) != len(runs) or not rows:
+            continue
+        table = np.array([[r[m] for m in ROLE_METRICS] for r in rows], np.float64)
+        summary[role] = {
+            "queries": int(rows[0]["queries"]),
+            "mean": dict(zip(ROLE_METRICS, map(float, table.mean(axis=0)), strict=True)),
+            "std": dict(zip(ROLE_METRICS, map(float, table.std(axis=0)), strict=True)),
+        }
+    return summary
+
+
 def summarise(runs: Sequence[dict[str, float]]) -> dict[str, Any]:
     """``{"mean", "std", "seeds"}`` over seeds (std: population, 0 for one seed)."""
     table = np.array([[r[m] for m in METRICS] for r in runs], np.float64)
@@ -256,9 +318,13 @@ def summarise(runs: Sequence[dict[str, float]]) -> dict[str, Any]:
 
 
 def run_experiment(
-    config: ExperimentConfig, out: str | Path, log: Callable[[str], None] = print
+    config: ExperimentConfig,
+    out: str | Path,
+    command: Command,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """The loop (module docstring); returns what ``OUT/results.json`` holds."""
+    """The loop (module docstring), each step one of the project's commands run by
+    ``command``; returns what ``OUT/results.json`` holds."""
     import torch
 
     from counterfactual.models.scratch import ScratchConfig, build_vocab, init_model
@@ -276,9 +342,15 @@ def run_experiment(
     seconds["world"] = time.perf_counter() - start
     start = time.perf_counter()
     d_prime = synth(
-        world, "train", out / "synth-train", config, config.captions_per_image, config.policy
+        command,
+        world,
+        "train",
+        out / "synth-train",
+        config,
+        config.captions_per_image,
+        config.policy,
     )
-    queries = synth(world, "test", out / "synth-test", config, "one", "uniform")
+    queries = synth(command, world, "test", out / "synth-test", config, "one", "uniform")
     seconds["synth"] = time.perf_counter() - start
     clean = out / "queries-clean"
     write_clean_queries(world, queries, clean)
@@ -291,6 +363,8 @@ def run_experiment(
     )
     vocab = build_vocab(world.captions("train"))
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
+    by_role: dict[str, list[dict[str, dict[str, float]]]] = {arm: [] for arm in ARMS}
+    roles = class_roles(config.world)
     seconds["train"] = seconds["eval"] = 0.0
     for seed in range(config.seed, config.seed + config.seeds):
         folder = out / f"seed-{seed}"
@@ -299,17 +373,20 @@ def run_experiment(
         )
         start = time.perf_counter()
         models = [
-            train_arm(init, originals, None, ratio, folder / "D", config, seed),
-            train_arm(init, originals, d_prime, ratio, folder / "D+D'", config, seed),
+            train_arm(command, init, originals, None, ratio, folder / "D", config, seed),
+            train_arm(command, init, originals, d_prime, ratio, folder / "D+D'", config, seed),
         ]
         seconds["train"] += time.perf_counter() - start
         start = time.perf_counter()
         cache = out / "cache"
-        pipeline = evaluate(world, queries, models, folder / "eval", cache, config, True)
-        cleaned = evaluate(world, clean, models, folder / "eval-clean", cache, config, False)
+        pipeline = evaluate(command, world, queries, models, folder / "eval", cache, config, True)
+        cleaned = evaluate(
+            command, world, clean, models, folder / "eval-clean", cache, config, False
+        )
         seconds["eval"] += time.perf_counter() - start
         for arm, p, c in zip(ARMS, pipeline, cleaned, strict=True):
             runs[arm].append(arm_metrics(p, c))
+            by_role[arm].append(role_metrics(p, c, roles))
             log(
                 f"seed {seed} {arm}: " + ", ".join(f"{m} {v:.3f}" for m, v in runs[arm][-1].items())
             )
@@ -322,6 +399,7 @@ def run_experiment(
             "synthetic": n_synthetic,
         },
         "arms": {arm: summarise(runs[arm]) for arm in ARMS},
+        "by_role": {arm: summarise_roles(by_role[arm]) for arm in ARMS},
     }
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", "utf-8")
     (out / "timings.json").write_text(json.dumps(seconds, indent=1) + "\n", "utf-8")
@@ -336,10 +414,14 @@ __all__ = [
     "ARMS",
     "IMAGE_METHODS",
     "METRICS",
+    "ROLES",
     "TEXT_METHODS",
     "ExperimentConfig",
     "arm_metrics",
+    "class_roles",
+    "role_metrics",
     "run_experiment",
     "summarise",
+    "summarise_roles",
     "write_clean_queries",
 ]

@@ -1,5 +1,6 @@
 """How an experiment's results are shown: :func:`table` (Markdown: mean ± std per arm, and the
-ODmAP@1 gain against twice the spread) and :func:`plot` (ODmAP@k per arm, error bars)."""
+ODmAP@1 gain against twice the spread; :func:`role_table`, ODmAP@1 by what the query removed)
+and :func:`plot` (ODmAP@k per arm, error bars)."""
 
 from __future__ import annotations
 
@@ -57,9 +58,42 @@ def table(results: Mapping[str, Any], seconds: Mapping[str, float] | None = None
             f"{dd['mean'][key]:.3f} ± {dd['std'][key]:.3f} | {gain(results, key):+.3f} | "
             f"{2 * spread(results, key):.3f} |"
         )
+    lines += role_table(results)
     if seconds:
         lines += ["", "Seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()) + "."]
     return "\n".join(lines) + "\n"
+
+
+ROLE_NAMES = {
+    "partner": "a partner (its anchor stays: the shortcut)",
+    "anchor": "an anchor",
+    "unpaired": "an unpaired class",
+    "several": "several classes",
+}
+
+
+def role_table(results: Mapping[str, Any]) -> list[str]:
+    """ODmAP@1 by the removed class's role, both arms and query sets: where the gain comes
+    from (the shortcut unlearned shows on ``partner`` queries; a better model on all)."""
+    by_role = results.get("by_role")
+    if not by_role:
+        return []
+    lines = [
+        "",
+        "ODmAP@1 by what the query removed (pipeline queries / clean renders):",
+        "",
+        "| removed | queries | D | D ∪ D' | gain | clean D | clean D ∪ D' | clean gain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for role, name in ROLE_NAMES.items():
+        if role not in by_role["D"] or role not in by_role["D+D'"]:
+            continue
+        d, dd = by_role["D"][role]["mean"], by_role["D+D'"][role]["mean"]
+        cells = []
+        for key in ("odmap@1", "clean_odmap@1"):
+            cells += [f"{d[key]:.3f}", f"{dd[key]:.3f}", f"{dd[key] - d[key]:+.3f}"]
+        lines.append(f"| {name} | {by_role['D'][role]['queries']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(results: Mapping[str, Any], path: str | Path) -> Path:
