@@ -317,6 +317,84 @@ def summarise(runs: Sequence[dict[str, float]]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class LoopData:
+    """What every seed trains on and is scored on: the world, D (``originals``), D'
+    (``d_prime``), the pipeline's queries and their clean renders, and the sample counts."""
+
+    world: World
+    originals: Path
+    d_prime: Path
+    queries: Path
+    clean: Path
+    n_original: int
+    n_synthetic: int
+
+    @property
+    def natural_ratio(self) -> float:
+        """D' samples per D sample, as synth made them."""
+        return self.n_synthetic / self.n_original
+
+
+def make_data(
+    command: Command, config: ExperimentConfig, out: Path, seconds: dict[str, float]
+) -> LoopData:
+    """Steps 1-3 of the loop (module docstring), each reused when already done; their times
+    go to ``seconds`` (``world``, ``synth``)."""
+    from counterfactual.train.mix import count_samples, expand_shards
+
+    start = time.perf_counter()
+    world = prepare_world(config, out)
+    originals = out / "shards" / "original"
+    if not originals.exists():
+        write_original_shards(world, "train", originals, seed=config.seed)
+    seconds["world"] = time.perf_counter() - start
+    start = time.perf_counter()
+    train = out / "synth-train"
+    d_prime = synth(
+        command, world, "train", train, config, config.captions_per_image, config.policy
+    )
+    queries = synth(command, world, "test", out / "synth-test", config, "one", "uniform")
+    seconds["synth"] = time.perf_counter() - start
+    clean = out / "queries-clean"
+    write_clean_queries(world, queries, clean)
+    return LoopData(
+        world,
+        originals,
+        d_prime,
+        queries,
+        clean,
+        sum(count_samples(s) for s in expand_shards([str(originals)])),
+        sum(count_samples(s) for s in expand_shards([str(d_prime)])),
+    )
+
+
+def run_seed(
+    command: Command, config: ExperimentConfig, data: LoopData, ratio: float, vocab: Any,
+    seed: int, folder: Path, seconds: dict[str, float],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """Steps 4-5 for one seed: both arms from the same initial weights, scored on both query
+    sets; each arm's report entries ``(pipeline, clean)``, in :data:`ARMS` order."""
+    from counterfactual.models.scratch import ScratchConfig, init_model
+
+    init = init_model(folder / "init", vocab, ScratchConfig(channels=config.channels, seed=seed))
+    start = time.perf_counter()
+    models = [
+        train_arm(command, init, data.originals, None, ratio, folder / "D", config, seed),
+        train_arm(command, init, data.originals, data.d_prime, ratio, folder / "D+D'", config, seed),
+    ]  # fmt: skip
+    seconds["train"] = seconds.get("train", 0.0) + time.perf_counter() - start
+    start = time.perf_counter()
+    cache = folder.parent / "cache"
+    world = data.world
+    pipeline = evaluate(command, world, data.queries, models, folder / "eval", cache, config, True)
+    clean = evaluate(
+        command, world, data.clean, models, folder / "eval-clean", cache, config, False
+    )
+    seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - start
+    return pipeline, clean
+
+
 def run_experiment(
     config: ExperimentConfig,
     out: str | Path,
@@ -327,84 +405,44 @@ def run_experiment(
     ``command``; returns what ``OUT/results.json`` holds."""
     import torch
 
-    from counterfactual.models.scratch import ScratchConfig, build_vocab, init_model
-    from counterfactual.train.mix import count_samples, expand_shards
+    from counterfactual.models.scratch import build_vocab
+    from counterfactual.world.results import plot, table
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.threads)  # fixed: CPU sums depend on the thread count
     seconds: dict[str, float] = {}
-    start = time.perf_counter()
-    world = prepare_world(config, out)
-    originals = out / "shards" / "original"
-    if not originals.exists():
-        write_original_shards(world, "train", originals, seed=config.seed)
-    seconds["world"] = time.perf_counter() - start
-    start = time.perf_counter()
-    d_prime = synth(
-        command,
-        world,
-        "train",
-        out / "synth-train",
-        config,
-        config.captions_per_image,
-        config.policy,
-    )
-    queries = synth(command, world, "test", out / "synth-test", config, "one", "uniform")
-    seconds["synth"] = time.perf_counter() - start
-    clean = out / "queries-clean"
-    write_clean_queries(world, queries, clean)
-    n_original = sum(count_samples(s) for s in expand_shards([str(originals)]))
-    n_synthetic = sum(count_samples(s) for s in expand_shards([str(d_prime)]))
-    natural = n_synthetic / n_original
-    ratio = config.ratio or natural
+    data = make_data(command, config, out, seconds)
+    ratio = config.ratio or data.natural_ratio
     log(
-        f"D: {n_original} pairs, D': {n_synthetic} ({natural:.3f} per original); drawn at {ratio:.3g}"
+        f"D: {data.n_original} pairs, D': {data.n_synthetic} ({data.natural_ratio:.3f} per "
+        f"original); drawn at {ratio:.3g}"
     )
-    vocab = build_vocab(world.captions("train"))
+    vocab = build_vocab(data.world.captions("train"))
+    roles = class_roles(config.world)
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     by_role: dict[str, list[dict[str, dict[str, float]]]] = {arm: [] for arm in ARMS}
-    roles = class_roles(config.world)
     seconds["train"] = seconds["eval"] = 0.0
     for seed in range(config.seed, config.seed + config.seeds):
-        folder = out / f"seed-{seed}"
-        init = init_model(
-            folder / "init", vocab, ScratchConfig(channels=config.channels, seed=seed)
-        )
-        start = time.perf_counter()
-        models = [
-            train_arm(command, init, originals, None, ratio, folder / "D", config, seed),
-            train_arm(command, init, originals, d_prime, ratio, folder / "D+D'", config, seed),
-        ]
-        seconds["train"] += time.perf_counter() - start
-        start = time.perf_counter()
-        cache = out / "cache"
-        pipeline = evaluate(command, world, queries, models, folder / "eval", cache, config, True)
-        cleaned = evaluate(
-            command, world, clean, models, folder / "eval-clean", cache, config, False
-        )
-        seconds["eval"] += time.perf_counter() - start
-        for arm, p, c in zip(ARMS, pipeline, cleaned, strict=True):
-            runs[arm].append(arm_metrics(p, c))
-            by_role[arm].append(role_metrics(p, c, roles))
-            log(
-                f"seed {seed} {arm}: " + ", ".join(f"{m} {v:.3f}" for m, v in runs[arm][-1].items())
-            )
+        entries = run_seed(command, config, data, ratio, vocab, seed, out / f"seed-{seed}", seconds)
+        for arm, pipeline, clean in zip(ARMS, *entries, strict=True):
+            runs[arm].append(arm_metrics(pipeline, clean))
+            by_role[arm].append(role_metrics(pipeline, clean, roles))
+            shown = ", ".join(f"{m} {v:.3f}" for m, v in runs[arm][-1].items())
+            log(f"seed {seed} {arm}: {shown}")
     results = {
         "config": {
             **config.to_dict(),
             "ratio": ratio,
-            "natural_ratio": natural,
-            "original": n_original,
-            "synthetic": n_synthetic,
+            "natural_ratio": data.natural_ratio,
+            "original": data.n_original,
+            "synthetic": data.n_synthetic,
         },
         "arms": {arm: summarise(runs[arm]) for arm in ARMS},
         "by_role": {arm: summarise_roles(by_role[arm]) for arm in ARMS},
     }
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", "utf-8")
     (out / "timings.json").write_text(json.dumps(seconds, indent=1) + "\n", "utf-8")
-    from counterfactual.world.results import plot, table
-
     plot(results, out / "results.png")
     (out / "results.md").write_text(table(results, seconds), "utf-8")
     return results
@@ -417,10 +455,13 @@ __all__ = [
     "ROLES",
     "TEXT_METHODS",
     "ExperimentConfig",
+    "LoopData",
     "arm_metrics",
     "class_roles",
     "role_metrics",
+    "make_data",
     "run_experiment",
+    "run_seed",
     "summarise",
     "summarise_roles",
     "write_clean_queries",
