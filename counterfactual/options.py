@@ -47,7 +47,9 @@ class CliOption:
     shows them (default: ``--`` and the field's name with dashes); ``dest`` its key in the
     parsed options and in YAML configs (default: the first long flag's name with
     underscores); ``unset``: not given, it is ``None`` and whoever builds the config decides
-    (a default that depends on other options)."""
+    (a default that depends on other options). ``nargs`` (``"+"``, ``"*"``): a list of values,
+    stored as a tuple; ``metavar``: the value's name in the usage. A field without a default
+    is a required option."""
 
     help: str
     kind: str = "text"
@@ -55,6 +57,8 @@ class CliOption:
     flags: tuple[str, ...] = ()
     dest: str = ""
     unset: bool = False
+    nargs: str = ""
+    metavar: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -74,6 +78,11 @@ class Declared:
     field: str
     option: CliOption
     default: Any
+    """The field's default; :data:`dataclasses.MISSING` when it has none."""
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
 
     @property
     def flags(self) -> tuple[str, ...]:

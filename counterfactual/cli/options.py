@@ -45,14 +45,19 @@ def add_options(
     group: argparse.ArgumentParser | argparse._ArgumentGroup, options: Iterable[Declared]
 ) -> None:
     """Add each declared option to ``group``; its default is the field's (``None`` for an
-    option declared ``unset``), so ``%(default)s`` in its help shows it."""
+    option declared ``unset``), so ``%(default)s`` in its help shows it; a field without a
+    default is a required option."""
     for d in options:
         spec = d.option
-        kwargs: dict[str, Any] = {
-            "dest": d.dest,
-            "default": None if spec.unset else d.default,
-            "help": spec.help,
-        }
+        kwargs: dict[str, Any] = {"dest": d.dest, "help": spec.help}
+        if d.required:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = None if spec.unset else d.default
+        if spec.nargs:
+            kwargs["nargs"] = spec.nargs
+        if spec.metavar:
+            kwargs["metavar"] = spec.metavar
         if spec.kind in _ACTIONS:
             kwargs["action"] = _ACTIONS[spec.kind]
         elif spec.kind in TYPES:
@@ -63,7 +68,9 @@ def add_options(
 
 
 def build(cls: type[Config], args: argparse.Namespace, **given: Any) -> Config:
-    """``cls`` from the parsed options of the fields it declares, and ``given`` (the fields
-    whose value the command decides: a nested config, a default that depends on others)."""
+    """``cls`` from the parsed options of the fields it declares (a list as a tuple: configs
+    are frozen), and ``given`` (the fields whose value the command decides: a nested config, a
+    default that depends on others)."""
     values = {d.field: getattr(args, d.dest) for d in declared(cls) if d.field not in given}
-    return cls(**values, **given)
+    lists = {k: tuple(v) for k, v in values.items() if isinstance(v, list)}
+    return cls(**{**values, **lists}, **given)
