@@ -29,12 +29,15 @@ KINDS = (
     "unit_interval",
     "open_unit_interval",
     "gpu_share",
+    "finite_float",
+    "cosine",
 )
 """What an option's value is: ``text`` (a string); ``flag`` (``--x`` sets ``True``);
 ``no-flag`` (``--no-x`` sets ``False``); ``bool`` (``--x`` and ``--no-x``); or a number in a
 range (``positive_int``: > 0, ``nonnegative_int``: >= 0, ``positive_float``: finite > 0,
 ``nonnegative_float``: finite >= 0, ``positive_fraction``: (0, 1], ``unit_interval``:
-[0, 1], ``open_unit_interval``: (0, 1), ``gpu_share``: (0, 8])."""
+[0, 1], ``open_unit_interval``: (0, 1), ``gpu_share``: (0, 8], ``finite_float``: any
+finite number, ``cosine``: [-1, 1])."""
 
 _KEY = "counterfactual.option"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
 from counterfactual.method.selection import SelectionConfig
@@ -49,6 +50,25 @@ positive_fraction = _ranged(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 """argparse type: a float in (0, 1] (a threshold where 0 refuses everything)."""
 gpu_share = _ranged(float, lambda v: 0 < v <= 8, "a number in (0, 8]")
 """argparse type: GPUs per actor, a fraction of one GPU up to a node's eight."""
+
+
+def finite_float(text: str) -> float:
+    """argparse type: any finite float (a threshold on a score of either sign)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def cosine(text: str) -> float:
+    """argparse type: a cosine similarity, a float in [-1, 1]."""
+    value = finite_float(text)
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a cosine in [-1, 1]")
+    return value
 
 
 def add_selection_args(parser: argparse.ArgumentParser) -> None:

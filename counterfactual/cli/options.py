@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from counterfactual.cli.common import (
+    cosine,
+    finite_float,
     gpu_share,
     nonnegative_float,
     nonnegative_int,
@@ -29,6 +31,8 @@ TYPES = {
     "unit_interval": unit_interval,
     "open_unit_interval": open_unit_interval,
     "gpu_share": gpu_share,
+    "finite_float": finite_float,
+    "cosine": cosine,
 }
 """The argparse type of each numeric option kind (:data:`counterfactual.options.KINDS`)."""
 
