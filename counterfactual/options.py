@@ -18,6 +18,7 @@ from typing import Any
 
 KINDS = (
     "text",
+    "float",
     "flag",
     "no-flag",
     "bool",
@@ -32,7 +33,7 @@ KINDS = (
     "finite_float",
     "cosine",
 )
-"""What an option's value is: ``text`` (a string); ``flag`` (``--x`` sets ``True``);
+"""What an option's value is: ``text`` (a string); ``float`` (any number); ``flag`` (``--x`` sets ``True``);
 ``no-flag`` (``--no-x`` sets ``False``); ``bool`` (``--x`` and ``--no-x``); or a number in a
 range (``positive_int``: > 0, ``nonnegative_int``: >= 0, ``positive_float``: finite > 0,
 ``nonnegative_float``: finite >= 0, ``positive_fraction``: (0, 1], ``unit_interval``:

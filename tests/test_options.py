@@ -24,6 +24,8 @@ from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import TextConfig
 from counterfactual.tools.audit.distractors import DistractorConfig
 from counterfactual.train.trainer import TrainConfig
+from counterfactual.world.experiment import ExperimentConfig
+from counterfactual.world.scene import WorldConfig
 
 SYNTH = (
     SelectionConfig,
@@ -45,8 +47,8 @@ def _subparser(name: str, *path: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _dests(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {a.dest: a for a in parser._actions}
+def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {flag: a for a in parser._actions for flag in a.option_strings}
 
 
 @pytest.mark.parametrize(
@@ -55,15 +57,18 @@ def _dests(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
         (("synth",), SYNTH),
         (("train",), (TrainConfig,)),
         (("audit", "distractors"), (DistractorConfig,)),
+        (("world",), (WorldConfig,)),
+        (("experiment",), (ExperimentConfig,)),
     ],
 )
 def test_every_declared_option_is_on_the_command_line(command, classes) -> None:
-    actions = _dests(_subparser(*command))
+    actions = _actions(_subparser(*command))
     for cls in classes:
         for d in declared(cls):
-            action = actions.get(d.dest)
+            action = actions.get(d.flags[0])
             assert action is not None, f"{cls.__name__}.{d.field}: {d.flags} not on {command}"
             assert set(d.flags) <= set(action.option_strings)  # bool kinds add --no-X
+            assert action.dest == d.dest
             assert action.help.startswith(d.option.help)
             if not d.required:
                 assert action.default == (None if d.option.unset else d.default)

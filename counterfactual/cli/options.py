@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from counterfactual.cli.common import (
@@ -22,7 +22,8 @@ from counterfactual.cli.common import (
 )
 from counterfactual.options import Declared, declared
 
-TYPES = {
+TYPES: dict[str, Callable[[str], Any]] = {
+    "float": float,
     "positive_int": positive_int,
     "nonnegative_int": nonnegative_int,
     "positive_float": positive_float,
@@ -34,7 +35,7 @@ TYPES = {
     "finite_float": finite_float,
     "cosine": cosine,
 }
-"""The argparse type of each numeric option kind (:data:`counterfactual.options.KINDS`)."""
+"""The argparse type of each number kind (:data:`counterfactual.options.KINDS`)."""
 
 _ACTIONS = {
     "flag": "store_true",
