@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from counterfactual._lazy import require
 from counterfactual.method.detectors import MODEL_TYPES, ModelCall, backend_for
 from counterfactual.method.detectors.owlv2 import to_pixels
+from counterfactual.options import option
 from counterfactual.records import ObjectAnnotation
 from counterfactual.vocab import ClassVocabulary
 
@@ -60,12 +61,56 @@ class DetectConfig:
     :class:`~counterfactual.synth.plan.Runtime`).
     """
 
-    model: str = "google/owlv2-base-patch16-ensemble"
-    score_threshold: float = 0.2
-    nms_iou: float = 0.5
-    queries: str = "caption"
-    template: str = "a photo of a {}"
-    max_detections: int = 100
+    model: str = field(
+        default="google/owlv2-base-patch16-ensemble",
+        metadata=option(
+            "OWLv2 or Grounding DINO hub id or folder (default: %(default)s)",
+            flags=("--detector-model",),
+        ),
+    )
+    score_threshold: float = field(
+        default=0.2,
+        metadata=option(
+            "keep a detected box whose score (sigmoid of its class logit) is at least this, "
+            "in [0, 1] (default: %(default)s)",
+            kind="unit_interval",
+            flags=("--detect-threshold",),
+        ),
+    )
+    nms_iou: float = field(
+        default=0.5,
+        metadata=option(
+            "per class, drop a box whose IoU with a better-scored box is above this, in [0, 1]; "
+            "1 keeps all (default: %(default)s)",
+            kind="unit_interval",
+            flags=("--detect-nms-iou",),
+        ),
+    )
+    queries: str = field(
+        default="caption",
+        metadata=option(
+            "classes asked for: those the caption mentions, the whole vocabulary when it "
+            "mentions any (finds the unmentioned objects the alpha rules must keep), or always "
+            "all (default: %(default)s)",
+            choices=QUERY_MODES,
+            flags=("--detect-queries",),
+        ),
+    )
+    template: str = field(
+        default="a photo of a {}",
+        metadata=option(
+            "a class's query text, with exactly one {} for its name (default: '%(default)s')",
+            flags=("--detect-template",),
+        ),
+    )
+    max_detections: int = field(
+        default=100,
+        metadata=option(
+            "most boxes kept per image, best first (default: %(default)s)",
+            kind="positive_int",
+            flags=("--detect-max",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.model or self.model != self.model.strip():

@@ -52,6 +52,7 @@ from PIL import Image
 
 from counterfactual._lazy import require
 from counterfactual.imageio import SampleError, decode_rgb
+from counterfactual.options import option
 from counterfactual.train.mix import (
     SeededShards,
     ShardSpec,
@@ -157,6 +158,18 @@ RECIPES: Mapping[str, Recipe] = {
 """The recipes by name; a :class:`TrainConfig` field left unset takes its recipe's value."""
 
 _FROM_RECIPE: Any = None  # a field default meaning "the recipe's value", filled on construction
+
+
+def _option(default: Any = dataclasses.MISSING, **declared: Any) -> Any:
+    """A :class:`TrainConfig` field with its command-line option (:func:`option`)."""
+    return dataclasses.field(default=default, metadata=option(**declared))
+
+
+def _by_recipe(name: str) -> str:
+    """``clip 10, blip 2``: a field's default in each recipe, for the help text."""
+    return ", ".join(f"{recipe} {getattr(r, name):g}" for recipe, r in RECIPES.items())
+
+
 _RECIPE_FIELDS = (
     "epochs",
     "batch_size",
@@ -186,32 +199,101 @@ class TrainConfig:
     (``mix="ratio"`` only). ``device=None`` picks CUDA when available.
     """
 
-    model: str
-    original: ShardSpec
-    synthetic: ShardSpec = ()
-    recipe: str = "clip"
-    mix: str = "ratio"
-    ratio: float = 0.1
-    epochs: int = _FROM_RECIPE
-    batch_size: int = _FROM_RECIPE
-    lr: float = _FROM_RECIPE
-    lr_decay: float = _FROM_RECIPE
-    lr_decay_every: float = _FROM_RECIPE
-    optimizer: str = _FROM_RECIPE
+    model: str = _option(
+        help="hub id or folder of the recipe's model + processor (CLIPModel, "
+        "BlipForImageTextRetrieval such as Salesforce/blip-itm-base-coco)",
+    )
+    original: ShardSpec = _option(help="original shards", nargs="+", metavar="SPEC")
+    synthetic: ShardSpec = _option(
+        (),
+        help="synthetic shards (default: none, train on the original ones only)",
+        nargs="*",
+        metavar="SPEC",
+    )
+    recipe: str = _option(
+        "clip",
+        help="model family and the paper's defaults for it (default: %(default)s)",
+        choices=tuple(RECIPES),
+    )
+    mix: str = _option(
+        "ratio",
+        help="union: every original and synthetic sample once per epoch, at their natural "
+        "ratio (the paper); ratio: resampled at --ratio (default: %(default)s)",
+        choices=MIXES,
+    )
+    ratio: float = _option(
+        0.1,
+        help="--mix ratio: synthetic per original (default %(default)s; the paper: 0.08-0.2)",
+        kind="positive_float",
+    )
+    epochs: int = _option(
+        _FROM_RECIPE, help=f"default: {_by_recipe('epochs')}", kind="positive_int"
+    )
+    batch_size: int = _option(
+        _FROM_RECIPE, help=f"default: {_by_recipe('batch_size')}", kind="positive_int"
+    )
+    lr: float = _option(_FROM_RECIPE, help=f"default: {_by_recipe('lr')}", kind="positive_float")
+    lr_decay: float = _option(
+        _FROM_RECIPE,
+        help=f"lr factor at each decay, at most 1 (default: {_by_recipe('lr_decay')})",
+        kind="positive_float",
+    )
+    lr_decay_every: float = _option(
+        _FROM_RECIPE,
+        help="epochs between lr decays, fractions allowed "
+        f"(default: {_by_recipe('lr_decay_every')})",
+        kind="positive_float",
+        metavar="EPOCHS",
+    )
+    optimizer: str = _option(
+        _FROM_RECIPE,
+        help="default: " + ", ".join(f"{n} {r.optimizer}" for n, r in RECIPES.items()),
+        choices=OPTIMIZERS,
+    )
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    weight_decay: float = _FROM_RECIPE
-    grad_clip_norm: float | None = None
-    samples_per_epoch: int | None = None
-    shuffle_buffer: int = 1000
-    max_text_length: int = _FROM_RECIPE
+    weight_decay: float = _option(
+        _FROM_RECIPE, help=f"default: {_by_recipe('weight_decay')}", kind="nonnegative_float"
+    )
+    grad_clip_norm: float | None = _option(
+        None,
+        help="clip the gradient norm to this (default: no clipping)",
+        kind="positive_float",
+        flags=("--grad-clip",),
+    )
+    samples_per_epoch: int | None = _option(
+        None,
+        help="--mix ratio only; default: original samples x (1 + ratio)",
+        kind="positive_int",
+    )
+    shuffle_buffer: int = _option(
+        1000, help="samples (default %(default)s)", kind="nonnegative_int"
+    )
+    max_text_length: int = _option(
+        _FROM_RECIPE,
+        help=f"tokens per caption (default: {_by_recipe('max_text_length')})",
+        kind="positive_int",
+    )
     image_key: str = "jpg"
     text_key: str = "txt"
-    seed: int = 0
-    device: str | None = None
-    precision: str = "auto"
-    num_workers: int = 0
-    log_every: int = 10
+    seed: int = _option(
+        0,
+        help="seed of the shard order, shuffle and mix draws, >= 0 (default: %(default)s)",
+        kind="nonnegative_int",
+    )
+    device: str | None = _option(None, help="torch device (default: cuda if available)")
+    precision: str = _option(
+        "auto",
+        help="auto: bf16 autocast on CUDA, fp32 on CPU; bf16, fp16: mixed precision, CUDA "
+        "only (default: %(default)s)",
+        choices=PRECISIONS,
+    )
+    num_workers: int = _option(
+        0, help="DataLoader workers (default %(default)s)", kind="nonnegative_int"
+    )
+    log_every: int = _option(
+        10, help="steps per log row (default %(default)s)", kind="positive_int"
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str | os.PathLike) or not os.fspath(self.model):

@@ -27,13 +27,14 @@ import json
 import tarfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from counterfactual.imageio import encode_jpeg
+from counterfactual.options import option
 from counterfactual.world.classes import PAIRS
 from counterfactual.world.scene import WorldConfig
 from counterfactual.world.write import (
@@ -71,23 +72,80 @@ class ExperimentConfig:
     ``seed + 1``, ...; ``steps`` optimizer steps of ``batch_size`` per arm; ``world``: the world's
     knobs (its ``cooccurrence`` and ``seed`` are this config's)."""
 
-    seeds: int = 3
-    seed: int = 0
-    cooccurrence: float = 0.9
-    steps: int = 1500
-    batch_size: int = 128
+    seeds: int = field(
+        default=3,
+        metadata=option("seeds S, S+1, ... (default: %(default)s)", kind="positive_int"),
+    )
+    seed: int = field(
+        default=0,
+        metadata=option(
+            "S: the world's, synth's and the first training seed (default: %(default)s)",
+            kind="nonnegative_int",
+        ),
+    )
+    cooccurrence: float = field(
+        default=0.9,
+        metadata=option(
+            "p(partner | anchor) in train, in [0.5, 1) (default: %(default)s)", kind="float"
+        ),
+    )
+    steps: int = field(
+        default=1500,
+        metadata=option("training steps per arm (default: %(default)s)", kind="positive_int"),
+    )
+    batch_size: int = field(
+        default=128, metadata=option("(default: %(default)s)", kind="positive_int")
+    )
     lr: float = 2e-3
-    device: str = "cpu"
-    text_method: str = "np-removal"
-    image_method: str = "inpaint"
+    device: str = field(default="cpu", metadata=option("torch device (default: %(default)s)"))
+    text_method: str = field(
+        default="np-removal",
+        metadata=option("synth's (default: %(default)s)", choices=TEXT_METHODS),
+    )
+    image_method: str = field(
+        default="inpaint",
+        metadata=option(
+            "synth's; inpaint is OpenCV's (default: %(default)s)", choices=IMAGE_METHODS
+        ),
+    )
     captions_per_image: str = "one"
-    policy: str = "uniform"
-    partner_contrast: float | None = None
-    ratio: float | None = 1.0
-    images: int = 6000
-    test: int = 700
+    policy: str = field(
+        default="uniform",
+        metadata=option(
+            "synth's plan policy on the train split (the queries: uniform) (default: %(default)s)",
+            choices=POLICIES,
+        ),
+    )
+    partner_contrast: float | None = field(
+        default=None,
+        metadata=option(
+            "contrast of the partner classes in (0, 1] (default: the world's, 0.65): how hard "
+            "the co-occurring object is to see",
+            kind="positive_float",
+        ),
+    )
+    ratio: float | None = field(
+        default=1.0,
+        metadata=option(
+            "D' drawn at this many per original sample (train --mix ratio) (default: %(default)s)",
+            kind="positive_float",
+        ),
+    )
+    images: int = field(
+        default=6000,
+        metadata=option("scenes in the world (default: %(default)s)", kind="positive_int"),
+    )
+    test: int = field(
+        default=700,
+        metadata=option(
+            "test scenes, the queries' source (default: %(default)s)", kind="positive_int"
+        ),
+    )
     channels: tuple[int, ...] = (16, 32, 64)
-    threads: int = 1
+    threads: int = field(
+        default=1,
+        metadata=option("torch CPU threads (default: %(default)s)", kind="positive_int"),
+    )
 
     def __post_init__(self) -> None:
         for name in ("seeds", "steps", "batch_size", "images", "test", "threads"):
