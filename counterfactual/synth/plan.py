@@ -37,12 +37,17 @@ from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import RemovalPlan, SelectionConfig, select_many
 from counterfactual.method.verify import VerifyConfig
+from counterfactual.models.runtime import (  # noqa: F401  (DTYPES: named here too)
+    DTYPES,
+    check_batch_size,
+    check_device,
+    check_dtype,
+)
 from counterfactual.records import Caption, ImageRecord, Status
 from counterfactual.synth.shards import sample_key
 from counterfactual.text import TextConfig
 
 CAPTION_CHOICES = ("one", "all")
-DTYPES = ("float32", "float16", "bfloat16")
 RUNTIME_FIELDS: dict[str, dict[str, str]] = {
     "image": {"device": "device", "dtype": "dtype", "batch_size": "inpaint_batch_size"},
     "text": {"batch_size": "text_batch_size", "device": "device", "dtype": "dtype"},
@@ -78,7 +83,9 @@ class Runtime:
     """Where and in what sizes a run computes: none of it decides what a sample is, so none of
     it is in the fingerprint and a rerun may change it. Like the device, the dtype changes the
     floats a model computes, not what is removed or written (each sample's json records the
-    dtype its models ran in)."""
+    dtype its models ran in). Each model step's share (:meth:`part`) is the ``device``,
+    ``dtype`` and ``batch_size`` of a :class:`~counterfactual.models.runtime.ModelRuntime`,
+    checked by the same functions."""
 
     device: str = "cpu"
     """torch device of every model step: detector, inpainter, captioner, verifier."""
@@ -99,10 +106,8 @@ class Runtime:
     (sizes always): the driver reads all of the input once; a copied dataset resumes."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.device, str) or not self.device.strip():
-            raise ValueError(f"device must be a torch device name, got {self.device!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        check_device(self.device)
+        check_dtype(self.dtype)
         for name in (
             "batch_size",
             "inpaint_batch_size",
@@ -110,7 +115,7 @@ class Runtime:
             "detect_batch_size",
             "verify_batch_size",
         ):
-            _whole(name, getattr(self, name), 1)
+            check_batch_size(getattr(self, name), name)
         for name in ("verify_shards", "hash_inputs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
