@@ -17,8 +17,8 @@ from counterfactual.models.runtime import (
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"dtype": "float64"}, "dtype 'float64' is not float32, float16 or bfloat16"),
-        ({"dtype": "fp16"}, "dtype 'fp16' is not float32, float16 or bfloat16"),
+        ({"dtype": "float64"}, "dtype 'float64' is not one of float32, float16, bfloat16"),
+        ({"dtype": "fp16"}, "dtype 'fp16' is not one of float32, float16, bfloat16"),
         ({"batch_size": 0}, "batch_size must be a whole number >= 1, got 0"),
         ({"batch_size": 2.0}, "batch_size must be a whole number >= 1, got 2.0"),
         ({"batch_size": True}, "batch_size must be a whole number >= 1, got True"),
@@ -70,9 +70,9 @@ def test_one_dtype_list() -> None:
         ("lama", "batch_size must be a whole number >= 1, got 0"),
         ("detector", "batch_size must be a whole number >= 1, got 0"),
         ("embedder", "batch_size must be a whole number >= 1, got 0"),
-        ("captioner-dtype", "dtype 'int8' is not float32, float16 or bfloat16"),
-        ("diffusers-dtype", "dtype 'int8' is not float32, float16 or bfloat16"),
-        ("detector-dtype", "dtype 'int8' is not float32, float16 or bfloat16"),
+        ("captioner-dtype", "dtype 'int8' is not one of float32, float16, bfloat16"),
+        ("diffusers-dtype", "dtype 'int8' is not one of float32, float16, bfloat16"),
+        ("detector-dtype", "dtype 'int8' is not one of float32, float16, bfloat16"),
     ],
 )
 def test_every_backend_checks_its_runtime_alike(build: str, match: str, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 def check_dtype(dtype: object) -> str:
     """``dtype`` if it is one of :data:`DTYPES`, else a ``ValueError`` naming it."""
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not float32, float16 or bfloat16")
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     return dtype
 
 
@@ -135,4 +135,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     torch = require("torch", "models")
     if dtype is None:
         return torch.float16 if device.type == "cuda" else torch.float32
-    return getattr(torch, check_dtype(dtype_name(dtype)))
+    if isinstance(dtype, str):
+        return getattr(torch, check_dtype(dtype))
+    if dtype_name(dtype) not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not float32, float16 or bfloat16")
+    return dtype
