@@ -19,7 +19,7 @@ from counterfactual.models.runtime import (
     [
         ({"dtype": "float64"}, "dtype 'float64' is not one of float32, float16, bfloat16"),
         ({"dtype": "fp16"}, "dtype 'fp16' is not one of float32, float16, bfloat16"),
-        ({"batch_size": 0}, "batch_size must be a whole number >= 1, got 0"),
+        ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
         ({"batch_size": 2.0}, "batch_size must be a whole number >= 1, got 2.0"),
         ({"batch_size": True}, "batch_size must be a whole number >= 1, got True"),
         ({"device": ""}, "device must be a torch device name, got ''"),
@@ -43,7 +43,7 @@ def test_of_takes_torch_objects_and_names_the_batch_size() -> None:
     assert runtime.torch_device() == torch.device("cpu")
     assert runtime.torch_dtype() is torch.bfloat16
     assert ModelRuntime.of(None, None, 1).torch_dtype(torch.device("cpu")) is torch.float32
-    with pytest.raises(ValueError, match="verify batch_size must be a whole number >= 1, got -1"):
+    with pytest.raises(ValueError, match="verify batch_size must be >= 1, got -1"):
         ModelRuntime.of("cpu", None, -1, "verify batch_size")
     with pytest.raises(ValueError, match="dtype 'float64'"):
         ModelRuntime.of("cpu", torch.float64, 1)
@@ -65,11 +65,11 @@ def test_one_dtype_list() -> None:
 @pytest.mark.parametrize(
     ("build", "match"),
     [
-        ("captioner", "batch_size must be a whole number >= 1, got 0"),
-        ("diffusers", "batch_size must be a whole number >= 1, got 0"),
-        ("lama", "batch_size must be a whole number >= 1, got 0"),
-        ("detector", "batch_size must be a whole number >= 1, got 0"),
-        ("embedder", "batch_size must be a whole number >= 1, got 0"),
+        ("captioner", "batch_size must be >= 1, got 0"),
+        ("diffusers", "batch_size must be >= 1, got 0"),
+        ("lama", "batch_size must be >= 1, got 0"),
+        ("detector", "batch_size must be >= 1, got 0"),
+        ("embedder", "batch_size must be >= 1, got 0"),
         ("captioner-dtype", "dtype 'int8' is not one of float32, float16, bfloat16"),
         ("diffusers-dtype", "dtype 'int8' is not one of float32, float16, bfloat16"),
         ("detector-dtype", "dtype 'int8' is not one of float32, float16, bfloat16"),

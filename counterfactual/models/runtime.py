@@ -32,8 +32,10 @@ def check_dtype(dtype: object) -> str:
 def check_batch_size(value: object, name: str = "batch_size") -> int:
     """``value`` if it is a whole number >= 1 (not a bool), else a ``ValueError`` naming
     ``name`` and the value."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r}")
     return int(value)
 
 

@@ -39,7 +39,6 @@ from counterfactual.method.selection import RemovalPlan, SelectionConfig, select
 from counterfactual.method.verify import VerifyConfig
 from counterfactual.models.runtime import (  # noqa: F401  (DTYPES: named here too)
     DTYPES,
-    check_batch_size,
     check_device,
     check_dtype,
 )
@@ -84,8 +83,9 @@ class Runtime:
     it is in the fingerprint and a rerun may change it. Like the device, the dtype changes the
     floats a model computes, not what is removed or written (each sample's json records the
     dtype its models ran in). Each model step's share (:meth:`part`) is the ``device``,
-    ``dtype`` and ``batch_size`` of a :class:`~counterfactual.models.runtime.ModelRuntime`,
-    checked by the same functions."""
+    ``dtype`` and ``batch_size`` its backend's
+    :class:`~counterfactual.models.runtime.ModelRuntime` takes; device and dtype are checked by
+    the same functions."""
 
     device: str = "cpu"
     """torch device of every model step: detector, inpainter, captioner, verifier."""
@@ -115,7 +115,7 @@ class Runtime:
             "detect_batch_size",
             "verify_batch_size",
         ):
-            check_batch_size(getattr(self, name), name)
+            _whole(name, getattr(self, name), 1)
         for name in ("verify_shards", "hash_inputs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
