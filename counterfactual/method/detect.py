@@ -47,7 +47,6 @@ __all__ = [
 
 QUERY_MODES = ("caption", "caption+vocabulary", "vocabulary")
 """Which classes an image is asked for; see :func:`query_classes`."""
-_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,11 +266,6 @@ def to_objects(detections: Sequence[Detection]) -> tuple[ObjectAnnotation, ...]:
     )
 
 
-def _looks_local(name: str) -> bool:
-    """A name meant as a path: it starts like one or has more slashes than ``org/name``."""
-    return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or "\\" in name
-
-
 _WHAT = "a hub id or local folder with an OWLv2 or Grounding DINO model and processor; offline?"
 
 
@@ -294,27 +288,25 @@ class Detector:
         dtype: str | None = None,
         batch_size: int = 8,
     ) -> None:
-        from counterfactual.models.embed import resolve_device, resolve_dtype
+        from counterfactual.models.hf import Words, load_config, load_pretrained, looks_local
+        from counterfactual.models.runtime import ModelRuntime
 
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if dtype is not None and dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+        runtime = ModelRuntime.of(device, dtype, batch_size)
         torch = require("torch", "models")
-        transformers = require("transformers", "models")
         self.config = config
         self.vocabulary = vocabulary
-        self.batch_size = batch_size
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.batch_size = runtime.batch_size
+        self.device = runtime.torch_device()
+        self.dtype = runtime.torch_dtype(self.device)
         self._torch = torch
         name = os.path.expanduser(config.model)
-        if not os.path.isdir(name) and (_looks_local(config.model) or os.path.exists(name)):
+        if not os.path.isdir(name) and (looks_local(config.model) or os.path.exists(name)):
             raise FileNotFoundError(f"detector model folder {config.model!r} does not exist")
-        try:
-            model_type = transformers.AutoConfig.from_pretrained(name).model_type
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"could not load detector {config.model!r} ({_WHAT}): {err}") from err
+        words = Words(
+            no_config=f"could not load detector {config.model!r} ({_WHAT})",
+            no_model=f"could not load detector {config.model!r} ({_WHAT})",
+        )
+        model_type = load_config(name, words).model_type
         if model_type not in MODEL_TYPES:
             raise ValueError(
                 f"detector {config.model!r} is a {model_type!r} model, not one of "
@@ -322,13 +314,9 @@ class Detector:
             )
         self.model_type: str = model_type
         self._backend = backend_for(model_type)
-        try:
-            model = transformers.AutoModelForZeroShotObjectDetection.from_pretrained(
-                name, dtype=self.dtype
-            )
-            processor = transformers.AutoProcessor.from_pretrained(name)
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"could not load detector {config.model!r} ({_WHAT}): {err}") from err
+        model, processor = load_pretrained(
+            name, "AutoModelForZeroShotObjectDetection", words, dtype=self.dtype
+        )
         self._model = model.to(self.device).eval()
         self._processor = processor
 

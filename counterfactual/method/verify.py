@@ -435,8 +435,9 @@ class Verifier:
         device: str = "cpu",
         batch_size: int = 32,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"verify batch_size must be an int >= 1, got {batch_size!r}")
+        from counterfactual.models.runtime import ModelRuntime
+
+        runtime = ModelRuntime.of(device, None, batch_size, "verify batch_size")
         self.config = config
         self.vocabulary = vocabulary
         self.classes = vocabulary.classes
@@ -449,7 +450,9 @@ class Verifier:
         if embedder is None:
             from counterfactual.models import load_embedder
 
-            embedder = load_embedder(config.model, device=device, batch_size=batch_size)
+            embedder = load_embedder(
+                config.model, device=runtime.device, batch_size=runtime.batch_size
+            )
         self.embedder = embedder
         spec = getattr(embedder, "spec", None)
         self.model = str(spec) if spec is not None else config.model

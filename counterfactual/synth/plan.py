@@ -37,13 +37,17 @@ from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import RemovalPlan, SelectionConfig, select_many
 from counterfactual.method.verify import VerifyConfig
+from counterfactual.models.runtime import (  # noqa: F401  (DTYPES: named here too)
+    DTYPES,
+    check_device,
+    check_dtype,
+)
 from counterfactual.options import option
 from counterfactual.records import Caption, ImageRecord, Status
 from counterfactual.synth.shards import sample_key
 from counterfactual.text import TextConfig
 
 CAPTION_CHOICES = ("one", "all")
-DTYPES = ("float32", "float16", "bfloat16")
 RUNTIME_FIELDS: dict[str, dict[str, str]] = {
     "image": {"device": "device", "dtype": "dtype", "batch_size": "inpaint_batch_size"},
     "text": {"batch_size": "text_batch_size", "device": "device", "dtype": "dtype"},
@@ -79,7 +83,10 @@ class Runtime:
     """Where and in what sizes a run computes: none of it decides what a sample is, so none of
     it is in the fingerprint and a rerun may change it. Like the device, the dtype changes the
     floats a model computes, not what is removed or written (each sample's json records the
-    dtype its models ran in)."""
+    dtype its models ran in). Each model step's share (:meth:`part`) is the ``device``,
+    ``dtype`` and ``batch_size`` its backend's
+    :class:`~counterfactual.models.runtime.ModelRuntime` takes; device and dtype are checked by
+    the same functions."""
 
     device: str = field(
         default="cpu",
@@ -149,10 +156,8 @@ class Runtime:
     (sizes always): the driver reads all of the input once; a copied dataset resumes."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.device, str) or not self.device.strip():
-            raise ValueError(f"device must be a torch device name, got {self.device!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        check_device(self.device)
+        check_dtype(self.dtype)
         for name in (
             "batch_size",
             "inpaint_batch_size",

@@ -52,6 +52,8 @@ from PIL import Image
 
 from counterfactual._lazy import require
 from counterfactual.imageio import SampleError, decode_rgb
+from counterfactual.models.hf import Words, load_config, load_pretrained
+from counterfactual.models.runtime import resolve_device
 from counterfactual.options import option
 from counterfactual.train.mix import (
     SeededShards,
@@ -724,16 +726,15 @@ class _Family:
     def load(self, source: str) -> tuple[Any, Any]:
         """Model (float32) and processor from a hub id or folder, or ``ValueError``."""
         torch = require("torch", "models")
-        transformers = require("transformers", "models")
         recipe = self.recipe
         what = f"{recipe.model_class} (recipe {recipe.name!r})"
-        try:
-            hf_config = transformers.AutoConfig.from_pretrained(source)
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(
-                f"could not load {recipe.name.upper()} {source} (a hub id or folder with a "
-                f"{what}): {err}"
-            ) from err
+        words = Words(
+            no_config=f"could not load {recipe.name.upper()} {source} (a hub id or folder with "
+            f"a {what})",
+            no_model=f"could not load {recipe.name.upper()} {source}",
+            not_checkpoint=f"{source} is not a {what} checkpoint",
+        )
+        hf_config = load_config(source, words)
         if hf_config.model_type != recipe.model_type:
             other = [r.name for r in RECIPES.values() if r.model_type == hf_config.model_type]
             hint = f"; use recipe {other[0]!r}" if other else ""
@@ -741,19 +742,9 @@ class _Family:
                 f"{source} holds a {hf_config.model_type!r} model, not the {what} the recipe "
                 f"trains{hint}"
             )
-        try:
-            model, info = getattr(transformers, recipe.model_class).from_pretrained(
-                source, dtype=torch.float32, output_loading_info=True
-            )
-            processor = transformers.AutoProcessor.from_pretrained(source)
-        except (OSError, ValueError, KeyError, RuntimeError) as err:
-            raise ValueError(f"could not load {recipe.name.upper()} {source}: {err}") from err
-        missing = sorted(k for k in info["missing_keys"] if self.needed(k))
-        if missing:
-            raise ValueError(
-                f"{source} is not a {what} checkpoint: {len(missing)} weights it trains are "
-                f"missing, e.g. {missing[:3]}"
-            )
+        model, processor = load_pretrained(
+            source, recipe.model_class, words, dtype=torch.float32, needed=self.needed
+        )
         return model, processor
 
     def needed(self, key: str) -> bool:
@@ -923,14 +914,10 @@ class _Step:
 
 
 def _resolve_device(config: TrainConfig) -> tuple[torch.device, str]:
-    import torch
-
-    from counterfactual.models import resolve_device
-
+    """The device (a CUDA one torch cannot use: why, :func:`resolve_device`) and the
+    precision ``auto`` stands for there."""
     device = resolve_device(config.device)
     name = str(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
     precision = config.precision
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "fp32"
