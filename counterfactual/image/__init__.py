@@ -148,9 +148,10 @@ def _check(self: Any) -> None:
 
 
 def _flat(self: Any) -> dict[str, Any]:
-    """The options as one flat mapping (:data:`FLAT_KEYS`), as runs have always recorded
-    them; an option added since format 2 only when it is not at its default, and how a model
-    runs (``compile``, ``channels_last``) never."""
+    """The options as one flat mapping (:data:`FLAT_KEYS`), the layout a run's fingerprint is
+    computed from, so it stays put (a rerun of an existing OUT must match it): an option added
+    after format 2 only when it is not at its default; how a model runs (``compile``,
+    ``channels_last``) never."""
     out: dict[str, Any] = {}
     for key, (part, name) in FLAT_KEYS.items():
         part = flat_owner(self.backend, key) if part == "*" else part

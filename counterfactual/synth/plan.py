@@ -267,7 +267,8 @@ class SynthConfig:
             raise ValueError("detected objects have no segmentation; use mask source 'box'")
 
     def to_dict(self) -> dict[str, Any]:
-        """The options as runs have always recorded them: the image options flat
+        """The options in the layout the fingerprint is computed from (stable, so an existing
+        OUT resumes): the image options flat
         (:meth:`ImageConfig.flat`), the vocabulary under ``text`` (after ``spacy_model``), the
         seed under ``selection`` too (it draws the targets); ``pairs`` only when on."""
         out: dict[str, Any] = {}
