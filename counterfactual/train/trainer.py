@@ -597,6 +597,7 @@ def fine_tune(
     """
     torch = require("torch", "models")
     start = time.perf_counter()
+    # 1. The folder: half-written epochs removed; a resume checked against its config
     out = Path(out_dir)
     device, precision = _resolve_device(config)
     plan = plan_training(config)
@@ -611,6 +612,7 @@ def fine_tune(
         )
     if resumed_from:
         _check_same_config(out / "train.json", config)
+    # 2. The model, from the last epoch when resuming, with the optimizer's state
     source = out / _epoch_name(resumed_from) if resumed_from else config.model
     family = _FAMILIES[config.recipe]
     model, processor = family.load(str(source))
@@ -621,6 +623,7 @@ def fine_tune(
         folder = out / _epoch_name(resumed_from)
         step.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
         state.update(_read_json(folder / "trainer_state.json"))
+    # 3. The run's record (train.json, "running") and its log, cut back to the resumed epoch
     _write_json(
         out / "train.json",
         {
@@ -650,6 +653,8 @@ def fine_tune(
             if progress is not None:
                 progress(row)
 
+        # 4. The epochs: steps at the schedule's rate, a log row every log_every steps, each
+        # epoch saved whole (model, processor, optimizer, counters)
         for epoch in range(resumed_from, config.epochs):
             torch.manual_seed(_epoch_seed(config.seed, epoch))
             batches = _epoch_batches(config, plan, processor, epoch, device)
@@ -679,6 +684,7 @@ def fine_tune(
             state["skipped"] = dict(skipped)
             _save_epoch(out, epoch + 1, model, processor, step, state)
 
+    # 5. The final model and the record's result ("done")
     final = out / "final"
     _save_folder(final, model, processor)
     result = TrainResult(
@@ -700,7 +706,7 @@ def fine_tune(
 
 
 train_clip = fine_tune
-"""The former name of :func:`fine_tune` (it trains whatever the recipe names)."""
+"""Another name of :func:`fine_tune` (which trains whatever the recipe names)."""
 
 
 def contrastive_loss(similarities: torch.Tensor, temperature: float) -> torch.Tensor:
