@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from counterfactual.cli.common import nonnegative_int, positive_int
-from counterfactual.tools.audit.distractors import METHODS
+from counterfactual.cli.options import add_options, build
+from counterfactual.options import declared
+from counterfactual.tools.audit.distractors import DistractorConfig
 from counterfactual.tools.audit.embed import DEFAULT_MODEL, PAPER_MODEL, Embedder
 from counterfactual.tools.audit.templates import TAG_MODES
 
@@ -103,23 +104,6 @@ OBJECTS_HELP = (
 )
 
 
-def _finite_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
-    return value
-
-
-def _cosine(text: str) -> float:
-    value = _finite_float(text)
-    if not -1.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not a cosine in [-1, 1]")
-    return value
-
-
 def load_embedder(model: str, device: str) -> Embedder:
     """The sentence embedder ``model`` names (tests replace this)."""
     from counterfactual.tools.audit.embed import load_sentence_embedder
@@ -145,7 +129,13 @@ def register(subparsers: Any) -> None:
         "Run `counterfactual audit MODE --help` for each mode's input format.",
     )
     modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE")
+    _add_groups(modes)
+    _add_oov(modes)
+    _add_templates(modes)
+    _add_distractors(modes)
 
+
+def _add_groups(modes: Any) -> None:
     groups = _sub(modes, "groups", "per-group accuracy and gap to a reference group", GROUPS_EPILOG)
     groups.add_argument("--input", required=True, metavar="PRED", help="predictions file")
     groups.add_argument("--reference", required=True, metavar="GROUP", help="reference group")
@@ -163,6 +153,8 @@ def register(subparsers: Any) -> None:
     )
     groups.set_defaults(func=run_groups)
 
+
+def _add_oov(modes: Any) -> None:
     oov = _sub(modes, "oov", "out-of-vocabulary rate against a training vocabulary", OOV_EPILOG)
     oov.add_argument("--eval", required=True, metavar="EVAL", help="evaluation texts")
     source = oov.add_mutually_exclusive_group(required=True)
@@ -192,6 +184,8 @@ def register(subparsers: Any) -> None:
     )
     oov.set_defaults(func=run_oov)
 
+
+def _add_templates(modes: Any) -> None:
     templates = _sub(
         modes, "templates", "cluster question templates (content words -> POS)", TEMPLATES_EPILOG
     )
@@ -232,6 +226,8 @@ def register(subparsers: Any) -> None:
     templates.add_argument("--device", default="cpu", help="embedding device (default: cpu)")
     templates.set_defaults(func=run_templates)
 
+
+def _add_distractors(modes: Any) -> None:
     distractors = _sub(
         modes, "distractors", "pick wrong-answer candidates from a pool", DISTRACTORS_EPILOG
     )
@@ -259,34 +255,8 @@ def register(subparsers: Any) -> None:
     distractors.add_argument(
         "--objects-field", default="objects", metavar="NAME", help=OBJECTS_HELP
     )
-    distractors.add_argument(
-        "--method",
-        choices=METHODS,
-        default="authors",
-        help="how wrong answers are picked, see below (default: %(default)s, the paper's)",
-    )
-    distractors.add_argument(
-        "--k",
-        type=positive_int,
-        default=3,
-        help="wrong answers picked per question, >= 1 (default: %(default)s)",
-    )
-    distractors.add_argument(
-        "--min-relevance",
-        type=_finite_float,
-        default=0.2,
-        metavar="R",
-        help="a candidate's relevance (question-answer cosine similarity) must exceed R "
-        "(greedy: reach R) (default: %(default)s)",
-    )
-    distractors.add_argument(
-        "--min-similarity",
-        type=_cosine,
-        default=0.2,
-        metavar="S",
-        help="a cosine similarity below S counts as 10 in a candidate's score, in [-1, 1] "
-        "(default: %(default)s)",
-    )
+    add_options(distractors, declared(DistractorConfig, "method", "k"))
+    add_options(distractors, declared(DistractorConfig, "min_relevance", "min_similarity"))
     distractors.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME", help=MODEL_HELP)
     distractors.add_argument("--device", default="cpu", help="embedding device (default: cpu)")
     distractors.set_defaults(func=run_distractors)
@@ -355,15 +325,10 @@ def run_templates(args: argparse.Namespace) -> int:
 
 
 def run_distractors(args: argparse.Namespace) -> int:
-    from counterfactual.tools.audit.distractors import DistractorConfig, DistractorSelector
+    from counterfactual.tools.audit.distractors import DistractorSelector
     from counterfactual.tools.audit.io import read_rows, read_texts
 
-    config = DistractorConfig(
-        k=args.k,
-        method=args.method,
-        min_relevance=args.min_relevance,
-        min_similarity=args.min_similarity,
-    )
+    config = build(DistractorConfig, args)
     rows = read_rows(args.input)
     objects = args.objects_field
     pairs = [

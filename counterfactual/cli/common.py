@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
-from counterfactual.method.selection import POLICIES, SelectionConfig
+from counterfactual.method.selection import SelectionConfig
 from counterfactual.readers import CORPORA, DATASETS
 
 if TYPE_CHECKING:
@@ -51,56 +52,41 @@ gpu_share = _ranged(float, lambda v: 0 < v <= 8, "a number in (0, 8]")
 """argparse type: GPUs per actor, a fraction of one GPU up to a node's eight."""
 
 
+def finite_float(text: str) -> float:
+    """argparse type: any finite float (a threshold on a score of either sign)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def cosine(text: str) -> float:
+    """argparse type: a cosine similarity, a float in [-1, 1]."""
+    value = finite_float(text)
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a cosine in [-1, 1]")
+    return value
+
+
 def add_selection_args(parser: argparse.ArgumentParser) -> None:
-    """The alpha rules, the policy and the seed, defaults from :class:`SelectionConfig` and
-    (the seed) :class:`~counterfactual.synth.plan.SynthConfig`."""
+    """The alpha rules, the policy (:class:`SelectionConfig`) and the seed
+    (:class:`~counterfactual.synth.plan.SynthConfig`)."""
+    from counterfactual.cli.options import add_options
+    from counterfactual.options import declared
     from counterfactual.synth.plan import SynthConfig
 
-    default = SelectionConfig()
     g = parser.add_argument_group("selection (SPEC 1.1)")
-    g.add_argument(
-        "--alpha1",
-        type=positive_fraction,
-        default=default.alpha1,
-        help="keep rule: a kept class's box may lie less than this fraction inside the removed "
-        f"area, in (0, 1], at most alpha2 (default {default.alpha1})",
-    )
-    g.add_argument(
-        "--alpha2",
-        type=positive_fraction,
-        default=default.alpha2,
-        help="co-removal: a class whose box lies more than this fraction inside the target's "
-        f"is removed with it, in (0, 1] (default {default.alpha2})",
-    )
-    g.add_argument(
-        "--alpha3",
-        type=open_unit_interval,
-        default=default.alpha3,
-        help="size rule: the removed area must be less than this fraction of the picture, in "
-        f"(0, 1) (default {default.alpha3})",
-    )
-    g.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default=default.policy,
-        help="plans kept per image: uniform (one, seeded draw), all, or spurious (the target "
-        "with the highest mean PMI with the kept classes over the dataset) (default: %(default)s)",
-    )
-    g.add_argument(
-        "--seed",
-        type=nonnegative_int,
-        default=SynthConfig().seed,
-        help="seed of every random choice, >= 0 (default: %(default)s)",
-    )
+    add_options(g, declared(SelectionConfig))
+    add_options(g, declared(SynthConfig, "seed"))
 
 
 def selection_config(args: argparse.Namespace) -> SelectionConfig:
-    return SelectionConfig(
-        alpha1=args.alpha1,
-        alpha2=args.alpha2,
-        alpha3=args.alpha3,
-        policy=args.policy,
-    )
+    from counterfactual.cli.options import build
+
+    return build(SelectionConfig, args)
 
 
 def add_data_args(

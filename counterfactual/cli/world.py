@@ -7,7 +7,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from counterfactual.cli.common import nonnegative_int, positive_int
+from counterfactual.cli.options import add_options, build
+from counterfactual.options import declared
 from counterfactual.world.classes import ObjectClass
 from counterfactual.world.scene import WorldConfig
 
@@ -32,7 +33,6 @@ def _pair(text: str) -> tuple[str, str]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    d = WorldConfig.__dataclass_fields__
     p = subparsers.add_parser(
         "world",
         help="write the controlled world: drawn scenes, captions, a co-occurrence knob",
@@ -46,36 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--vocabulary OUT/vocabulary.txt`.",
     )
     p.add_argument("--out", type=Path, required=True, help="output folder")
-    p.add_argument(
-        "--images",
-        type=positive_int,
-        default=d["images"].default,
-        help="scenes in all (default: %(default)s)",
-    )
-    p.add_argument(
-        "--val",
-        type=nonnegative_int,
-        default=d["val"].default,
-        help="val scenes (default: %(default)s)",
-    )
-    p.add_argument(
-        "--test",
-        type=nonnegative_int,
-        default=d["test"].default,
-        help="test scenes (default: %(default)s)",
-    )
-    p.add_argument(
-        "--size",
-        type=positive_int,
-        default=d["size"].default,
-        help="picture side in px (default: %(default)s)",
-    )
-    p.add_argument(
-        "--cooccurrence",
-        type=float,
-        default=d["cooccurrence"].default,
-        help="p(partner | anchor) in train, in [0.5, 1) (default: %(default)s)",
-    )
+    add_options(p, declared(WorldConfig, "images", "val", "test", "size", "cooccurrence"))
     p.add_argument(
         "--pair",
         type=_pair,
@@ -94,18 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="how hard a class is to see: contrast in (0, 1] against the background, and a "
         "factor on its size (repeat; default: partners at contrast 0.65 and smaller)",
     )
-    p.add_argument(
-        "--captions",
-        type=positive_int,
-        default=d["captions"].default,
-        help="captions per picture (default: %(default)s)",
-    )
-    p.add_argument(
-        "--seed",
-        type=nonnegative_int,
-        default=d["seed"].default,
-        help="seed of every draw (default: %(default)s)",
-    )
+    add_options(p, declared(WorldConfig, "captions", "seed"))
     p.set_defaults(func=run)
 
 
@@ -120,17 +80,7 @@ def build_config(args: argparse.Namespace) -> WorldConfig:
         size = cls.size if scale is None else (cls.size[0] * scale, cls.size[1] * scale)
         classes[name] = replace(cls, contrast=contrast, size=size)
     extra = {"pairs": tuple(args.pair)} if args.pair else {}
-    return WorldConfig(
-        images=args.images,
-        val=args.val,
-        test=args.test,
-        size=args.size,
-        cooccurrence=args.cooccurrence,
-        classes=tuple(classes.values()),
-        captions=args.captions,
-        seed=args.seed,
-        **extra,
-    )
+    return build(WorldConfig, args, classes=tuple(classes.values()), **extra)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from counterfactual.models.runtime import check_batch_size
 from counterfactual.text.nlp import default_model_name, load_spacy
 from counterfactual.text.np_removal import chunk_mentions
 from counterfactual.vocab import ClassVocabulary, load_vocabulary
@@ -41,8 +42,7 @@ class MentionIndexer:
         spacy_model: str | None = None,
         batch_size: int = 256,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_batch_size(batch_size)
         self.vocabulary = vocabulary or load_vocabulary()
         self.model_name = spacy_model or default_model_name()
         self.nlp = load_spacy(self.model_name, fast_pos=True)  # as NounPhraseRemover loads it

@@ -25,6 +25,7 @@ from counterfactual.image.diffusion import RECIPES, DiffusersConfig
 from counterfactual.image.fills import FILL_METHODS, FillConfig
 from counterfactual.image.lama import LamaConfig
 from counterfactual.image.opencv_inpaint import OPENCV_ALGORITHMS, OpenCVConfig
+from counterfactual.options import option as cli_option
 
 ERASERS: dict[str, Eraser] = {
     e.name: e for e in (fills.ERASER, opencv_inpaint.ERASER, diffusion.ERASER, lama.ERASER)
@@ -106,8 +107,25 @@ def eraser_of(method: str, backend: str) -> Eraser:
 
 @dataclass(frozen=True, slots=True)
 class _ImageBase:
-    method: str = "inpaint"
-    backend: str = "opencv"
+    method: str = field(
+        default="inpaint",
+        metadata=cli_option(
+            "how the removed area is erased: inpaint (with --inpaint-backend), or filled with "
+            "zero (black), mean (the picture's mean colour) or blur (default: %(default)s)",
+            choices=IMAGE_METHODS,
+            flags=("--image-method",),
+        ),
+    )
+    backend: str = field(
+        default="opencv",
+        metadata=cli_option(
+            "inpainter of --image-method inpaint: "
+            + ", ".join(e.summary for e in ERASERS.values() if "inpaint" in e.methods)
+            + " (default: %(default)s)",
+            choices=INPAINT_BACKENDS,
+            flags=("--inpaint-backend",),
+        ),
+    )
 
 
 def _check(self: Any) -> None:
@@ -130,9 +148,10 @@ def _check(self: Any) -> None:
 
 
 def _flat(self: Any) -> dict[str, Any]:
-    """The options as one flat mapping (:data:`FLAT_KEYS`), as runs have always recorded
-    them; an option added since format 2 only when it is not at its default, and how a model
-    runs (``compile``, ``channels_last``) never."""
+    """The options as one flat mapping (:data:`FLAT_KEYS`), the layout a run's fingerprint is
+    computed from, so it stays put (a rerun of an existing OUT must match it): an option added
+    after format 2 only when it is not at its default; how a model runs (``compile``,
+    ``channels_last``) never."""
     out: dict[str, Any] = {}
     for key, (part, name) in FLAT_KEYS.items():
         part = flat_owner(self.backend, key) if part == "*" else part

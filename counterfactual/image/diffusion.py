@@ -53,12 +53,12 @@ from counterfactual.image.base import (
 )
 from counterfactual.image.checks import check_request, paste
 from counterfactual.method.masks import mask_bounds
+from counterfactual.models.runtime import ModelRuntime
 
 BACKGROUND = "empty background, nothing there"
 """What ``{background}`` in the prompt templates expands to."""
 
 _MULTIPLE = 8
-_DTYPES = ("float32", "float16", "bfloat16")
 
 ROREM_PROMPT = (
     "4K, high quality, masterpiece, Highly detailed, Sharp focus, Professional, "
@@ -243,25 +243,11 @@ class DiffusionInpainter:
         dtype: str = "float32",
         batch_size: int = 1,
     ) -> None:
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not float32, float16 or bfloat16")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if config.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {config.steps}")
-        if not 0 < config.strength <= 1:
-            raise ValueError(f"strength must be in (0, 1], got {config.strength}")
+        runtime = ModelRuntime.of(device, dtype, batch_size)
         if config.steps * config.strength < 1:
             raise ValueError(
                 f"steps * strength must be >= 1 to run any denoising step, "
                 f"got {config.steps} * {config.strength}"
-            )
-        if config.resolution != 0 and (
-            config.resolution < _MULTIPLE or config.resolution % _MULTIPLE
-        ):
-            raise ValueError(
-                f"resolution must be 0 (native) or a positive multiple of {_MULTIPLE}, "
-                f"got {config.resolution}"
             )
         for name in ("prompt", "negative_prompt"):
             template: str = getattr(config, name)
@@ -273,10 +259,12 @@ class DiffusionInpainter:
                 ) from err
 
         self.config = config
-        self.device, self.dtype, self.batch_size = device, dtype, batch_size
         self._torch = require("torch", "models")
-        self._pipeline, self.variant = load_pipeline(config.model, dtype)
-        self._pipeline = self._pipeline.to(device)
+        self.device = runtime.torch_device()
+        self.dtype = str(runtime.torch_dtype(self.device)).removeprefix("torch.")
+        self.batch_size = runtime.batch_size
+        self._pipeline, self.variant = load_pipeline(config.model, self.dtype)
+        self._pipeline = self._pipeline.to(self.device)
         self._pipeline.set_progress_bar_config(disable=True)
         denoiser = _denoiser(self._pipeline)
         if config.channels_last:

@@ -43,7 +43,7 @@ from counterfactual.image.base import (
 from counterfactual.image.checks import check_request, paste
 from counterfactual.image.diffusion import FEATHER_OPTION, MODEL_OPTION, crop_box
 from counterfactual.method.masks import mask_bounds
-from counterfactual.models.embed import resolve_device
+from counterfactual.models.runtime import ModelRuntime
 
 MIN_CROP = 256
 """The least long side, in pixels, of the crop given to the model (the whole image if smaller)."""
@@ -105,15 +105,14 @@ class LamaInpainter:
     """
 
     def __init__(self, config: LamaConfig, device: str = "cpu", batch_size: int = 1) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        runtime = ModelRuntime.of(device, "float32", batch_size)
         path = Path(config.model).expanduser()
         if not config.model or not path.is_file():
             raise ValueError(_missing_model_message(config.model, path))
         self.config = config
-        self.batch_size = batch_size
+        self.batch_size = runtime.batch_size
         self._torch = require("torch", "models")
-        self.device = resolve_device(device)
+        self.device = runtime.torch_device()
         try:
             with warnings.catch_warnings():
                 # torch >= 2.10 deprecates TorchScript, the format LaMa's exports ship in

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from counterfactual._lazy import require
 from counterfactual.method.detectors import MODEL_TYPES, ModelCall, backend_for
 from counterfactual.method.detectors.owlv2 import to_pixels
+from counterfactual.options import option
 from counterfactual.records import ObjectAnnotation
 from counterfactual.vocab import ClassVocabulary
 
@@ -46,7 +47,6 @@ __all__ = [
 
 QUERY_MODES = ("caption", "caption+vocabulary", "vocabulary")
 """Which classes an image is asked for; see :func:`query_classes`."""
-_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +60,56 @@ class DetectConfig:
     :class:`~counterfactual.synth.plan.Runtime`).
     """
 
-    model: str = "google/owlv2-base-patch16-ensemble"
-    score_threshold: float = 0.2
-    nms_iou: float = 0.5
-    queries: str = "caption"
-    template: str = "a photo of a {}"
-    max_detections: int = 100
+    model: str = field(
+        default="google/owlv2-base-patch16-ensemble",
+        metadata=option(
+            "OWLv2 or Grounding DINO hub id or folder (default: %(default)s)",
+            flags=("--detector-model",),
+        ),
+    )
+    score_threshold: float = field(
+        default=0.2,
+        metadata=option(
+            "keep a detected box whose score (sigmoid of its class logit) is at least this, "
+            "in [0, 1] (default: %(default)s)",
+            kind="unit_interval",
+            flags=("--detect-threshold",),
+        ),
+    )
+    nms_iou: float = field(
+        default=0.5,
+        metadata=option(
+            "per class, drop a box whose IoU with a better-scored box is above this, in [0, 1]; "
+            "1 keeps all (default: %(default)s)",
+            kind="unit_interval",
+            flags=("--detect-nms-iou",),
+        ),
+    )
+    queries: str = field(
+        default="caption",
+        metadata=option(
+            "classes asked for: those the caption mentions, the whole vocabulary when it "
+            "mentions any (finds the unmentioned objects the alpha rules must keep), or always "
+            "all (default: %(default)s)",
+            choices=QUERY_MODES,
+            flags=("--detect-queries",),
+        ),
+    )
+    template: str = field(
+        default="a photo of a {}",
+        metadata=option(
+            "a class's query text, with exactly one {} for its name (default: '%(default)s')",
+            flags=("--detect-template",),
+        ),
+    )
+    max_detections: int = field(
+        default=100,
+        metadata=option(
+            "most boxes kept per image, best first (default: %(default)s)",
+            kind="positive_int",
+            flags=("--detect-max",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.model or self.model != self.model.strip():
@@ -222,11 +266,6 @@ def to_objects(detections: Sequence[Detection]) -> tuple[ObjectAnnotation, ...]:
     )
 
 
-def _looks_local(name: str) -> bool:
-    """A name meant as a path: it starts like one or has more slashes than ``org/name``."""
-    return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or "\\" in name
-
-
 _WHAT = "a hub id or local folder with an OWLv2 or Grounding DINO model and processor; offline?"
 
 
@@ -249,27 +288,25 @@ class Detector:
         dtype: str | None = None,
         batch_size: int = 8,
     ) -> None:
-        from counterfactual.models.embed import resolve_device, resolve_dtype
+        from counterfactual.models.hf import Words, load_config, load_pretrained, looks_local
+        from counterfactual.models.runtime import ModelRuntime
 
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if dtype is not None and dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+        runtime = ModelRuntime.of(device, dtype, batch_size)
         torch = require("torch", "models")
-        transformers = require("transformers", "models")
         self.config = config
         self.vocabulary = vocabulary
-        self.batch_size = batch_size
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.batch_size = runtime.batch_size
+        self.device = runtime.torch_device()
+        self.dtype = runtime.torch_dtype(self.device)
         self._torch = torch
         name = os.path.expanduser(config.model)
-        if not os.path.isdir(name) and (_looks_local(config.model) or os.path.exists(name)):
+        if not os.path.isdir(name) and (looks_local(config.model) or os.path.exists(name)):
             raise FileNotFoundError(f"detector model folder {config.model!r} does not exist")
-        try:
-            model_type = transformers.AutoConfig.from_pretrained(name).model_type
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"could not load detector {config.model!r} ({_WHAT}): {err}") from err
+        words = Words(
+            no_config=f"could not load detector {config.model!r} ({_WHAT})",
+            no_model=f"could not load detector {config.model!r} ({_WHAT})",
+        )
+        model_type = load_config(name, words).model_type
         if model_type not in MODEL_TYPES:
             raise ValueError(
                 f"detector {config.model!r} is a {model_type!r} model, not one of "
@@ -277,13 +314,9 @@ class Detector:
             )
         self.model_type: str = model_type
         self._backend = backend_for(model_type)
-        try:
-            model = transformers.AutoModelForZeroShotObjectDetection.from_pretrained(
-                name, dtype=self.dtype
-            )
-            processor = transformers.AutoProcessor.from_pretrained(name)
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"could not load detector {config.model!r} ({_WHAT}): {err}") from err
+        model, processor = load_pretrained(
+            name, "AutoModelForZeroShotObjectDetection", words, dtype=self.dtype
+        )
         self._model = model.to(self.device).eval()
         self._processor = processor
 

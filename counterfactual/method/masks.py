@@ -11,13 +11,14 @@ import math
 import numbers
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import cv2
 import numpy as np
 from pycocotools import mask as coco_mask
 
 from counterfactual.method.selection import RemovalPlan
+from counterfactual.options import option
 from counterfactual.records import RLE, ImageRecord, ObjectAnnotation
 
 MASK_SOURCES = ("box", "segmentation")
@@ -25,11 +26,25 @@ MASK_SOURCES = ("box", "segmentation")
 
 @dataclass(frozen=True, slots=True)
 class MaskConfig:
-    source: str = "box"
+    source: str = field(
+        default="box",
+        metadata=option(
+            "box: the removed boxes; segmentation: the removed objects' polygons where the "
+            "dataset has them, boxes otherwise (default: %(default)s)",
+            choices=MASK_SOURCES,
+            flags=("--mask-source",),
+        ),
+    )
     """``box``: the removed boxes; ``segmentation``: the removed objects' segmentations where
     the dataset has them (polygons or RLE, crowd included, decoded by ``pycocotools.mask``;
     boxes otherwise)."""
-    dilate: int = 0
+    dilate: int = field(
+        default=0,
+        metadata=option(
+            "grow the mask by N pixels, >= 0; helps inpainters erase edges (default: %(default)s)",
+            kind="nonnegative_int",
+        ),
+    )
     """Grow the mask by this many pixels (an elliptical kernel); helps inpainters erase edges."""
 
     def __post_init__(self) -> None:

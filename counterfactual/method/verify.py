@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 from counterfactual.imageio import SampleError
+from counterfactual.options import option
 from counterfactual.records import ImageRecord
 from counterfactual.vocab import ClassVocabulary
 
@@ -61,14 +62,44 @@ _WORDS = re.compile(r"[a-z0-9]+")
 @dataclass(frozen=True, slots=True)
 class VerifyConfig:
     mode: str = "off"
-    model: str = DEFAULT_MODEL
+    model: str = field(
+        default=DEFAULT_MODEL,
+        metadata=option(
+            "zero-shot model: hf-clip:ID_OR_FOLDER, blip:..., open_clip:ARCH:TAG or a folder "
+            "(default: %(default)s)",
+            flags=("--verify-model",),
+        ),
+    )
     """A :func:`counterfactual.models.load_embedder` spec (``hf-clip:ID``, a local folder, ...)."""
-    k: int = 5
+    k: int = field(
+        default=5,
+        metadata=option(
+            "a removed class passes when it is not in the top k on its edited box "
+            "(default: %(default)s)",
+            kind="positive_int",
+            flags=("--verify-k",),
+        ),
+    )
     """A removed class passes when it is not in the top ``k`` on its edited crop."""
-    retention_k: int = 5
+    retention_k: int = field(
+        default=5,
+        metadata=option(
+            "a kept class passes when it is still in the top k on its box (default: %(default)s)",
+            kind="positive_int",
+            flags=("--verify-retention-k",),
+        ),
+    )
     """A kept class passes when it is in the top ``retention_k`` on its edited crop."""
     template: str = "a photo of a {}."
-    text_check: bool = True
+    text_check: bool = field(
+        default=True,
+        metadata=option(
+            "do not check the new caption's class names",
+            kind="no-flag",
+            flags=("--no-verify-text",),
+            dest="verify_text",
+        ),
+    )
     crop_padding: float = 0.1
     """Context around a box, as a fraction of its width (left and right) and height."""
     min_box: int = 32
@@ -405,8 +436,9 @@ class Verifier:
         device: str = "cpu",
         batch_size: int = 32,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"verify batch_size must be an int >= 1, got {batch_size!r}")
+        from counterfactual.models.runtime import ModelRuntime
+
+        runtime = ModelRuntime.of(device, None, batch_size, "verify batch_size")
         self.config = config
         self.vocabulary = vocabulary
         self.classes = vocabulary.classes
@@ -419,7 +451,9 @@ class Verifier:
         if embedder is None:
             from counterfactual.models import load_embedder
 
-            embedder = load_embedder(config.model, device=device, batch_size=batch_size)
+            embedder = load_embedder(
+                config.model, device=runtime.device, batch_size=runtime.batch_size
+            )
         self.embedder = embedder
         spec = getattr(embedder, "spec", None)
         self.model = str(spec) if spec is not None else config.model

@@ -30,6 +30,13 @@ import numpy as np
 from PIL import Image
 
 from counterfactual._lazy import check_torchvision, require
+from counterfactual.models.hf import Words, load_config, load_pretrained, looks_local
+from counterfactual.models.runtime import (  # noqa: F401  (check_cuda, resolve_*: named here too)
+    ModelRuntime,
+    check_cuda,
+    resolve_device,
+    resolve_dtype,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +47,6 @@ KINDS = ("hf-clip", "blip", "open_clip", "scratch")
 _FOLDER_KINDS = {"clip": "hf-clip", "blip": "blip", "scratch-dual": "scratch"}
 """``config.json`` ``model_type`` -> backend, for bare local folders."""
 _HF_HUB = "hf-hub:"
-_DTYPES = ("float32", "float16", "bfloat16")
 _OPEN_CLIP_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 _OPEN_CLIP_HINT = (
     "open_clip is needed for open_clip: specs but not installed: pip install open_clip_torch"
@@ -146,53 +152,6 @@ class Embedder(Protocol):
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
-def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """``device`` as a ``torch.device``; ``None`` means ``cuda`` when available, else ``cpu``.
-    A CUDA device this torch cannot use is a ``ValueError`` saying why (:func:`check_cuda`)."""
-    torch = require("torch", "models")
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device {device!r} is not a torch device") from err
-    if resolved.type == "cuda":
-        check_cuda(str(device))
-    return resolved
-
-
-def check_cuda(device: str = "cuda") -> None:
-    """Raise a one-line ``ValueError`` when torch cannot use CUDA, saying why: a CPU build of
-    torch, no NVIDIA driver on this host, a driver older than the one torch's CUDA needs
-    (:func:`counterfactual.torch_build.cuda_problem`), or no GPU visible."""
-    torch = require("torch", "models")
-    if torch.cuda.is_available():
-        return
-    from counterfactual.torch_build import DriverError, cuda_problem, driver_version
-
-    try:
-        driver: str | None | DriverError = driver_version()
-    except DriverError as err:
-        driver = err
-    why = cuda_problem(torch.__version__, torch.version.cuda, driver)
-    raise ValueError(f"--device {device}: {why}")
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"`` or a torch dtype) as a torch
-    dtype; ``None`` means float16 on CUDA and float32 elsewhere."""
-    torch = require("torch", "models")
-    if dtype is None:
-        return torch.float16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
-        return getattr(torch, dtype)
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"dtype {dtype!r} is not float32, float16 or bfloat16")
-    return dtype
-
-
 class _TorchEmbedder:
     """Batching, input checks and normalisation shared by the backends.
 
@@ -209,12 +168,11 @@ class _TorchEmbedder:
         dtype: str | torch.dtype | None,
         batch_size: int,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self.runtime = ModelRuntime.of(device, dtype, batch_size)
         self._torch = require("torch", "models")
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.batch_size = batch_size
+        self.device = self.runtime.torch_device()
+        self.dtype = self.runtime.torch_dtype(self.device)
+        self.batch_size = self.runtime.batch_size
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -267,11 +225,6 @@ def _pooled(output: Any) -> torch.Tensor:
     return output if pooled is None else pooled
 
 
-def _looks_local(name: str) -> bool:
-    """A name meant as a path: it starts like one or has more slashes than ``org/name``."""
-    return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or "\\" in name
-
-
 class _HFEmbedder(_TorchEmbedder):
     """A transformers model + processor, checked to be ``model_type`` and fully loaded."""
 
@@ -288,34 +241,23 @@ class _HFEmbedder(_TorchEmbedder):
     ) -> None:
         super().__init__(device, dtype, batch_size)
         spec = self.spec = ModelSpec(self._kind, name)
-        transformers = require("transformers", "models")
         name = spec.name
-        if not os.path.isdir(name) and _looks_local(name):
+        if not os.path.isdir(name) and looks_local(name):
             raise FileNotFoundError(f"model folder {name!r} (spec {str(spec)!r}) does not exist")
-        try:
-            config = transformers.AutoConfig.from_pretrained(name)
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(
-                f"cannot load {str(spec)!r}: no config found locally or in the Hugging Face "
-                f"cache (offline?): {err}"
-            ) from err
+        words = Words(
+            no_config=f"cannot load {str(spec)!r}: no config found locally or in the Hugging "
+            "Face cache (offline?)",
+            no_model=f"cannot load {str(spec)!r}",
+            not_checkpoint=f"{str(spec)!r} is not a {self._model_class} checkpoint",
+        )
+        config = load_config(name, words)
         if config.model_type != self._model_type:
             raise ValueError(
                 f"{str(spec)!r} is a {config.model_type!r} model, not {self._model_type!r}"
             )
-        try:
-            model, info = getattr(transformers, self._model_class).from_pretrained(
-                name, dtype=self.dtype, output_loading_info=True
-            )
-            processor = transformers.AutoProcessor.from_pretrained(name)
-        except (OSError, ValueError, KeyError, RuntimeError) as err:
-            raise ValueError(f"cannot load {str(spec)!r}: {err}") from err
-        missing = sorted(k for k in info["missing_keys"] if self._needed(k))
-        if missing:
-            raise ValueError(
-                f"{str(spec)!r} is not a {self._model_class} checkpoint: {len(missing)} weights "
-                f"it needs are missing, e.g. {missing[:3]}"
-            )
+        model, processor = load_pretrained(
+            name, self._model_class, words, dtype=self.dtype, needed=self._needed
+        )
         for part in ("tokenizer", "image_processor"):
             if getattr(processor, part, None) is None:
                 raise ValueError(f"the processor of {str(spec)!r} has no {part}")
@@ -433,7 +375,7 @@ class OpenClipEmbedder(_TorchEmbedder):
             import open_clip
         except ImportError as err:
             raise ImportError(_OPEN_CLIP_HINT) from err
-        if pretrained is not None and _looks_local(pretrained) and not os.path.isfile(pretrained):
+        if pretrained is not None and looks_local(pretrained) and not os.path.isfile(pretrained):
             raise FileNotFoundError(
                 f"open_clip checkpoint {pretrained!r} (spec {str(spec)!r}) does not exist"
             )

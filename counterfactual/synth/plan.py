@@ -37,12 +37,17 @@ from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import RemovalPlan, SelectionConfig, select_many
 from counterfactual.method.verify import VerifyConfig
+from counterfactual.models.runtime import (  # noqa: F401  (DTYPES: named here too)
+    DTYPES,
+    check_device,
+    check_dtype,
+)
+from counterfactual.options import option
 from counterfactual.records import Caption, ImageRecord, Status
 from counterfactual.synth.shards import sample_key
 from counterfactual.text import TextConfig
 
 CAPTION_CHOICES = ("one", "all")
-DTYPES = ("float32", "float16", "bfloat16")
 RUNTIME_FIELDS: dict[str, dict[str, str]] = {
     "image": {"device": "device", "dtype": "dtype", "batch_size": "inpaint_batch_size"},
     "text": {"batch_size": "text_batch_size", "device": "device", "dtype": "dtype"},
@@ -78,31 +83,81 @@ class Runtime:
     """Where and in what sizes a run computes: none of it decides what a sample is, so none of
     it is in the fingerprint and a rerun may change it. Like the device, the dtype changes the
     floats a model computes, not what is removed or written (each sample's json records the
-    dtype its models ran in)."""
+    dtype its models ran in). Each model step's share (:meth:`part`) is the ``device``,
+    ``dtype`` and ``batch_size`` its backend's
+    :class:`~counterfactual.models.runtime.ModelRuntime` takes; device and dtype are checked by
+    the same functions."""
 
-    device: str = "cpu"
+    device: str = field(
+        default="cpu",
+        metadata=option(
+            "torch device of every model step: detector, inpainter, captioner, verifier "
+            "(e.g. cuda, cuda:1; default: %(default)s)"
+        ),
+    )
     """torch device of every model step: detector, inpainter, captioner, verifier."""
-    dtype: str = "float32"
+    dtype: str = field(
+        default="float32",
+        metadata=option(
+            "weights dtype of the detector, inpainter and captioner (the verifier stays "
+            "float32; default: %(default)s)",
+            choices=DTYPES,
+        ),
+    )
     """Weights dtype of the detector, inpainter and captioner (the verifier stays float32)."""
-    batch_size: int = 16
+    batch_size: int = field(
+        default=16,
+        metadata=option(
+            "items per batch of the CPU steps (decode, select, fills, encode) (default: "
+            "%(default)s)",
+            kind="positive_int",
+        ),
+    )
     """Items per batch of the CPU steps (decode, select, fills, encode)."""
-    inpaint_batch_size: int = 1
+    inpaint_batch_size: int = field(
+        default=1,
+        metadata=option(
+            "diffusers, lama: crops per inpainter call (default: %(default)s)", kind="positive_int"
+        ),
+    )
     text_batch_size: int = 256
     """Captions per captioner call (and per spaCy batch of np-removal)."""
-    detect_batch_size: int = 8
-    verify_batch_size: int = 32
-    verify_shards: bool = False
+    detect_batch_size: int = field(
+        default=8,
+        metadata=option("images per detector call (default: %(default)s)", kind="positive_int"),
+    )
+    verify_batch_size: int = field(
+        default=32,
+        metadata=option(
+            "samples per verify call, and crops per model forward pass (default: %(default)s)",
+            kind="positive_int",
+        ),
+    )
+    verify_shards: bool = field(
+        default=False,
+        metadata=option(
+            "on resume, check every committed shard's SHA-256 against its stats file (its "
+            "size is always checked; a damaged shard is made again): reads the whole output, "
+            "about 0.8 s per GB besides the read",
+            kind="flag",
+        ),
+    )
     """On resume, hash every committed shard against its stats file (its size is always
     compared): a whole read of the output, about 0.8 s per GB of CPU besides the read."""
-    hash_inputs: bool = False
+    hash_inputs: bool = field(
+        default=False,
+        metadata=option(
+            "fingerprint the input files by their contents (SHA-256, read once by the driver) "
+            "instead of their modification time or ETag; their sizes are always compared",
+            kind="flag",
+        ),
+    )
     """Fingerprint input files by their SHA-256 instead of their modification time or ETag
     (sizes always): the driver reads all of the input once; a copied dataset resumes."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.device, str) or not self.device.strip():
-            raise ValueError(f"device must be a torch device name, got {self.device!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        check_device(self.device)
+        check_dtype(self.dtype)
         for name in (
             "batch_size",
             "inpaint_batch_size",
@@ -134,17 +189,57 @@ class SynthConfig:
     detect: DetectConfig | None = None
     """Boxes from an open-vocabulary detector instead of the dataset (corpora without boxes):
     each item is then one image and caption, planned by the workers after detection."""
-    vocabulary: str | None = None
+    vocabulary: str | None = field(
+        default=None, metadata=option("class word-list file (default: COCO)")
+    )
     """Class word-list file (one class per line, first entry the class name; ``None``: COCO),
     read by every step that names classes: np-removal, detection, caption-aware selection,
     verification, best-of-n. Runs record it under ``text`` (:meth:`to_dict`)."""
-    captions: str = "one"
+    captions: str = field(
+        default="one",
+        metadata=option(
+            "one: one caption per image, drawn with --seed; all: an item per caption "
+            "(default: %(default)s)",
+            choices=CAPTION_CHOICES,
+            flags=("--captions-per-image",),
+        ),
+    )
     """``one``: one caption per image, drawn with the seed (as the paper); ``all``: each."""
-    seed: int = 0
-    images_per_shard: int = 1000
-    max_pixels: int = DEFAULT_MAX_PIXELS
+    seed: int = field(
+        default=0,
+        metadata=option(
+            "seed of every random choice, >= 0 (default: %(default)s)", kind="nonnegative_int"
+        ),
+    )
+    images_per_shard: int = field(
+        default=1000,
+        metadata=option(
+            "input images per shard (a corpus: rows; a WebDataset tar is one shard): a shard "
+            "holds the samples its images yield, fewer when some yield none (default: "
+            "%(default)s)",
+            kind="positive_int",
+            flags=("--images-per-shard", "--samples-per-shard"),  # its name before 0.2
+        ),
+    )
+    max_pixels: int = field(
+        default=DEFAULT_MAX_PIXELS,
+        metadata=option(
+            "a picture with more pixels fails as image-too-large, not decoded (default: "
+            "%(default)s)",
+            kind="positive_int",
+        ),
+    )
     jpeg_quality: int = 95
-    pairs: bool = False
+    pairs: bool = field(
+        default=False,
+        metadata=option(
+            "each sample also holds its original picture (orig.jpg) and the mask (mask.png, "
+            "255 = removed), and its json how the mask was made: original and counterfactual "
+            "side by side, for D ∪ D' without the source dataset (counterfactual mix "
+            "--unpair), hard negatives or editing datasets",
+            kind="flag",
+        ),
+    )
     """Each sample also holds its original picture (``orig.jpg``, the decoded picture the edit
     was made on, same size and JPEG quality as ``jpg``) and the mask (``mask.png``, 8-bit, 255 =
     removed), and its json records how the mask was made (``mask``: source, dilation, the
@@ -172,7 +267,8 @@ class SynthConfig:
             raise ValueError("detected objects have no segmentation; use mask source 'box'")
 
     def to_dict(self) -> dict[str, Any]:
-        """The options as runs have always recorded them: the image options flat
+        """The options in the layout the fingerprint is computed from (stable, so an existing
+        OUT resumes): the image options flat
         (:meth:`ImageConfig.flat`), the vocabulary under ``text`` (after ``spacy_model``), the
         seed under ``selection`` too (it draws the targets); ``pairs`` only when on."""
         out: dict[str, Any] = {}

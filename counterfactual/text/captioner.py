@@ -15,6 +15,8 @@ import numpy as np
 from PIL import Image
 
 from counterfactual._lazy import require
+from counterfactual.models.hf import Words, load_pretrained, load_tokenizer
+from counterfactual.models.runtime import ModelRuntime
 from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
 
 if TYPE_CHECKING:
@@ -26,7 +28,6 @@ BAD_IMAGE = "bad-image"
 """Reason when the image is not an (H, W, 3) uint8 array with H, W >= 1."""
 EMPTY_CAPTION = "empty-caption"
 """Reason when the model generated only special tokens or whitespace."""
-_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class Captioner:
@@ -47,42 +48,31 @@ class Captioner:
     ) -> None:
         if config.method != "captioner":
             raise ValueError(f"Captioner needs method='captioner', got {config.method!r}")
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not float32, float16 or bfloat16")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        runtime = ModelRuntime.of(device, dtype, batch_size)
         if config.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
         if config.num_beams < 1:
             raise ValueError(f"num_beams must be >= 1, got {config.num_beams}")
         torch = require("torch", "models")
-        transformers = require("transformers", "models")
         self.config = config
-        self.dtype, self.batch_size = dtype, batch_size
         self._torch = torch
-        self._dtype: torch.dtype = getattr(torch, dtype)
-        try:
-            self._device = torch.device(device)
-        except RuntimeError as err:
-            raise ValueError(f"device {device!r} is not a torch device") from err
-        try:
-            model = transformers.AutoModelForImageTextToText.from_pretrained(
-                config.model, dtype=self._dtype
-            )
-            processor = transformers.AutoProcessor.from_pretrained(config.model)
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(
-                f"could not load image captioner {config.model!r} "
-                f"(a hub id or local directory with an image-to-text model): {err}"
-            ) from err
+        self._device = runtime.torch_device()
+        self._dtype: torch.dtype = runtime.torch_dtype(self._device)
+        self.dtype = str(self._dtype).removeprefix("torch.")
+        self.batch_size = runtime.batch_size
+        what = "a hub id or local directory with an image-to-text model"
+        words = Words(
+            no_config=f"could not load image captioner {config.model!r} ({what})",
+            no_model=f"could not load image captioner {config.model!r} ({what})",
+        )
+        model, processor = load_pretrained(
+            config.model, "AutoModelForImageTextToText", words, dtype=self._dtype
+        )
         # A processor without a tokenizer (image processor only) cannot decode: load one.
         if not hasattr(processor, "batch_decode"):
-            try:
-                self._decoder = transformers.AutoTokenizer.from_pretrained(config.model)
-            except (OSError, ValueError, KeyError) as err:
-                raise ValueError(
-                    f"no tokenizer found for captioner {config.model!r}: {err}"
-                ) from err
+            self._decoder = load_tokenizer(
+                config.model, f"no tokenizer found for captioner {config.model!r}"
+            )
         else:
             self._decoder = processor
         self._processor = processor

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from counterfactual.models.runtime import check_batch_size
 from counterfactual.records import Phrase
 from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
 from counterfactual.text.nlp import default_model_name, load_spacy
@@ -143,11 +144,9 @@ class NounPhraseRemover:
         cache_size: int = 100_000,
         batch_size: int = 256,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = check_batch_size(batch_size)
         self.config = config or TextConfig()
         self.vocabulary = vocabulary or load_vocabulary()
-        self.batch_size = batch_size
         self.model_name = self.config.spacy_model or default_model_name()
         self.nlp = load_spacy(self.model_name, fast_pos=True)
         self._cache: OrderedDict[str, tuple[str, tuple[_Chunk, ...]]] = OrderedDict()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from counterfactual.jsonl import JsonLine, json_objects
+from counterfactual.models.runtime import check_batch_size
 from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
 
 if TYPE_CHECKING:
@@ -312,10 +313,8 @@ class PerturbRewriter:
     def __init__(self, config: TextConfig, batch_size: int = 256) -> None:
         if config.method not in PERTURB_METHODS:
             raise ValueError(f"text method {config.method!r} is not one of {PERTURB_METHODS}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.config = config
-        self.batch_size = batch_size
+        self.batch_size = check_batch_size(batch_size)
         self.method = config.method
         self.model_name: str | None = None
         self.nlp: Any = None

@@ -52,6 +52,9 @@ from PIL import Image
 
 from counterfactual._lazy import require
 from counterfactual.imageio import SampleError, decode_rgb
+from counterfactual.models.hf import Words, load_config, load_pretrained
+from counterfactual.models.runtime import resolve_device
+from counterfactual.options import option
 from counterfactual.train.mix import (
     SeededShards,
     ShardSpec,
@@ -157,6 +160,18 @@ RECIPES: Mapping[str, Recipe] = {
 """The recipes by name; a :class:`TrainConfig` field left unset takes its recipe's value."""
 
 _FROM_RECIPE: Any = None  # a field default meaning "the recipe's value", filled on construction
+
+
+def _option(default: Any = dataclasses.MISSING, **declared: Any) -> Any:
+    """A :class:`TrainConfig` field with its command-line option (:func:`option`)."""
+    return dataclasses.field(default=default, metadata=option(**declared))
+
+
+def _by_recipe(name: str) -> str:
+    """``clip 10, blip 2``: a field's default in each recipe, for the help text."""
+    return ", ".join(f"{recipe} {getattr(r, name):g}" for recipe, r in RECIPES.items())
+
+
 _RECIPE_FIELDS = (
     "epochs",
     "batch_size",
@@ -186,32 +201,101 @@ class TrainConfig:
     (``mix="ratio"`` only). ``device=None`` picks CUDA when available.
     """
 
-    model: str
-    original: ShardSpec
-    synthetic: ShardSpec = ()
-    recipe: str = "clip"
-    mix: str = "ratio"
-    ratio: float = 0.1
-    epochs: int = _FROM_RECIPE
-    batch_size: int = _FROM_RECIPE
-    lr: float = _FROM_RECIPE
-    lr_decay: float = _FROM_RECIPE
-    lr_decay_every: float = _FROM_RECIPE
-    optimizer: str = _FROM_RECIPE
+    model: str = _option(
+        help="hub id or folder of the recipe's model + processor (CLIPModel, "
+        "BlipForImageTextRetrieval such as Salesforce/blip-itm-base-coco)",
+    )
+    original: ShardSpec = _option(help="original shards", nargs="+", metavar="SPEC")
+    synthetic: ShardSpec = _option(
+        (),
+        help="synthetic shards (default: none, train on the original ones only)",
+        nargs="*",
+        metavar="SPEC",
+    )
+    recipe: str = _option(
+        "clip",
+        help="model family and the paper's defaults for it (default: %(default)s)",
+        choices=tuple(RECIPES),
+    )
+    mix: str = _option(
+        "ratio",
+        help="union: every original and synthetic sample once per epoch, at their natural "
+        "ratio (the paper); ratio: resampled at --ratio (default: %(default)s)",
+        choices=MIXES,
+    )
+    ratio: float = _option(
+        0.1,
+        help="--mix ratio: synthetic per original (default %(default)s; the paper: 0.08-0.2)",
+        kind="positive_float",
+    )
+    epochs: int = _option(
+        _FROM_RECIPE, help=f"default: {_by_recipe('epochs')}", kind="positive_int"
+    )
+    batch_size: int = _option(
+        _FROM_RECIPE, help=f"default: {_by_recipe('batch_size')}", kind="positive_int"
+    )
+    lr: float = _option(_FROM_RECIPE, help=f"default: {_by_recipe('lr')}", kind="positive_float")
+    lr_decay: float = _option(
+        _FROM_RECIPE,
+        help=f"lr factor at each decay, at most 1 (default: {_by_recipe('lr_decay')})",
+        kind="positive_float",
+    )
+    lr_decay_every: float = _option(
+        _FROM_RECIPE,
+        help="epochs between lr decays, fractions allowed "
+        f"(default: {_by_recipe('lr_decay_every')})",
+        kind="positive_float",
+        metavar="EPOCHS",
+    )
+    optimizer: str = _option(
+        _FROM_RECIPE,
+        help="default: " + ", ".join(f"{n} {r.optimizer}" for n, r in RECIPES.items()),
+        choices=OPTIMIZERS,
+    )
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    weight_decay: float = _FROM_RECIPE
-    grad_clip_norm: float | None = None
-    samples_per_epoch: int | None = None
-    shuffle_buffer: int = 1000
-    max_text_length: int = _FROM_RECIPE
+    weight_decay: float = _option(
+        _FROM_RECIPE, help=f"default: {_by_recipe('weight_decay')}", kind="nonnegative_float"
+    )
+    grad_clip_norm: float | None = _option(
+        None,
+        help="clip the gradient norm to this (default: no clipping)",
+        kind="positive_float",
+        flags=("--grad-clip",),
+    )
+    samples_per_epoch: int | None = _option(
+        None,
+        help="--mix ratio only; default: original samples x (1 + ratio)",
+        kind="positive_int",
+    )
+    shuffle_buffer: int = _option(
+        1000, help="samples (default %(default)s)", kind="nonnegative_int"
+    )
+    max_text_length: int = _option(
+        _FROM_RECIPE,
+        help=f"tokens per caption (default: {_by_recipe('max_text_length')})",
+        kind="positive_int",
+    )
     image_key: str = "jpg"
     text_key: str = "txt"
-    seed: int = 0
-    device: str | None = None
-    precision: str = "auto"
-    num_workers: int = 0
-    log_every: int = 10
+    seed: int = _option(
+        0,
+        help="seed of the shard order, shuffle and mix draws, >= 0 (default: %(default)s)",
+        kind="nonnegative_int",
+    )
+    device: str | None = _option(None, help="torch device (default: cuda if available)")
+    precision: str = _option(
+        "auto",
+        help="auto: bf16 autocast on CUDA, fp32 on CPU; bf16, fp16: mixed precision, CUDA "
+        "only (default: %(default)s)",
+        choices=PRECISIONS,
+    )
+    num_workers: int = _option(
+        0, help="DataLoader workers (default %(default)s)", kind="nonnegative_int"
+    )
+    log_every: int = _option(
+        10, help="steps per log row (default %(default)s)", kind="positive_int"
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str | os.PathLike) or not os.fspath(self.model):
@@ -513,6 +597,7 @@ def fine_tune(
     """
     torch = require("torch", "models")
     start = time.perf_counter()
+    # 1. The folder: half-written epochs removed; a resume checked against its config
     out = Path(out_dir)
     device, precision = _resolve_device(config)
     plan = plan_training(config)
@@ -527,6 +612,7 @@ def fine_tune(
         )
     if resumed_from:
         _check_same_config(out / "train.json", config)
+    # 2. The model, from the last epoch when resuming, with the optimizer's state
     source = out / _epoch_name(resumed_from) if resumed_from else config.model
     family = _FAMILIES[config.recipe]
     model, processor = family.load(str(source))
@@ -537,6 +623,7 @@ def fine_tune(
         folder = out / _epoch_name(resumed_from)
         step.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
         state.update(_read_json(folder / "trainer_state.json"))
+    # 3. The run's record (train.json, "running") and its log, cut back to the resumed epoch
     _write_json(
         out / "train.json",
         {
@@ -566,6 +653,8 @@ def fine_tune(
             if progress is not None:
                 progress(row)
 
+        # 4. The epochs: steps at the schedule's rate, a log row every log_every steps, each
+        # epoch saved whole (model, processor, optimizer, counters)
         for epoch in range(resumed_from, config.epochs):
             torch.manual_seed(_epoch_seed(config.seed, epoch))
             batches = _epoch_batches(config, plan, processor, epoch, device)
@@ -595,6 +684,7 @@ def fine_tune(
             state["skipped"] = dict(skipped)
             _save_epoch(out, epoch + 1, model, processor, step, state)
 
+    # 5. The final model and the record's result ("done")
     final = out / "final"
     _save_folder(final, model, processor)
     result = TrainResult(
@@ -616,7 +706,7 @@ def fine_tune(
 
 
 train_clip = fine_tune
-"""The former name of :func:`fine_tune` (it trains whatever the recipe names)."""
+"""Another name of :func:`fine_tune` (which trains whatever the recipe names)."""
 
 
 def contrastive_loss(similarities: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -642,16 +732,15 @@ class _Family:
     def load(self, source: str) -> tuple[Any, Any]:
         """Model (float32) and processor from a hub id or folder, or ``ValueError``."""
         torch = require("torch", "models")
-        transformers = require("transformers", "models")
         recipe = self.recipe
         what = f"{recipe.model_class} (recipe {recipe.name!r})"
-        try:
-            hf_config = transformers.AutoConfig.from_pretrained(source)
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(
-                f"could not load {recipe.name.upper()} {source} (a hub id or folder with a "
-                f"{what}): {err}"
-            ) from err
+        words = Words(
+            no_config=f"could not load {recipe.name.upper()} {source} (a hub id or folder with "
+            f"a {what})",
+            no_model=f"could not load {recipe.name.upper()} {source}",
+            not_checkpoint=f"{source} is not a {what} checkpoint",
+        )
+        hf_config = load_config(source, words)
         if hf_config.model_type != recipe.model_type:
             other = [r.name for r in RECIPES.values() if r.model_type == hf_config.model_type]
             hint = f"; use recipe {other[0]!r}" if other else ""
@@ -659,19 +748,9 @@ class _Family:
                 f"{source} holds a {hf_config.model_type!r} model, not the {what} the recipe "
                 f"trains{hint}"
             )
-        try:
-            model, info = getattr(transformers, recipe.model_class).from_pretrained(
-                source, dtype=torch.float32, output_loading_info=True
-            )
-            processor = transformers.AutoProcessor.from_pretrained(source)
-        except (OSError, ValueError, KeyError, RuntimeError) as err:
-            raise ValueError(f"could not load {recipe.name.upper()} {source}: {err}") from err
-        missing = sorted(k for k in info["missing_keys"] if self.needed(k))
-        if missing:
-            raise ValueError(
-                f"{source} is not a {what} checkpoint: {len(missing)} weights it trains are "
-                f"missing, e.g. {missing[:3]}"
-            )
+        model, processor = load_pretrained(
+            source, recipe.model_class, words, dtype=torch.float32, needed=self.needed
+        )
         return model, processor
 
     def needed(self, key: str) -> bool:
@@ -841,14 +920,10 @@ class _Step:
 
 
 def _resolve_device(config: TrainConfig) -> tuple[torch.device, str]:
-    import torch
-
-    from counterfactual.models import resolve_device
-
+    """The device (a CUDA one torch cannot use: why, :func:`resolve_device`) and the
+    precision ``auto`` stands for there."""
     device = resolve_device(config.device)
     name = str(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
     precision = config.precision
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "fp32"

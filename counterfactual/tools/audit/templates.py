@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from counterfactual._lazy import require
+from counterfactual.models.runtime import check_batch_size
 from counterfactual.tools.audit.embed import Embedder, embed_normalized
 
 TAG_MODES = ("fine", "coarse", "all")
@@ -68,8 +69,7 @@ class QuestionTemplater:
 
     def __init__(self, nlp: Any, tags: str = "fine", batch_size: int = 256) -> None:
         _check_mode(tags)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_batch_size(batch_size)
         self.nlp = nlp
         self.tags = tags
         self.batch_size = batch_size

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from counterfactual.jsonl import json_objects
+from counterfactual.models.runtime import check_batch_size
 
 NAME_TOKEN = "[NAME]"
 
@@ -253,8 +254,7 @@ class FilterConfig:
             raise ValueError("verb_pos must name at least one POS tag")
         if self.max_conjunct_persons < 2:
             raise ValueError(f"max_conjunct_persons must be >= 2, got {self.max_conjunct_persons}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        check_batch_size(self.batch_size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,120 @@
+"""Command-line options declared on config fields, as plain data.
+
+A config dataclass declares the option of a field in the field's metadata, next to its
+default::
+
+    seed: int = field(default=0, metadata=option("seed of every random choice", kind="nonnegative_int"))
+
+:mod:`counterfactual.cli.options` adds the arguments (flag, type, choices, default, help) to
+a parser and builds the config from the parsed options with these declarations; the YAML
+configs' keys are the options' names, so they follow too. The library holds no argparse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+KINDS = (
+    "text",
+    "float",
+    "flag",
+    "no-flag",
+    "bool",
+    "positive_int",
+    "nonnegative_int",
+    "positive_float",
+    "nonnegative_float",
+    "positive_fraction",
+    "unit_interval",
+    "open_unit_interval",
+    "gpu_share",
+    "finite_float",
+    "cosine",
+)
+"""What an option's value is: ``text`` (a string); ``float`` (any number); ``flag`` (``--x`` sets ``True``);
+``no-flag`` (``--no-x`` sets ``False``); ``bool`` (``--x`` and ``--no-x``); or a number in a
+range (``positive_int``: > 0, ``nonnegative_int``: >= 0, ``positive_float``: finite > 0,
+``nonnegative_float``: finite >= 0, ``positive_fraction``: (0, 1], ``unit_interval``:
+[0, 1], ``open_unit_interval``: (0, 1), ``gpu_share``: (0, 8], ``finite_float``: any
+finite number, ``cosine``: [-1, 1])."""
+
+_KEY = "counterfactual.option"
+
+
+@dataclass(frozen=True, slots=True)
+class CliOption:
+    """How users name and set one config field.
+
+    ``help`` may use argparse's ``%(default)s``; ``flags`` are its flags in the order ``--help``
+    shows them (default: ``--`` and the field's name with dashes); ``dest`` its key in the
+    parsed options and in YAML configs (default: the first long flag's name with
+    underscores); ``unset``: not given, it is ``None`` and whoever builds the config decides
+    (a default that depends on other options). ``nargs`` (``"+"``, ``"*"``): a list of values,
+    stored as a tuple; ``metavar``: the value's name in the usage. A field without a default
+    is a required option."""
+
+    help: str
+    kind: str = "text"
+    choices: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    dest: str = ""
+    unset: bool = False
+    nargs: str = ""
+    metavar: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"option kind {self.kind!r} is not one of {', '.join(KINDS)}")
+
+
+def option(help: str, **kwargs: Any) -> dict[str, CliOption]:
+    """The field metadata that declares a field's option (:class:`CliOption`'s arguments)."""
+    return {_KEY: CliOption(help, **kwargs)}
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """A declared option as the command line adds it: the config's ``field``, its ``option``,
+    and the field's ``default``."""
+
+    field: str
+    option: CliOption
+    default: Any
+    """The field's default; :data:`dataclasses.MISSING` when it has none."""
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return self.option.flags or ("--" + self.field.replace("_", "-"),)
+
+    @property
+    def dest(self) -> str:
+        if self.option.dest:
+            return self.option.dest
+        long = next(f for f in self.flags if f.startswith("--"))
+        return long[2:].replace("-", "_")
+
+
+def declared(cls: type, *names: str) -> list[Declared]:
+    """The options ``cls`` declares: those of ``names`` in that order (each must declare
+    one), else every one in field order."""
+    found: dict[str, Declared] = {}
+    for f in fields(cls):
+        spec = f.metadata.get(_KEY) if isinstance(f.metadata, Mapping) else None
+        if spec is None:
+            continue
+        default = f.default
+        if default is MISSING and f.default_factory is not MISSING:
+            default = f.default_factory()
+        found[f.name] = Declared(f.name, spec, default)
+    if not names:
+        return list(found.values())
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValueError(f"{cls.__name__} declares no option for {', '.join(missing)}")
+    return [found[n] for n in names]
