@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 
 @dataclass(frozen=True, slots=True)
 class RLE:
@@ -63,21 +65,24 @@ class Caption:
     cleaned: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class TarMember:
+class TarMember(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind", tag="tar"
+):
     """A picture stored as a member of a tar file (a WebDataset shard): ``size`` bytes of data
-    at byte ``offset`` of ``path``, so a worker reads it with one seek, without the tar index."""
+    at byte ``offset`` of ``path``, so a worker reads it with one seek, without the tar index.
+    As JSON (:func:`source_to_dict`) it is tagged ``"kind": "tar"``."""
 
     path: str
     offset: int
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class ParquetCell:
+class ParquetCell(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind", tag="parquet"
+):
     """A picture stored as bytes in a Parquet file: row ``row`` of row group ``row_group`` in
     column ``column`` (a binary column, or a struct with a ``bytes`` field as Hugging Face
-    datasets write images)."""
+    datasets write images). As JSON it is tagged ``"kind": "parquet"``."""
 
     path: str
     row_group: int
@@ -92,8 +97,7 @@ ORIGIN_HASHES = ("md5", "sha256", "sha512")
 """The hashes img2dataset's ``compute_hash`` may add to a sample's metadata."""
 
 
-@dataclass(frozen=True, slots=True)
-class Origin:
+class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """Where a corpus sample came from, as its downloader recorded it (img2dataset's ``json``
     member, ``json`` file or Parquet columns): the ``url`` fetched, the downloader's ``key``,
     its ``status`` (``success``, ``failed_to_download``, ``failed_to_resize``) and
@@ -123,27 +127,17 @@ class Origin:
 
 
 def source_to_dict(source: ImageSource) -> dict[str, str | int]:
-    """``source`` as JSON (a sample's json keeps it, so an audit can find the original)."""
-    kind = "tar" if isinstance(source, TarMember) else "parquet"
-    return {"kind": kind, **{name: getattr(source, name) for name in source.__slots__}}
+    """``source`` as JSON, tagged by ``kind`` (a sample's json keeps it, so an audit can find
+    the original)."""
+    return msgspec.to_builtins(source)
 
 
 def source_from_dict(data: Mapping[str, Any]) -> ImageSource:
     """The inverse of :func:`source_to_dict`; ``ValueError`` for anything else."""
-    fields = {k: v for k, v in data.items() if k != "kind"}
     try:
-        if data.get("kind") == "tar":
-            return TarMember(str(fields["path"]), int(fields["offset"]), int(fields["size"]))
-        if data.get("kind") == "parquet":
-            return ParquetCell(
-                str(fields["path"]),
-                int(fields["row_group"]),
-                int(fields["row"]),
-                str(fields["column"]),
-            )
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"not a picture source: {dict(data)!r}") from err
-    raise ValueError(f"not a picture source: {dict(data)!r}")
+        return msgspec.convert(data, ImageSource)  # type: ignore[arg-type]
+    except msgspec.ValidationError as err:
+        raise ValueError(f"not a picture source: {dict(data)!r} ({err})") from err
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import random
 import tarfile
 from pathlib import Path
 
+import msgspec
 import pytest
 from arrays import random_image
 
@@ -299,7 +300,7 @@ def strip_paths(rows: list[ImageRecord | Status]) -> list[ImageRecord | Status]:
     out: list[ImageRecord | Status] = []
     for row in rows:
         if isinstance(row, ImageRecord):
-            source = row.source and dataclasses.replace(row.source, path="")
+            source = row.source and msgspec.structs.replace(row.source, path="")
             out.append(dataclasses.replace(row, root=None, source=source))
         else:
             out.append(dataclasses.replace(row, image_id=Path(row.image_id).name, detail=""))
@@ -324,7 +325,7 @@ def test_s3_wds_corpus_reads_like_the_local_copy(tmp_path: Path, s3: object) -> 
         assert record.source.path.startswith(f"{bucket}/shards/")
         assert read_source(record.source) == tiny(10)[int(record.image_id[1:])][1]
     with pytest.raises(SampleError) as err:
-        read_source(dataclasses.replace(records[0].source, size=10**6))  # type: ignore[arg-type]
+        read_source(msgspec.structs.replace(records[0].source, size=10**6))  # type: ignore[arg-type]
     assert err.value.reason == "read-error"
     with pytest.raises(SampleError) as err:
         read_source(TarMember(f"{bucket}/shards/gone.tar", 0, 1))

@@ -187,7 +187,8 @@ def test_the_older_layout_reads_as_the_current_one(out):
     assert SampleMeta.from_dict(old) == SampleMeta.from_dict(new)
     assert SampleMeta.from_dict(old).to_dict() == new
     meta = SampleMeta.from_dict(new)
-    assert meta.verify is not None and meta.verify.removal["dog"].rank_after == 2
+    assert meta.verify is not None and meta.verify.removal[0].name == "dog"
+    assert meta.verify.removal[0].rank_after == 2
 
 
 @pytest.mark.parametrize(
@@ -195,18 +196,19 @@ def test_the_older_layout_reads_as_the_current_one(out):
     [
         (lambda d: d["plan"]["evidence"]["co_removal"].append(
             dict(d["plan"]["evidence"]["co_removal"][0])),
-         r"plan\.evidence\.co_removal\[\d+\]\.class '.+' repeats"),
+         r"co_removal\[\d+\]\.class '.+' repeats - at `\$\.plan\.evidence`"),
         (lambda d: d["plan"]["evidence"]["keep_overlap"][0].pop("class"),
-         r"missing key plan\.evidence\.keep_overlap\[0\]\.class"),
+         r"missing required field `class` - at `\$\.plan\.evidence\.keep_overlap\[0\]`"),
         (lambda d: d["plan"]["evidence"]["keep_overlap"][0].update(ok="yes"),
-         r"plan\.evidence\.keep_overlap\[0\]\.ok must be true or false"),
+         r"Expected `bool`, got `str` - at `\$\.plan\.evidence\.keep_overlap\[0\]\.ok`"),
         (lambda d: d["plan"]["evidence"].update(co_removal="dog"),
-         r"plan\.evidence\.co_removal must be a list of per-class records"),
-        (lambda d: d["verify"]["removal"][0].pop("class"), r"missing key verify\.removal\[0\]\.class"),
+         r"Expected `array`, got `str` - at `\$\.plan\.evidence\.co_removal`"),
+        (lambda d: d["verify"]["removal"][0].pop("class"),
+         r"missing required field `class` - at `\$\.verify\.removal\[0\]`"),
         (lambda d: d["verify"]["retention"].append(d["verify"]["retention"][0]),
-         r"verify\.retention\[1\]\.class 'person' repeats"),
+         r"retention\[1\]\.class 'person' repeats - at `\$\.verify`"),
         (lambda d: d["verify"]["removal"][0].pop("rank_after"),
-         r"missing key verify\.removal\[0\]\.rank_after"),
+         r"missing required field `rank_after` - at `\$\.verify\.removal\[0\]`"),
     ],
 )  # fmt: skip
 def test_malformed_per_class_records_name_their_key(out, change, message):

@@ -61,18 +61,26 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
 
 
 # as a sample's json holds it: per-class checks as lists of records
-VERIFY = VerifyMeta.from_dict(
-    VerifyResult(
-        passed=False,
-        failed=("removal",),
-        removal={"dog": Removal(ClassScore(1, 0.9123456789), ClassScore(2, 0.25), False)},
-        retention={"person": Retention(ClassScore(3, 0.125), True)},
-        text=TextCheck(("dog",), None),
-        model="tiny-clip",
-        k=1,
-        retention_k=5,
-    ).to_dict()
-).to_dict()
+RESULT = VerifyResult(
+    passed=False,
+    failed=("removal",),
+    removal={"dog": Removal(ClassScore(1, 0.9123456789), ClassScore(2, 0.25), False)},
+    retention={"person": Retention(ClassScore(3, 0.125), True)},
+    text=TextCheck(("dog",), None),
+    model="tiny-clip",
+    k=1,
+    retention_k=5,
+)
+VERIFY = VerifyMeta.from_result(RESULT).to_dict()
+
+
+def test_a_verdict_converts_directly_as_its_dict_reads():
+    # the direct conversion equals the older route through the dict keyed by class
+    assert VerifyMeta.from_result(RESULT) == VerifyMeta.from_dict(RESULT.to_dict())
+    assert VERIFY["removal"] == [
+        {"class": "dog", "rank_before": 1, "rank_after": 2, "prob_before": 0.912346,
+         "prob_after": 0.25, "removed": False}
+    ]  # fmt: skip
 
 
 # --- the spec ---------------------------------------------------------------------------------
@@ -118,7 +126,7 @@ def test_optional_parts_round_trip(extra):
     meta = SampleMeta.from_dict(json.loads(json.dumps(d)))
     assert meta.to_dict() == d
     if "verify" in extra:
-        assert meta.verify is not None and meta.verify.removal["dog"].rank_after == 2
+        assert meta.verify is not None and meta.verify.removal[0].rank_after == 2
     if "objects" in extra:
         assert meta.detection is not None and meta.detection.objects[0].bbox == (1, 2.5, 3, 4)
     if "source" in extra:
@@ -153,29 +161,35 @@ def _set(*path_value):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (_drop("plan"), "missing key plan"),
-        (_drop("sample_seed"), "missing key sample_seed"),
-        (_set("width", "8"), "width must be an integer"),
-        (_set("width", True), "width must be an integer"),
-        (_set("mask_pixels", 1.5), "mask_pixels must be an integer"),
-        (_set("caption", None), "caption must be a string"),
-        (_set("removed_phrases", "a dog"), "removed_phrases must be a list"),
-        (_set("plan", "removed", "dog"), r"plan\.removed must be a list"),
-        (_set("plan", "kept", [1]), r"plan\.kept\[0\] must be a string"),
-        (_set("plan", "mask_boxes", [[1, 2, 3]]), r"plan\.mask_boxes\[0\] must be \[x, y, w, h\]"),
-        (_set("mask_boxes", [[1, 2, 3, "4"]]), r"mask_boxes\[0\]\[3\] must be a number"),
-        (_set("plan", "evidence", []), r"plan\.evidence must be an object"),
-        (_set("plan", "extra", 1), r"unexpected key plan\.extra"),
-        (_set("extra", 1), "unexpected key extra"),
-        (_set("verify", {**VERIFY, "k": None}), r"verify\.k must be an integer"),
+        (_drop("plan"), r"missing required field `plan`"),
+        (_drop("sample_seed"), r"missing required field `sample_seed`"),
+        (_set("width", "8"), r"Expected `int`, got `str` - at `\$\.width`"),
+        (_set("width", True), r"Expected `int`, got `bool` - at `\$\.width`"),
+        (_set("mask_pixels", 1.5), r"Expected `int`, got `float` - at `\$\.mask_pixels`"),
+        (_set("caption", None), r"Expected `str`, got `null` - at `\$\.caption`"),
+        (_set("removed_phrases", "a dog"), r"Expected `array`, got `str` - at `\$\.removed_phrases`"),
+        (_set("plan", "removed", "dog"), r"Expected `array`, got `str` - at `\$\.plan\.removed`"),
+        (_set("plan", "kept", [1]), r"Expected `str`, got `int` - at `\$\.plan\.kept\[0\]`"),
+        (_set("plan", "mask_boxes", [[1, 2, 3]]),
+         r"Expected `array` of length 4, got 3 - at `\$\.plan\.mask_boxes\[0\]`"),
+        (_set("mask_boxes", [[1, 2, 3, "4"]]),
+         r"Expected `int \| float`, got `str` - at `\$\.mask_boxes\[0\]\[3\]`"),
+        (_set("plan", "evidence", []), r"Expected `object`, got `array` - at `\$\.plan\.evidence`"),
+        (_set("plan", "evidence", {"ratio": 1}),
+         r"unknown field `ratio` - at `\$\.plan\.evidence`"),
+        (_set("plan", "extra", 1), r"unknown field `extra` - at `\$\.plan`"),
+        (_set("extra", 1), "unknown field `extra`"),
+        (_set("verify", {**VERIFY, "k": None}), r"Expected `int`, got `null` - at `\$\.verify\.k`"),
         (_set("verify", {**VERIFY, "removal": {"dog": {"rank_before": 1}}}),
-         r"missing key verify\.removal\.dog\.rank_after"),
+         r"missing required field `rank_after` - at `\$\.verify\.removal\[0\]`"),
         (_set("verify", {k: v for k, v in VERIFY.items() if k != "retention_k"}),
-         r"missing key verify\.retention_k"),
+         r"missing required field `retention_k` - at `\$\.verify`"),
         (_set("best_of_n", {"picked": "0", "seed": 1, "scores": []}),
-         r"best_of_n\.picked must be an integer"),
+         r"Expected `int`, got `str` - at `\$\.best_of_n\.picked`"),
         (_set("detector", {}), "missing key objects"),
-        (_set("source", {"kind": "zip"}), "source: not a picture source"),
+        (_set("source", {"kind": "zip"}), r"Invalid value 'zip' - at `\$\.source\.kind`"),
+        (_set("mask", {"source": "box", "dilate": 0, "boxes": "x", "frame": [8, 8]}),
+         r"Invalid enum value 'x' - at `\$\.mask\.boxes`"),
     ],
 )  # fmt: skip
 def test_malformed_json_names_the_key(change, message):
@@ -190,7 +204,7 @@ def test_not_json_and_not_an_object():
         SampleMeta.from_json(b"{not json")
     with pytest.raises(ValueError, match="not JSON"):
         SampleMeta.from_json(b"\xff\xfe")
-    with pytest.raises(ValueError, match="must be an object"):
+    with pytest.raises(ValueError, match="Expected `object`, got `array`"):
         SampleMeta.from_json(b"[1, 2]")
 
 
@@ -279,7 +293,8 @@ def test_unreadable_samples_come_back_as_statuses(tmp_path):
     ]  # fmt: skip
     assert rows[0].jpg == b"jpg-a" and rows[0].caption == "a caption"
     assert rows[4].jpg is None and rows[4].jpg_at is None and rows[4].caption is None
-    assert "no json member" in rows[2].detail and "width must be an integer" in rows[3].detail
+    assert "no json member" in rows[2].detail
+    assert "Expected `int`, got `str` - at `$.width`" in rows[3].detail
     assert all(s.key == s.image_id and s.status == "failed" for s in rows[1:4])
     assert [s.key for s in sample_failures([shard])] == ["b", "c", "d"]
     with pytest.raises(ValueError, match="bad-metadata: shard-000000.tar: b.json: sample json"):

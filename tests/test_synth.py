@@ -191,7 +191,7 @@ def test_sample_keys_are_stable_and_dotless():
 
 def test_shard_writer_commits_the_tar_then_its_stats(tmp_path):
     from counterfactual.records import Status
-    from counterfactual.synth.shards import Sample, ShardWriter, read_stats
+    from counterfactual.synth.shards import Sample, ShardStats, ShardWriter, read_stats
 
     def item(i):
         if i == 3:  # a failed item: a status row, no sample
@@ -231,6 +231,15 @@ def test_shard_writer_commits_the_tar_then_its_stats(tmp_path):
     assert not list((tmp_path / "half").iterdir())
     (tmp_path / "shard-000003.tar").write_bytes(b"")
     assert sorted(read_stats(tmp_path)) == [0, 1, 2]
+    # the stats file reads back as written, and a bad one is named by its key path
+    written = json.loads((tmp_path / "shard-000001_stats.json").read_text())
+    assert ShardStats.from_dict(written) == done[1]
+    assert ShardStats.from_dict(written).to_dict() == written
+    written["status"][2]["key"] = 7
+    with pytest.raises(
+        ValueError, match=r"Expected `str \| null`, got `int` - at `\$\.status\[2\]\.key`"
+    ):
+        ShardStats.from_dict(written)
 
 
 @pytest.mark.slow

@@ -149,20 +149,22 @@ class RemovalPlan:
         sample's json has one schema (Arrow, Hugging Face ``datasets``). Older shards hold
         objects keyed by class name; :class:`counterfactual.synth.samples.PlanMeta` reads both.
         """
-        return msgspec.to_builtins(
-            _row(
-                self.image_id,
-                self.target,
-                list(self.removed),
-                list(self.kept),
-                self.co_removal.items(),
-                self.keep_overlap.items(),
-                self.removed_fraction,
-                [list(b) for b in self.mask_boxes],
-                (self.alpha1, self.alpha2, self.alpha3),
-                self.rejected_by,
-                self.pmi,
-            )
+        return msgspec.to_builtins(self.row())
+
+    def row(self) -> PlanRow:
+        """The plan as the struct :meth:`to_dict` gives as JSON."""
+        return _row(
+            self.image_id,
+            self.target,
+            list(self.removed),
+            list(self.kept),
+            self.co_removal.items(),
+            self.keep_overlap.items(),
+            self.removed_fraction,
+            [list(b) for b in self.mask_boxes],
+            (self.alpha1, self.alpha2, self.alpha3),
+            self.rejected_by,
+            self.pmi,
         )
 
 

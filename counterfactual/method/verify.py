@@ -202,14 +202,14 @@ class VerifyResult:
                 c: {
                     "rank_before": r.before.rank,
                     "rank_after": r.after.rank,
-                    "prob_before": _round(r.before.prob),
-                    "prob_after": _round(r.after.prob),
+                    "prob_before": round_prob(r.before.prob),
+                    "prob_after": round_prob(r.after.prob),
                     "removed": r.removed,
                 }
                 for c, r in self.removal.items()
             },
             "retention": {
-                c: {"rank": r.score.rank, "prob": _round(r.score.prob), "kept": r.kept}
+                c: {"rank": r.score.rank, "prob": round_prob(r.score.prob), "kept": r.kept}
                 for c, r in self.retention.items()
             },
             "text": None
@@ -246,7 +246,8 @@ class VerifyResult:
         return "; ".join(parts)
 
 
-def _round(x: float) -> float:
+def round_prob(x: float) -> float:
+    """A probability as a verdict stores it: a Python float, 6 decimals."""
     return round(float(x), 6)
 
 

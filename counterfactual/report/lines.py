@@ -85,17 +85,17 @@ def verdict_lines(v: VerifyMeta) -> VerdictLines:
     """The lines of a stored verdict (:class:`counterfactual.synth.samples.VerifyMeta`)."""
     checks = [
         CheckLine(
-            f"removed {cls}",
+            f"removed {r.name}",
             (str(r.rank_before), str(r.rank_after)),
             (num(r.prob_before), num(r.prob_after)),
             r.removed,
             "still seen",
         )
-        for cls, r in v.removal.items()
+        for r in v.removal
     ]
     checks += [
-        CheckLine(f"kept {cls}", (str(k.rank),), (num(k.prob),), k.kept, "lost")
-        for cls, k in v.retention.items()
+        CheckLine(f"kept {k.name}", (str(k.rank),), (num(k.prob),), k.kept, "lost")
+        for k in v.retention
     ]
     text = None if v.text is None else v.text.to_dict()
     return VerdictLines(v.passed, f"model={v.model}, k={v.k}", v.failed, tuple(checks), text)

@@ -17,12 +17,12 @@ import numpy as np
 from counterfactual import __version__
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import RemovalPlan
+from counterfactual.method.verify import VerifyResult
 from counterfactual.records import Status
 from counterfactual.synth.plan import SynthConfig, WorkItem
 from counterfactual.synth.samples import (
     BestOfNMeta,
     DetectedObject,
-    DetectionMeta,
     MaskMeta,
     PlanMeta,
     SampleMeta,
@@ -50,7 +50,7 @@ class Job:
     ``uint8`` RGB ``HxWx3`` (``mask``: ``HxW``, 255 = repaint) and are dropped once encoded;
     ``image`` (the original) is dropped by ``Edit``, or by ``Verify`` when verification is on,
     or by ``Encode`` with ``--pairs`` (which writes it as ``orig.jpg``).
-    ``verify`` is :meth:`VerifyResult.to_dict` once verified."""
+    ``verify`` is the :class:`VerifyResult` once verified."""
 
     shard: int
     index: int
@@ -59,7 +59,7 @@ class Job:
     mask: np.ndarray | None = None
     edited: np.ndarray | None = None
     caption: RewriteResult | None = None
-    verify: dict[str, Any] | None = None
+    verify: VerifyResult | None = None
     methods: dict[str, Any] = field(default_factory=dict)
     sample: Sample | None = None
     failure: Status | None = None
@@ -151,9 +151,9 @@ def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str
         caption=caption.text,
         caption_cleaned=item.caption.cleaned,
         removed_phrases=tuple(caption.removed_phrases),
-        plan=PlanMeta.from_dict(job.plan.to_dict()),
+        plan=PlanMeta.from_plan(job.plan),
         mask_boxes=job.plan.mask_boxes,
-        detection=_detection_meta(job),
+        **_detection_meta(job),
         mask_pixels=int(np.count_nonzero(job.mask)),
         image_method=job.methods.get("image_method"),
         best_of_n=None if best_of_n is None else BestOfNMeta.from_dict(best_of_n),
@@ -161,7 +161,7 @@ def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str
         seed=seed,
         sample_seed=item.seed,
         counterfactual_version=__version__,
-        verify=None if job.verify is None else VerifyMeta.from_dict(job.verify),
+        verify=None if job.verify is None else VerifyMeta.from_result(job.verify),
         mask=None if mask is None else _mask_meta(job, mask),
     ).to_dict()
 
@@ -172,13 +172,14 @@ def _mask_meta(job: Job, mask: MaskConfig) -> MaskMeta:
     return MaskMeta(mask.source, mask.dilate, boxes, (record.width, record.height))
 
 
-def _detection_meta(job: Job) -> DetectionMeta | None:
-    """With detected boxes: the detector, every object it kept (with its score) and the valid
-    targets the policy did not draw."""
+def _detection_meta(job: Job) -> dict[str, Any]:
+    """With detected boxes, the :class:`SampleMeta` fields of the detection: the detector, every
+    object it kept (with its score) and the valid targets the policy did not draw."""
     if "detector" not in job.methods:
-        return None
-    return DetectionMeta(
-        job.methods["detector"],
-        tuple(DetectedObject(o.category, o.bbox, o.score) for o in job.item.record.objects),
-        tuple(job.methods.get("not_drawn", ())),
-    )
+        return {}
+    objects = job.item.record.objects
+    return {
+        "detector": job.methods["detector"],
+        "objects": tuple(DetectedObject(o.category, o.bbox, o.score) for o in objects),
+        "not_drawn": tuple(job.methods.get("not_drawn", ())),
+    }

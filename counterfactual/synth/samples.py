@@ -15,6 +15,8 @@ there on). :func:`iter_samples` yields the rows and raises on the first failure;
 :func:`sample_failures` lists the failures. With ``images=False`` only tar headers and the
 ``json``/``txt`` members are read: the JPEG data is skipped by seeking.
 
+The json is one schema, msgspec structs (:class:`Record`): decoding checks every key and type
+and a ``ValueError`` names the path of the first bad one (``$.plan.mask_boxes[0]``).
 Boxes are ``xywh`` in the pixels of the written picture (``width`` x ``height``), numbers kept as
 the json holds them (so ``from_dict(d).to_dict() == d`` and the bytes of a rewritten json match).
 No json object is keyed by data: per-class parts (the plan's evidence, the verifier's checks) are
@@ -25,32 +27,23 @@ reads both and gives the lists (there is no format number: the layout is told by
 
 from __future__ import annotations
 
-import copy
-import json
 import os
 import re
 import tarfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
+import msgspec
 import numpy as np
+from msgspec import UNSET, UnsetType
 
 from counterfactual import fs
-from counterfactual.method.verify import VerifySummary
+from counterfactual.method.selection import RemovalPlan
+from counterfactual.method.verify import VerifyResult, VerifySummary, round_prob
 from counterfactual.readers.corpus import member_key_field
-from counterfactual.records import (
-    ImageRecord,
-    ImageSource,
-    Origin,
-    Status,
-    source_from_dict,
-    source_to_dict,
-)
-
-Box = tuple[float, float, float, float]
-"""``(x, y, w, h)`` pixels."""
+from counterfactual.records import ImageRecord, ImageSource, Origin, Status
 
 BAD_METADATA = "bad-metadata"
 BAD_SHARD = "bad-shard"
@@ -59,155 +52,132 @@ _COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")
 T = TypeVar("T")
 
 
-# --- checking json values: each names the key path it is at ---------------------------------
+# --- the spec: msgspec structs, field order = key order ----------------------------------------
 
 
-def _check(ok: bool, path: str, expected: str, value: Any) -> None:
-    if not ok:
-        shown = repr(value)
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise ValueError(f"sample json: {path} must be {expected}, got {shown}")
+Number = int | float
+"""A json number kept as the json holds it (``1`` stays an int), so the bytes of a rewritten
+json match."""
+
+Box = tuple[Number, Number, Number, Number]
+"""``(x, y, w, h)`` pixels."""
 
 
-def _str(value: Any, path: str) -> str:
-    _check(isinstance(value, str), path, "a string", value)
-    return value
+class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A part of the sample json: decoded by :meth:`from_dict` (``ValueError`` naming the key
+    path, ``$.plan.mask_boxes[0]``), written by :meth:`to_dict` (fresh lists and dicts)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _builtins(self)
+
+    @classmethod
+    def from_dict(cls: type[R], d: Any) -> R:
+        return _convert(d, cls)
 
 
-def _opt_str(value: Any, path: str) -> str | None:
-    _check(value is None or isinstance(value, str), path, "a string or null", value)
-    return value
+R = TypeVar("R", bound=Record)
 
 
-def _int(value: Any, path: str) -> int:
-    _check(isinstance(value, int) and not isinstance(value, bool), path, "an integer", value)
-    return value
+def _convert(value: Any, kind: type[T]) -> T:
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as err:
+        raise ValueError(f"sample json: {err}") from err
 
 
-def _num(value: Any, path: str) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    _check(ok, path, "a number", value)
-    return value
+def _numpy_item(value: Any) -> Any:
+    if isinstance(value, np.generic):  # a numpy scalar in a describe() dict: its Python value
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def _opt_num(value: Any, path: str) -> float | None:
-    return None if value is None else _num(value, path)
+def _builtins(value: Any) -> Any:
+    """``value`` as plain JSON values: structs as dicts in field order, tuples as lists."""
+    return _lists(msgspec.to_builtins(value, enc_hook=_numpy_item))
 
 
-def _bool(value: Any, path: str) -> bool:
-    _check(isinstance(value, bool), path, "true or false", value)
-    return value
-
-
-def _opt_bool(value: Any, path: str) -> bool | None:
-    _check(value is None or isinstance(value, bool), path, "true, false or null", value)
-    return value
-
-
-def _dict(value: Any, path: str) -> dict[str, Any]:
-    _check(isinstance(value, dict), path, "an object", value)
-    return value
-
-
-def _opt_dict(value: Any, path: str) -> dict[str, Any] | None:
-    _check(value is None or isinstance(value, dict), path, "an object or null", value)
-    return value
-
-
-def _list(value: Any, path: str, item: Callable[[Any, str], T]) -> tuple[T, ...]:
-    _check(isinstance(value, list), path, "a list", value)
-    return tuple(item(v, f"{path}[{i}]") for i, v in enumerate(value))
-
-
-def _strs(value: Any, path: str) -> tuple[str, ...]:
-    return _list(value, path, _str)
-
-
-def _box(value: Any, path: str) -> Box:
-    _check(isinstance(value, list) and len(value) == 4, path, "[x, y, w, h]", value)
-    x, y, w, h = (_num(v, f"{path}[{i}]") for i, v in enumerate(value))
-    return (x, y, w, h)
-
-
-def _boxes(value: Any, path: str) -> tuple[Box, ...]:
-    return _list(value, path, _box)
-
-
-def _keys(d: Any, path: str, required: Iterable[str], optional: Iterable[str] = ()) -> None:
-    """``d`` is an object with every ``required`` key and nothing beyond ``optional``."""
-    _check(isinstance(d, dict), path or "the sample json", "an object", d)
-    prefix = f"{path}." if path else ""
-    for key in required:
-        if key not in d:
-            raise ValueError(f"sample json: missing key {prefix}{key}")
-    extra = sorted(set(d) - set(required) - set(optional))
-    if extra:
-        raise ValueError(f"sample json: unexpected key {prefix}{extra[0]}")
-
-
-def _copy(d: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if d is None else copy.deepcopy(d)
-
-
-# --- the spec ----------------------------------------------------------------------------------
-
-
-# Per-class evidence: a list of records with these keys (older shards: an object keyed by class).
-_EVIDENCE_RECORDS = {
-    "co_removal": (("ratio", _num), ("alpha2", _num), ("co_removed", _bool)),
-    "keep_overlap": (("ratio", _num), ("alpha1", _num), ("ok", _bool)),
-}
-_PMI_RECORD = (("pmi", _num),)
-
-
-def _class_records(
-    value: Any, path: str, fields: tuple[tuple[str, Callable[[Any, str], Any]], ...]
-) -> list[dict[str, Any]]:
-    """Per-class records ``[{"class": c, field: ...}, ...]``, from that list or from the older
-    object keyed by class name (``{c: {field: ...}}``; with one field, ``{c: value}``).
-    ``ValueError`` naming the key path when a record is malformed or a class repeats."""
+def _lists(value: Any) -> Any:
     if isinstance(value, dict):
-        if len(fields) == 1 and not all(isinstance(v, dict) for v in value.values()):
-            value = [{"class": c, fields[0][0]: v} for c, v in value.items()]
-        else:
-            value = [{"class": c, **_dict(v, f"{path}.{c}")} for c, v in value.items()]
-    _check(isinstance(value, list), path, "a list of per-class records", value)
-    out, seen = [], set()
-    names = ("class", *(name for name, _ in fields))
-    for i, record in enumerate(value):
-        at = f"{path}[{i}]"
-        _keys(record, at, names)
-        name = _str(record["class"], f"{at}.class")
-        if name in seen:
-            raise ValueError(f"sample json: {at}.class {name!r} repeats")
-        seen.add(name)
-        out.append({"class": name, **{k: check(record[k], f"{at}.{k}") for k, check in fields}})
-    return out
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_lists(v) for v in value]
+    return value
 
 
-def _evidence(value: Any, path: str) -> dict[str, Any]:
-    """A plan's evidence with its per-class parts as lists of records (see
-    :meth:`counterfactual.method.selection.RemovalPlan.to_dict`); other keys are kept as they are."""
-    out = copy.deepcopy(_dict(value, path))
-    for key, fields in _EVIDENCE_RECORDS.items():
-        if key in out:
-            out[key] = _class_records(out[key], f"{path}.{key}", fields)
-    if isinstance(out.get("pmi"), dict) and "with_kept" in out["pmi"]:
-        pmi = out["pmi"]
-        pmi["with_kept"] = _class_records(pmi["with_kept"], f"{path}.pmi.with_kept", _PMI_RECORD)
-    return out
+def _unique(records: Iterable[Any], what: str) -> None:
+    """``ValueError`` when two per-class records name the same class."""
+    seen: set[str] = set()
+    for i, r in enumerate(records):
+        if r.name in seen:
+            raise ValueError(f"{what}[{i}].class {r.name!r} repeats")
+        seen.add(r.name)
 
 
-@dataclass(frozen=True, slots=True)
-class PlanMeta:
-    """The removal plan (:meth:`counterfactual.method.selection.RemovalPlan.to_dict`): ``evidence``
-    holds each ratio with its threshold (and the PMI under the ``spurious`` policy);
-    ``mask_boxes`` are the removed boxes (``xywh``, clipped to the picture).
+class CoRemoval(Record):
+    """Another class's overlap with the target's boxes, compared with ``alpha2``."""
 
-    The per-class evidence (``co_removal``, ``keep_overlap``, ``pmi.with_kept``) is a list of
-    records ``{"class": name, ...}``; :meth:`from_dict` also reads the older layout (objects
-    keyed by class name) and gives the list, so :meth:`to_dict` always writes the current one.
-    """
+    name: str = msgspec.field(name="class")
+    ratio: Number
+    alpha2: Number
+    co_removed: bool
+
+
+class KeepOverlap(Record):
+    """A kept class's overlap with the removed boxes, compared with ``alpha1``."""
+
+    name: str = msgspec.field(name="class")
+    ratio: Number
+    alpha1: Number
+    ok: bool
+
+
+class RemovedFraction(Record):
+    """The removed boxes' share of the picture, compared with ``alpha3``."""
+
+    ratio: Number
+    alpha3: Number
+    ok: bool
+
+
+class PMIWith(Record):
+    name: str = msgspec.field(name="class")
+    pmi: Number
+
+
+class PMIEvidence(Record):
+    """``spurious`` policy: the PMI of the target with each kept class and their aggregate."""
+
+    with_kept: tuple[PMIWith, ...]
+    score: Number
+    aggregate: str
+    smoothing: Number
+
+    def __post_init__(self) -> None:
+        _unique(self.with_kept, "with_kept")
+
+
+class Evidence(Record):
+    """Each ratio of a plan with its threshold (:meth:`~counterfactual.method.selection.
+    RemovalPlan.to_dict`); a part the plan does not have is absent (``UNSET``)."""
+
+    co_removal: tuple[CoRemoval, ...] | UnsetType = UNSET
+    keep_overlap: tuple[KeepOverlap, ...] | UnsetType = UNSET
+    removed_fraction: RemovedFraction | UnsetType = UNSET
+    pmi: PMIEvidence | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        for part in ("co_removal", "keep_overlap"):
+            records = getattr(self, part)
+            if records is not UNSET:
+                _unique(records, part)
+
+
+class PlanMeta(Record):
+    """The removal plan (:meth:`counterfactual.method.selection.RemovalPlan.to_dict`,
+    :meth:`from_plan`): ``evidence`` holds each ratio with its threshold (and the PMI under the
+    ``spurious`` policy); ``mask_boxes`` are the removed boxes (``xywh``, clipped to the
+    picture). The per-class evidence is a list of records ``{"class": name, ...}``; the older
+    layout (objects keyed by class name) is read by :meth:`SampleMeta.from_dict`."""
 
     image_id: str
     target: str
@@ -216,46 +186,57 @@ class PlanMeta:
     kind: str
     valid: bool
     rejected_by: str | None
-    evidence: dict[str, Any]
+    evidence: Evidence
     mask_boxes: tuple[Box, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "image_id": self.image_id,
-            "target": self.target,
-            "removed": list(self.removed),
-            "kept": list(self.kept),
-            "kind": self.kind,
-            "valid": self.valid,
-            "rejected_by": self.rejected_by,
-            "evidence": copy.deepcopy(self.evidence),
-            "mask_boxes": [list(b) for b in self.mask_boxes],
-        }
+    @classmethod
+    def from_dict(cls, d: Any) -> PlanMeta:
+        """A plan's json, in the current or the older layout."""
+        return _convert(_upgrade(d, _PLAN_KEYED), cls)
+
+    @classmethod
+    def from_plan(cls, plan: RemovalPlan) -> PlanMeta:
+        """``plan`` as its sample json holds it, from its :class:`~counterfactual.method.
+        selection.PlanRow` (no dict in between)."""
+        row = plan.row()
+        ev = row.evidence
+        pmi = ev.pmi
+        return cls(
+            plan.image_id,
+            row.target,
+            tuple(row.removed),
+            tuple(row.kept),
+            row.kind,
+            row.valid,
+            row.rejected_by,
+            Evidence(
+                tuple(CoRemoval(r.name, r.ratio, r.alpha2, r.co_removed) for r in ev.co_removal),
+                tuple(KeepOverlap(r.name, r.ratio, r.alpha1, r.ok) for r in ev.keep_overlap),
+                RemovedFraction(
+                    ev.removed_fraction.ratio, ev.removed_fraction.alpha3, ev.removed_fraction.ok
+                ),
+                UNSET
+                if pmi is None
+                else PMIEvidence(
+                    tuple(PMIWith(r.name, r.pmi) for r in pmi.with_kept),
+                    pmi.score,
+                    pmi.aggregate,
+                    pmi.smoothing,
+                ),
+            ),
+            tuple((x, y, w, h) for x, y, w, h in plan.mask_boxes),
+        )
 
     def ratios(self, part: str) -> dict[str, float]:
         """``class -> ratio`` of ``co_removal`` or ``keep_overlap`` (``pmi`` for the PMI with
         each kept class), in the plan's class order; empty when absent."""
+        ev = self.evidence
         if part == "pmi":
-            records = self.evidence.get("pmi", {}).get("with_kept", [])
-            return {r["class"]: r["pmi"] for r in records}
-        if part not in _EVIDENCE_RECORDS:
+            return {} if ev.pmi is UNSET else {r.name: r.pmi for r in ev.pmi.with_kept}
+        if part not in ("co_removal", "keep_overlap"):
             raise ValueError(f"evidence part {part!r} is not one of co_removal, keep_overlap, pmi")
-        return {r["class"]: r["ratio"] for r in self.evidence.get(part, [])}
-
-    @classmethod
-    def from_dict(cls, d: Any, path: str = "plan") -> PlanMeta:
-        _keys(d, path, _fields(cls))
-        return cls(
-            _str(d["image_id"], f"{path}.image_id"),
-            _str(d["target"], f"{path}.target"),
-            _strs(d["removed"], f"{path}.removed"),
-            _strs(d["kept"], f"{path}.kept"),
-            _str(d["kind"], f"{path}.kind"),
-            _bool(d["valid"], f"{path}.valid"),
-            _opt_str(d["rejected_by"], f"{path}.rejected_by"),
-            _evidence(d["evidence"], f"{path}.evidence"),
-            _boxes(d["mask_boxes"], f"{path}.mask_boxes"),
-        )
+        records = getattr(ev, part)
+        return {} if records is UNSET else {r.name: r.ratio for r in records}
 
 
 NULLABLE_TYPES: dict[str, Any] = {
@@ -270,32 +251,20 @@ with the type they hold when set: a run whose samples all hold ``None`` there (a
 without splits; a written plan is never rejected) still declares the real type."""
 
 
-@dataclass(frozen=True, slots=True)
-class DetectedObject:
+class DetectedObject(Record):
     """One object the detector kept: ``bbox`` ``xywh`` pixels, ``score`` its confidence."""
 
     category: str
     bbox: Box
-    score: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"category": self.category, "bbox": list(self.bbox), "score": self.score}
-
-    @classmethod
-    def from_dict(cls, d: Any, path: str) -> DetectedObject:
-        _keys(d, path, ("category", "bbox", "score"))
-        return cls(
-            _str(d["category"], f"{path}.category"),
-            _box(d["bbox"], f"{path}.bbox"),
-            _opt_num(d["score"], f"{path}.score"),
-        )
+    score: Number | None
 
 
 @dataclass(frozen=True, slots=True)
 class DetectionMeta:
     """With detected boxes (synth's ``Detect`` step): the detector
     (:meth:`counterfactual.method.detect.Detector.describe`), every object it kept, and the valid
-    targets the policy did not draw. Stored as three top-level keys of the json."""
+    targets the policy did not draw. Stored as three top-level keys of the json
+    (:attr:`SampleMeta.detection`)."""
 
     detector: dict[str, Any]
     objects: tuple[DetectedObject, ...]
@@ -303,64 +272,23 @@ class DetectionMeta:
 
     KEYS = ("detector", "objects", "not_drawn")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "detector": copy.deepcopy(self.detector),
-            "objects": [o.to_dict() for o in self.objects],
-            "not_drawn": list(self.not_drawn),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> DetectionMeta:
-        for key in cls.KEYS:
-            if key not in d:
-                raise ValueError(f"sample json: missing key {key} (detections need all of "
-                                 f"{', '.join(cls.KEYS)})")  # fmt: skip
-        return cls(
-            copy.deepcopy(_dict(d["detector"], "detector")),
-            _list(d["objects"], "objects", DetectedObject.from_dict),
-            _strs(d["not_drawn"], "not_drawn"),
-        )
-
 
 MASK_BOXES = ("dataset", "detector")
 
 
-@dataclass(frozen=True, slots=True)
-class MaskMeta:
+class MaskMeta(Record):
     """How a ``--pairs`` sample's mask (``mask.png``, 255 = removed) was made, so it can be
     made again (:func:`rebuild_mask`): ``source`` the mask source (``box``: the plan's
     ``mask_boxes``; ``segmentation``: the removed objects' segmentations, boxes for those
     without), ``dilate`` the pixels it was grown by, ``boxes`` where the boxes came from
-    (``dataset`` annotations or the ``detector``) and ``frame`` the ``[width, height]`` those
-    boxes are in (the annotated size; the mask is at the picture's, boxes scaled to it)."""
+    (``dataset`` annotations or the ``detector``, :data:`MASK_BOXES`) and ``frame`` the
+    ``[width, height]`` those boxes are in (the annotated size; the mask is at the picture's,
+    boxes scaled to it)."""
 
     source: str
     dilate: int
-    boxes: str
+    boxes: Literal["dataset", "detector"]
     frame: tuple[int, int]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "dilate": self.dilate,
-            "boxes": self.boxes,
-            "frame": list(self.frame),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Any, path: str = "mask") -> MaskMeta:
-        _keys(d, path, _fields(cls))
-        frame = d["frame"]
-        _check(isinstance(frame, list) and len(frame) == 2, f"{path}.frame", "[w, h]", frame)
-        boxes = _str(d["boxes"], f"{path}.boxes")
-        _check(boxes in MASK_BOXES, f"{path}.boxes", f"one of {MASK_BOXES}", boxes)
-        return cls(
-            _str(d["source"], f"{path}.source"),
-            _int(d["dilate"], f"{path}.dilate"),
-            boxes,
-            (_int(frame[0], f"{path}.frame[0]"), _int(frame[1], f"{path}.frame[1]")),
-        )
 
 
 def rebuild_mask(meta: SampleMeta) -> np.ndarray:
@@ -384,176 +312,111 @@ def rebuild_mask(meta: SampleMeta) -> np.ndarray:
     return dilate(box_mask(meta.height, meta.width, boxes), made.dilate)
 
 
-@dataclass(frozen=True, slots=True)
-class BestOfNMeta:
+class BestOfNMeta(Record):
     """Best-of-n inpainting: the candidate kept (index), its seed, and every candidate's score
     (lower is a cleaner removal; ``None``: its output failed its check, non-finite or blank)."""
 
     picked: int
     seed: int
-    scores: tuple[float | None, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"picked": self.picked, "seed": self.seed, "scores": list(self.scores)}
-
-    @classmethod
-    def from_dict(cls, d: Any, path: str = "best_of_n") -> BestOfNMeta:
-        _keys(d, path, _fields(cls))
-        return cls(
-            _int(d["picked"], f"{path}.picked"),
-            _int(d["seed"], f"{path}.seed"),
-            _list(d["scores"], f"{path}.scores", _opt_num),
-        )
+    scores: tuple[Number | None, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class RemovalCheck:
+class RemovalCheck(Record):
     """A removed class on its box before and after the edit: rank 1 = most similar class."""
 
+    name: str = msgspec.field(name="class")
     rank_before: int
     rank_after: int
-    prob_before: float
-    prob_after: float
+    prob_before: Number
+    prob_after: Number
     removed: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank_before": self.rank_before,
-            "rank_after": self.rank_after,
-            "prob_before": self.prob_before,
-            "prob_after": self.prob_after,
-            "removed": self.removed,
-        }
 
-    @classmethod
-    def from_dict(cls, d: Any, path: str) -> RemovalCheck:
-        _keys(d, path, _fields(cls))
-        return cls(
-            _int(d["rank_before"], f"{path}.rank_before"),
-            _int(d["rank_after"], f"{path}.rank_after"),
-            _num(d["prob_before"], f"{path}.prob_before"),
-            _num(d["prob_after"], f"{path}.prob_after"),
-            _bool(d["removed"], f"{path}.removed"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionCheck:
+class RetentionCheck(Record):
     """A kept class on its box after the edit."""
 
+    name: str = msgspec.field(name="class")
     rank: int
-    prob: float
+    prob: Number
     kept: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "prob": self.prob, "kept": self.kept}
 
-    @classmethod
-    def from_dict(cls, d: Any, path: str) -> RetentionCheck:
-        _keys(d, path, _fields(cls))
-        return cls(
-            _int(d["rank"], f"{path}.rank"),
-            _num(d["prob"], f"{path}.prob"),
-            _bool(d["kept"], f"{path}.kept"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class TextCheckMeta:
+class TextCheckMeta(Record):
     """Removed classes the new caption names; whether it names a kept class (``None``: the text
     method need not)."""
 
     names_removed: tuple[str, ...]
     names_kept: bool | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"names_removed": list(self.names_removed), "names_kept": self.names_kept}
 
-    @classmethod
-    def from_dict(cls, d: Any, path: str) -> TextCheckMeta:
-        _keys(d, path, _fields(cls))
-        return cls(
-            _strs(d["names_removed"], f"{path}.names_removed"),
-            _opt_bool(d["names_kept"], f"{path}.names_kept"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class VerifyMeta:
-    """The verifier's verdict (:meth:`counterfactual.method.verify.VerifyResult.to_dict`), per class.
-
-    ``removal``/``retention`` are by class name here; the json holds them as lists of records
-    ``{"class": name, ...}`` (one schema for every sample); :meth:`from_dict` reads both that
-    and the older objects keyed by class name."""
+class VerifyMeta(Record):
+    """The verifier's verdict (:class:`counterfactual.method.verify.VerifyResult`,
+    :meth:`from_result`): the per-class checks are lists of records ``{"class": name, ...}``
+    (one schema for every sample; :meth:`SampleMeta.from_dict` also reads the older objects
+    keyed by class name)."""
 
     passed: bool
     failed: tuple[str, ...]
-    removal: dict[str, RemovalCheck]
-    retention: dict[str, RetentionCheck]
+    removal: tuple[RemovalCheck, ...]
+    retention: tuple[RetentionCheck, ...]
     text: TextCheckMeta | None
     model: str
     k: int
     retention_k: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "passed": self.passed,
-            "failed": list(self.failed),
-            "removal": [{"class": c, **r.to_dict()} for c, r in self.removal.items()],
-            "retention": [{"class": c, **r.to_dict()} for c, r in self.retention.items()],
-            "text": None if self.text is None else self.text.to_dict(),
-            "model": self.model,
-            "k": self.k,
-            "retention_k": self.retention_k,
-        }
+    def __post_init__(self) -> None:
+        _unique(self.removal, "removal")
+        _unique(self.retention, "retention")
 
     @classmethod
-    def from_dict(cls, d: Any, path: str = "verify") -> VerifyMeta:
-        _keys(d, path, _fields(cls))
+    def from_dict(cls, d: Any) -> VerifyMeta:
+        """A verdict's json, in the current or the older layout (:meth:`VerifyResult.to_dict
+        <counterfactual.method.verify.VerifyResult.to_dict>`)."""
+        return _convert(_upgrade(d, _VERIFY_KEYED), cls)
+
+    @classmethod
+    def from_result(cls, result: VerifyResult) -> VerifyMeta:
+        """``result`` as its sample json holds it, probabilities rounded as
+        :meth:`~counterfactual.method.verify.VerifyResult.to_dict` rounds them."""
+        text = result.text
         return cls(
-            _bool(d["passed"], f"{path}.passed"),
-            _strs(d["failed"], f"{path}.failed"),
-            _by_class(d["removal"], f"{path}.removal", RemovalCheck.from_dict),
-            _by_class(d["retention"], f"{path}.retention", RetentionCheck.from_dict),
-            None if d["text"] is None else TextCheckMeta.from_dict(d["text"], f"{path}.text"),
-            _str(d["model"], f"{path}.model"),
-            _int(d["k"], f"{path}.k"),
-            _int(d["retention_k"], f"{path}.retention_k"),
+            result.passed,
+            tuple(result.failed),
+            tuple(
+                RemovalCheck(
+                    c,
+                    r.before.rank,
+                    r.after.rank,
+                    round_prob(r.before.prob),
+                    round_prob(r.after.prob),
+                    r.removed,
+                )
+                for c, r in result.removal.items()
+            ),
+            tuple(
+                RetentionCheck(c, r.score.rank, round_prob(r.score.prob), r.kept)
+                for c, r in result.retention.items()
+            ),
+            None if text is None else TextCheckMeta(tuple(text.names_removed), text.names_kept),
+            result.model,
+            result.k,
+            result.retention_k,
         )
 
 
-def _by_class(value: Any, path: str, item: Callable[[Any, str], T]) -> dict[str, T]:
-    """``class -> item`` from a list of records ``{"class": name, ...}`` or from the older
-    object keyed by class name; ``ValueError`` naming the key path."""
-    if isinstance(value, dict):
-        return {c: item(r, f"{path}.{c}") for c, r in value.items()}
-    _check(isinstance(value, list), path, "a list of per-class records", value)
-    out: dict[str, T] = {}
-    for i, record in enumerate(value):
-        at = f"{path}[{i}]"
-        rest = dict(_dict(record, at))
-        if "class" not in rest:
-            raise ValueError(f"sample json: missing key {at}.class")
-        name = _str(rest.pop("class"), f"{at}.class")
-        if name in out:
-            raise ValueError(f"sample json: {at}.class {name!r} repeats")
-        out[name] = item(rest, at)
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class SampleMeta:
+class SampleMeta(Record, omit_defaults=True):
     """A sample's ``KEY.json``: everything needed to trace and reproduce it (SPEC 1.4).
 
     ``width``/``height`` are the written picture's; ``mask_pixels`` counts the repainted pixels;
     ``image_method``/``text_method`` are the steps' ``describe()`` dicts (their keys vary by
     backend); ``seed`` is the run's seed, ``sample_seed`` this item's. Optional parts, absent from
-    the json when ``None``: ``source`` (the picture lies inside a tar or Parquet file),
+    the json when unset: ``source`` (the picture lies inside a tar or Parquet file),
     ``origin`` (the url, downloader key, status and hash img2dataset recorded),
-    ``detection`` (boxes from the detector: top-level ``detector``, ``objects``, ``not_drawn``),
-    ``best_of_n``, ``verify`` and ``mask`` (``--pairs``: how ``mask.png`` was made,
-    :class:`MaskMeta`); ``caption_cleaned`` (control or invisible characters the reader
-    removed from the original caption, :mod:`counterfactual.readers.clean`) is absent when 0.
+    ``detector``/``objects``/``not_drawn`` (boxes from the detector, all three or none:
+    :attr:`detection`), ``best_of_n``, ``verify`` and ``mask`` (``--pairs``: how ``mask.png``
+    was made, :class:`MaskMeta`); ``caption_cleaned`` (control or invisible characters the
+    reader removed from the original caption, :mod:`counterfactual.readers.clean`) is absent
+    when 0.
     """
 
     key: str
@@ -576,12 +439,29 @@ class SampleMeta:
     sample_seed: int
     counterfactual_version: str
     source: ImageSource | None = None
-    detection: DetectionMeta | None = None
+    origin: Origin | None = None
+    caption_cleaned: Annotated[int, msgspec.Meta(ge=0)] = 0
+    detector: dict[str, Any] | UnsetType = UNSET
+    objects: tuple[DetectedObject, ...] | UnsetType = UNSET
+    not_drawn: tuple[str, ...] | UnsetType = UNSET
     best_of_n: BestOfNMeta | None = None
     verify: VerifyMeta | None = None
-    caption_cleaned: int = 0
-    origin: Origin | None = None
     mask: MaskMeta | None = None
+
+    def __post_init__(self) -> None:
+        parts = [self.detector, self.objects, self.not_drawn]
+        if UNSET in parts and any(p is not UNSET for p in parts):
+            missing = DetectionMeta.KEYS[parts.index(UNSET)]
+            raise ValueError(
+                f"missing key {missing} (detections need all of {', '.join(DetectionMeta.KEYS)})"
+            )
+
+    @property
+    def detection(self) -> DetectionMeta | None:
+        """The detector's part, ``None`` for a sample whose boxes are the dataset's."""
+        if self.detector is UNSET or self.objects is UNSET or self.not_drawn is UNSET:
+            return None
+        return DetectionMeta(self.detector, self.objects, self.not_drawn)
 
     def source_record(self) -> ImageRecord | None:
         """A record that loads the original picture from inside its tar or Parquet file (a
@@ -590,125 +470,59 @@ class SampleMeta:
             return None
         return ImageRecord(self.image_id, self.file, 0, 0, (), (), source=self.source)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The json, key for key as :func:`counterfactual.synth.steps.sample_meta` writes it."""
-        return {
-            "key": self.key,
-            "dataset": self.dataset,
-            "split": self.split,
-            "image_id": self.image_id,
-            "file": self.file,
-            **({"source": source_to_dict(self.source)} if self.source is not None else {}),
-            **({"origin": self.origin.to_dict()} if self.origin is not None else {}),
-            "width": self.width,
-            "height": self.height,
-            "caption_id": self.caption_id,
-            "original_caption": self.original_caption,
-            "caption": self.caption,
-            **({"caption_cleaned": self.caption_cleaned} if self.caption_cleaned else {}),
-            "removed_phrases": list(self.removed_phrases),
-            "plan": self.plan.to_dict(),
-            "mask_boxes": [list(b) for b in self.mask_boxes],
-            **(self.detection.to_dict() if self.detection is not None else {}),
-            "mask_pixels": self.mask_pixels,
-            "image_method": _copy(self.image_method),
-            **({"best_of_n": self.best_of_n.to_dict()} if self.best_of_n is not None else {}),
-            "text_method": _copy(self.text_method),
-            "seed": self.seed,
-            "sample_seed": self.sample_seed,
-            "counterfactual_version": self.counterfactual_version,
-            **({"verify": self.verify.to_dict()} if self.verify is not None else {}),
-            **({"mask": self.mask.to_dict()} if self.mask is not None else {}),
-        }
-
     @classmethod
     def from_dict(cls, d: Any) -> SampleMeta:
-        """The inverse of :meth:`to_dict`; ``ValueError`` naming the key (``plan.removed``,
-        ``verify.removal.dog.rank_after``) when one is missing, unexpected or of the wrong
-        type."""
-        _keys(d, "", _REQUIRED, _OPTIONAL)
-        source = None
-        if "source" in d:
-            try:
-                source = source_from_dict(_dict(d["source"], "source"))
-            except ValueError as err:
-                raise ValueError(f"sample json: source: {err}") from err
-        has_detection = any(k in d for k in DetectionMeta.KEYS)
-        return cls(
-            key=_str(d["key"], "key"),
-            dataset=_str(d["dataset"], "dataset"),
-            split=_opt_str(d["split"], "split"),
-            image_id=_str(d["image_id"], "image_id"),
-            file=_str(d["file"], "file"),
-            width=_int(d["width"], "width"),
-            height=_int(d["height"], "height"),
-            caption_id=_str(d["caption_id"], "caption_id"),
-            original_caption=_str(d["original_caption"], "original_caption"),
-            caption=_str(d["caption"], "caption"),
-            removed_phrases=_strs(d["removed_phrases"], "removed_phrases"),
-            plan=PlanMeta.from_dict(d["plan"]),
-            mask_boxes=_boxes(d["mask_boxes"], "mask_boxes"),
-            mask_pixels=_int(d["mask_pixels"], "mask_pixels"),
-            image_method=_copy(_opt_dict(d["image_method"], "image_method")),
-            text_method=_copy(_opt_dict(d["text_method"], "text_method")),
-            seed=_int(d["seed"], "seed"),
-            sample_seed=_int(d["sample_seed"], "sample_seed"),
-            counterfactual_version=_str(d["counterfactual_version"], "counterfactual_version"),
-            source=source,
-            detection=DetectionMeta.from_dict(d) if has_detection else None,
-            best_of_n=BestOfNMeta.from_dict(d["best_of_n"]) if "best_of_n" in d else None,
-            verify=VerifyMeta.from_dict(d["verify"]) if "verify" in d else None,
-            caption_cleaned=_cleaned(d.get("caption_cleaned", 0)),
-            origin=_origin(d["origin"]) if "origin" in d else None,
-            mask=MaskMeta.from_dict(d["mask"]) if "mask" in d else None,
-        )
+        """The inverse of :meth:`to_dict`; ``ValueError`` naming the key path
+        (``$.plan.removed``, ``$.verify.removal[0]``) when one is missing, unexpected or of the
+        wrong type. The older layout (per-class parts as objects keyed by class name) reads as
+        the current one."""
+        return _convert(_upgrade(d, _SAMPLE_KEYED), cls)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> SampleMeta:
         """Parse a ``KEY.json`` member; ``ValueError`` for invalid JSON or a malformed sample."""
         try:
-            d = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            d = msgspec.json.decode(data)
+        except msgspec.DecodeError as err:
             raise ValueError(f"sample json: not JSON: {err}") from err
         return cls.from_dict(d)
 
 
-def _cleaned(value: Any) -> int:
-    count = _int(value, "caption_cleaned")
-    _check(count >= 0, "caption_cleaned", "a count >= 0", value)
-    return count
-
-
-def _origin(value: Any) -> Origin:
-    d = _dict(value, "origin")
-    _keys(d, "origin", (), Origin.FIELDS)
-    fields = {f: _str(v, f"origin.{f}") for f, v in d.items()}
-    return Origin(**fields)
-
-
-def _fields(cls: type) -> tuple[str, ...]:
-    return tuple(cls.__dataclass_fields__)  # type: ignore[attr-defined]
-
-
-_OPTIONAL_FIELDS = (
-    "source",
-    "detection",
-    "best_of_n",
-    "verify",
-    "caption_cleaned",
-    "origin",
-    "mask",
+# Per-class parts that older shards hold as objects keyed by class name ({c: {field: ...}};
+# pmi.with_kept as {c: pmi}), by their path in a plan, a verdict and the sample json.
+_PLAN_KEYED = (
+    ("evidence", "co_removal"),
+    ("evidence", "keep_overlap"),
+    ("evidence", "pmi", "with_kept"),
 )
-_REQUIRED = tuple(f for f in _fields(SampleMeta) if f not in _OPTIONAL_FIELDS)
-_OPTIONAL = (
-    "source",
-    *DetectionMeta.KEYS,
-    "best_of_n",
-    "verify",
-    "caption_cleaned",
-    "origin",
-    "mask",
-)
+_VERIFY_KEYED = (("removal",), ("retention",))
+_SAMPLE_KEYED = (*(("plan", *p) for p in _PLAN_KEYED), *(("verify", *p) for p in _VERIFY_KEYED))
+
+
+def _upgrade(d: Any, paths: Iterable[tuple[str, ...]]) -> Any:
+    """``d`` with each per-class part at ``paths`` that is an object keyed by class name made
+    the list of records ``[{"class": c, ...}]`` (copies along the way; ``d`` is not changed).
+    Anything else is left for the schema to judge."""
+    for path in paths:
+        d = _upgrade_at(d, path)
+    return d
+
+
+def _upgrade_at(d: Any, path: tuple[str, ...]) -> Any:
+    if not isinstance(d, dict) or path[0] not in d:
+        return d
+    key, rest = path[0], path[1:]
+    value = d[key]
+    if rest:
+        new = _upgrade_at(value, rest)
+    elif isinstance(value, dict):
+        new = [
+            {"class": c, **v} if isinstance(v, dict) else {"class": c, "pmi": v}
+            for c, v in value.items()
+        ]
+    else:
+        return d
+    return d if new is value else {**d, key: new}
 
 
 # --- reading shards ----------------------------------------------------------------------------
@@ -922,12 +736,23 @@ def synthetic_class_sets(out_dir: str | Path) -> tuple[list[frozenset[str]], int
 __all__: Sequence[str] = (
     "BAD_METADATA",
     "BAD_SHARD",
+    "MASK_BOXES",
+    "NULLABLE_TYPES",
     "BestOfNMeta",
     "Box",
+    "CoRemoval",
     "DetectedObject",
     "DetectionMeta",
+    "Evidence",
+    "KeepOverlap",
+    "MaskMeta",
+    "Number",
+    "PMIEvidence",
+    "PMIWith",
     "PlanMeta",
+    "Record",
     "RemovalCheck",
+    "RemovedFraction",
     "RetentionCheck",
     "SampleMeta",
     "SampleRow",
@@ -937,6 +762,7 @@ __all__: Sequence[str] = (
     "read_member",
     "read_samples",
     "read_shard",
+    "rebuild_mask",
     "sample_failures",
     "shard_paths",
     "synthetic_class_sets",

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 from counterfactual import fs
 from counterfactual.json_types import JsonType, check_type, json_type, merge_types
 from counterfactual.records import Status
@@ -65,20 +67,20 @@ def stats_name(prefix: str, index: int) -> str:
     return f"{prefix}-{index:06d}_stats.json"
 
 
-@dataclass(frozen=True, slots=True)
-class ShardStats:
+class ShardStats(msgspec.Struct, frozen=True):
     """The commit marker of one shard, written after the tar: its samples' keys, the status
     row of every input image and item of the shard (written or not), the fingerprint of the
     input it was made from (a rerun over other input is refused) and where it was made; the
     tar's ``size`` and ``sha256`` (``None`` in a stats file older than them: such a shard is
-    checked by size only when it has samples, and by reading its tar)."""
+    checked by size only when it has samples, and by reading its tar). A msgspec struct:
+    :meth:`from_dict` checks every key, naming the path of a bad one (``$.status[3].key``)."""
 
     shard: str
     count: int
     items: int
     keys: tuple[str, ...]
     status: tuple[Status, ...]
-    seconds: dict[str, float]
+    seconds: dict[str, int | float]
     input: str = ""
     node: str = ""
     images: int = 0
@@ -93,7 +95,7 @@ class ShardStats:
     config: str = ""
     """:func:`config_digest` of the run's config fingerprint (``run.json``): a folder whose
     ``run.json`` is gone is resumed only when every shard says the same config."""
-    inputs: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, str] = msgspec.field(default_factory=dict)
     """The input fingerprint by part (:func:`counterfactual.synth.tasks.input_parts`: ``ids``,
     ``annotations``, ``sizes``, ``stamps``, ``content``); empty in older stats files, whose
     ``input`` is the ``ids`` part alone."""
@@ -123,24 +125,20 @@ class ShardStats:
             "inputs": dict(self.inputs),
         }
 
+    def __post_init__(self) -> None:
+        if self.json_schema is not None:
+            check_type(self.json_schema)
+
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ShardStats:
-        return cls(
-            d["shard"],
-            int(d["count"]),
-            int(d["items"]),
-            tuple(d["keys"]),
-            tuple(Status(**s) for s in d["status"]),
-            dict(d.get("seconds", {})),
-            str(d.get("input", "")),
-            str(d.get("node", "")),
-            int(d.get("images", 0)),
-            None if d.get("json_schema") is None else check_type(d["json_schema"]),
-            None if d.get("size") is None else int(d["size"]),
-            None if d.get("sha256") is None else str(d["sha256"]),
-            str(d.get("config") or ""),
-            {str(k): str(v) for k, v in (d.get("inputs") or {}).items()},
-        )
+    def from_dict(cls, d: Any) -> ShardStats:
+        """A stats file's json; ``ValueError`` naming the path of a missing, unexpected or
+        mistyped key. A ``null`` ``config`` or ``inputs`` reads as empty."""
+        if isinstance(d, dict):
+            d = {**d, "config": d.get("config") or "", "inputs": d.get("inputs") or {}}
+        try:
+            return msgspec.convert(d, cls)
+        except msgspec.ValidationError as err:
+            raise ValueError(str(err)) from err
 
 
 def shard_index(name: str, prefix: str = "shard") -> int | None:

@@ -583,7 +583,7 @@ class Verify(BatchStep):
         for job, out in model_outputs(self.verifier, requests, model_detail="verify: "):
             if "image" in self.spec.drops:
                 job.image = None
-            job.verify = out.to_dict()
+            job.verify = out
             if self.config.mode == "filter" and not out.passed:
                 job.fail(out.failed[0], out.detail())
 
