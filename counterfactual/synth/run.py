@@ -214,32 +214,7 @@ def prepare_run(
     names = fs.listdir(out_dir)
     notes: list[str] = []
     if fs.exists(run_file):
-        try:
-            previous = json.loads(fs.read_text(run_file))
-        except ValueError as err:  # not UTF-8, not JSON
-            raise ValueError(
-                f"{run_file}: not a run file ({err}); use another --out, or delete the folder "
-                "to start over"
-            ) from err
-        if not isinstance(previous, dict):
-            raise ValueError(f"{run_file}: not a run file; use another --out")
-        if previous.get("format") != RUN_FORMAT:
-            raise ValueError(
-                f"{out_dir} holds a run of an earlier version of counterfactual, whose shards "
-                "hold other images; use another --out, or delete the folder to start over"
-            )
-        recorded = previous.get("config")
-        if not isinstance(recorded, dict):
-            raise ValueError(f"{run_file}: not a run file (no config); use another --out")
-        before = fingerprint_of(recorded)
-        if before != identity["config"]:
-            differ = fingerprint_diff(before, identity["config"])
-            raise ValueError(
-                f"{out_dir} holds a run with different config ("
-                + "; ".join(differ or ["the recorded config could not be read"])
-                + "); resuming it would mix two runs. Use another --out, or delete the folder "
-                "to start over"
-            )
+        _check_recorded_run(run_file, out_dir, identity["config"])
         pending = None
     else:
         recorded = {s.config for _, s in iter_stats(out_dir)}
@@ -276,6 +251,37 @@ def prepare_run(
     return RunPlan(
         out_dir, config, committed, runtime=runtime, token=token, notes=notes, pending=pending
     )
+
+
+def _check_recorded_run(run_file: str, out_dir: fs.PathLike, config: dict[str, Any]) -> None:
+    """``ValueError`` (one line, what to do) unless ``run_file`` records a run of this format
+    whose fingerprint is ``config``."""
+    try:
+        previous = json.loads(fs.read_text(run_file))
+    except ValueError as err:  # not UTF-8, not JSON
+        raise ValueError(
+            f"{run_file}: not a run file ({err}); use another --out, or delete the folder "
+            "to start over"
+        ) from err
+    if not isinstance(previous, dict):
+        raise ValueError(f"{run_file}: not a run file; use another --out")
+    if previous.get("format") != RUN_FORMAT:
+        raise ValueError(
+            f"{out_dir} holds a run of an earlier version of counterfactual, whose shards "
+            "hold other images; use another --out, or delete the folder to start over"
+        )
+    recorded = previous.get("config")
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{run_file}: not a run file (no config); use another --out")
+    before = fingerprint_of(recorded)
+    if before != config:
+        differ = fingerprint_diff(before, config)
+        raise ValueError(
+            f"{out_dir} holds a run with different config ("
+            + "; ".join(differ or ["the recorded config could not be read"])
+            + "); resuming it would mix two runs. Use another --out, or delete the folder "
+            "to start over"
+        )
 
 
 def _refuse_extra_shards(out_dir: fs.PathLike, names: Iterable[str], shards: int) -> None:
@@ -510,6 +516,7 @@ def finish_run(
     (:mod:`counterfactual.synth.card`) and the loaders' shard lists ``sizes.json`` and
     ``shardindex.json`` (:mod:`counterfactual.synth.indexes`); raise if a planned shard is
     missing."""
+    # 1. Every planned shard committed; temporaries of retried workers removed
     run.begin()  # a run without shards
     names = fs.listdir(run.out_dir)
     committed = {i for i, _ in committed_names(names)}
@@ -522,6 +529,7 @@ def finish_run(
     _refuse_extra_shards(run.out_dir, names, shards)  # when the count was not known up front
     # of a worker that died mid-shard and was retried: this run's own only
     _remove_temporary(run.out_dir, names, only=run.token)
+    # 2. status.jsonl: the reader's failures, then each shard's rows in shard order
     counts: Counter[str] = Counter()
     images, items = len(inputs.failures), 0
     entries: list[ShardEntry] = []
@@ -543,6 +551,7 @@ def finish_run(
         for row in rows():
             counts[outcome(row["status"], row["reason"])] += 1
             fh.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+    # 3. The result (this run's shards' times and nodes), the manifest, the card, the indexes
     stage_seconds: Counter[str] = Counter()
     per_node: Counter[str] = Counter()
     for done in finished.values():
