@@ -164,6 +164,25 @@ def _listed(kind: str, paths: Sequence[str]) -> list[_File | Status]:
     return [_File(kind, path, i) for i, path in enumerate(paths)]
 
 
+class WholeFiles:
+    """What the formats whose file is one piece (a tar shard, a shard folder) share: a file
+    planned without reading it, cut into itself."""
+
+    kind: str
+
+    def plan(self, paths: Sequence[str], options: PlanOptions) -> list[_File | Status]:
+        return _listed(self.kind, paths)
+
+    def cut(
+        self,
+        file: _File,
+        rows_per_piece: int | None,
+        keys: KeySet | None,
+        hashes: np.ndarray | None,
+    ) -> Iterator[InputPiece | Status]:
+        return _whole(file, keys, hashes)
+
+
 def _whole(file: _File, keys: KeySet | None, hashes: np.ndarray | None) -> Iterator[InputPiece]:
     """A file read whole as one piece, carrying the hashes of its keys that the run had
     already (``repeated_keys``)."""

@@ -6,7 +6,7 @@ WebDataset sample's members are. One piece per shard folder; a picture is a file
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,15 +18,13 @@ from counterfactual.readers.corpus.common import (
     MAX_TEXT_BYTES,
     PICTURE_FIELDS,
     InputPiece,
-    PlanOptions,
+    WholeFiles,
     _again,
     _captions,
     _File,
-    _listed,
     _open,
     _picture_name,
     _raise_if_store_down,
-    _whole,
 )
 from counterfactual.readers.corpus.members import (
     _caption_origin,
@@ -34,11 +32,11 @@ from counterfactual.readers.corpus.members import (
     _repeated,
     _TextMember,
 )
-from counterfactual.readers.keyset import KeySet, key_hash, key_hashes
+from counterfactual.readers.keyset import key_hash, key_hashes
 from counterfactual.records import ImageRecord, Status
 
 
-class Files:
+class Files(WholeFiles):
     """The :class:`~counterfactual.readers.corpus.common.CorpusFormat` of shard folders."""
 
     kind = "files"
@@ -50,24 +48,12 @@ class Files:
     def default_images(self, root: str) -> str | None:
         return files_root(root)
 
-    def plan(self, paths: Sequence[str], options: PlanOptions) -> list[_File | Status]:
-        return _listed(self.kind, paths)
-
     def keys(self, file: _File) -> np.ndarray | None:
         try:
             return key_hashes(sorted(_folder_groups(fs.listdir(file.path))))
         except OSError as err:
             _raise_if_store_down(err)
             return None
-
-    def cut(
-        self,
-        file: _File,
-        rows_per_piece: int | None,
-        keys: KeySet | None,
-        hashes: np.ndarray | None,
-    ) -> Iterator[InputPiece | Status]:
-        return _whole(file, keys, hashes)
 
     def read(self, piece: InputPiece, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
         return _read_folder(piece.path, seen, _again(piece))

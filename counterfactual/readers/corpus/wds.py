@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tarfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,16 +23,14 @@ from counterfactual.readers.corpus.common import (
     _KEY_FIELD,
     PICTURE_FIELDS,
     InputPiece,
-    PlanOptions,
+    WholeFiles,
     _absolute,
     _again,
     _BadShard,
     _captions,
     _File,
-    _listed,
     _open,
     _raise_if_store_down,
-    _whole,
 )
 from counterfactual.readers.corpus.members import (
     _caption_origin,
@@ -40,7 +38,7 @@ from counterfactual.readers.corpus.members import (
     _repeated,
     _TextMember,
 )
-from counterfactual.readers.keyset import KeySet, key_hash, key_hashes
+from counterfactual.readers.keyset import key_hash, key_hashes
 from counterfactual.records import ImageRecord, Status, TarMember
 
 # webdataset.tariterators: members named __...__ at the top level, or matching this, are skipped
@@ -54,7 +52,7 @@ _COMPRESSED_MAGIC = {
 }
 
 
-class WebDataset:
+class WebDataset(WholeFiles):
     """The :class:`~counterfactual.readers.corpus.common.CorpusFormat` of WebDataset shards."""
 
     kind = "wds"
@@ -64,20 +62,8 @@ class WebDataset:
     def default_images(self, root: str) -> str | None:
         return None
 
-    def plan(self, paths: Sequence[str], options: PlanOptions) -> list[_File | Status]:
-        return _listed(self.kind, paths)
-
     def keys(self, file: _File) -> np.ndarray | None:
         return key_hashes(_tar_keys(file.path))
-
-    def cut(
-        self,
-        file: _File,
-        rows_per_piece: int | None,
-        keys: KeySet | None,
-        hashes: np.ndarray | None,
-    ) -> Iterator[InputPiece | Status]:
-        return _whole(file, keys, hashes)
 
     def read(self, piece: InputPiece, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
         return _read_shard(piece.path, seen, _again(piece))
