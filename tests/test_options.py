@@ -24,6 +24,7 @@ from counterfactual.pipelines.synth import RayOptions
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import TextConfig
 from counterfactual.tools.audit.distractors import DistractorConfig
+from counterfactual.tools.grounding.persons import FilterConfig
 from counterfactual.train.trainer import TrainConfig
 from counterfactual.world.experiment import ExperimentConfig
 from counterfactual.world.scene import WorldConfig
@@ -61,6 +62,7 @@ def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
         (("world",), (WorldConfig,)),
         (("experiment",), (ExperimentConfig,)),
         (("eval",), (EvalConfig,)),
+        (("filter-captions",), (FilterConfig,)),
     ],
 )
 def test_every_declared_option_is_on_the_command_line(command, classes) -> None:
@@ -161,6 +163,15 @@ def test_eval_options_build_its_config() -> None:
     assert (args.device, args.batch_size) == (None, 64)  # the models', not top-k's
     with pytest.raises(SystemExit):
         parse([*base, "--ks", "0"])
+
+
+def test_filter_captions_batch_size_builds_its_config() -> None:
+    parse = build_parser().parse_args
+    base = ["filter-captions", "--input", "i", "--output", "o"]
+    assert build(FilterConfig, parse(base)) == FilterConfig()
+    args = parse([*base, "--batch-size", "3"])
+    verbs = frozenset({"VERB"})
+    assert build(FilterConfig, args, verb_pos=verbs) == FilterConfig(verb_pos=verbs, batch_size=3)
 
 
 @dataclass(frozen=True)
