@@ -14,6 +14,7 @@ from counterfactual.cli import build_parser
 from counterfactual.cli.options import add_options, build
 from counterfactual.cli.synth import build_config, build_runtime, ray_options
 from counterfactual.cli.train import build_config as train_config
+from counterfactual.eval.evaluate import EvalConfig
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import SelectionConfig
@@ -23,6 +24,7 @@ from counterfactual.pipelines.synth import RayOptions
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import TextConfig
 from counterfactual.tools.audit.distractors import DistractorConfig
+from counterfactual.tools.grounding.persons import FilterConfig
 from counterfactual.train.trainer import TrainConfig
 from counterfactual.world.experiment import ExperimentConfig
 from counterfactual.world.scene import WorldConfig
@@ -59,6 +61,8 @@ def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
         (("audit", "distractors"), (DistractorConfig,)),
         (("world",), (WorldConfig,)),
         (("experiment",), (ExperimentConfig,)),
+        (("eval",), (EvalConfig,)),
+        (("filter-captions",), (FilterConfig,)),
     ],
 )
 def test_every_declared_option_is_on_the_command_line(command, classes) -> None:
@@ -148,6 +152,26 @@ def test_a_bad_value_is_refused_by_its_kind() -> None:
     ):  # fmt: skip
         with pytest.raises(SystemExit):
             parse(argv)
+
+
+def test_eval_options_build_its_config() -> None:
+    parse = build_parser().parse_args
+    base = ["eval", "--queries", "q", "--model", "m", "--out", "o"]
+    assert build(EvalConfig, parse(base)) == EvalConfig()
+    args = parse([*base, "--ks", "1", "50", "--curve-k", "7", "--topk-device", "cuda:1"])
+    assert build(EvalConfig, args) == EvalConfig(odmap_ks=(1, 50), curve_k=7, device="cuda:1")
+    assert (args.device, args.batch_size) == (None, 64)  # the models', not top-k's
+    with pytest.raises(SystemExit):
+        parse([*base, "--ks", "0"])
+
+
+def test_filter_captions_batch_size_builds_its_config() -> None:
+    parse = build_parser().parse_args
+    base = ["filter-captions", "--input", "i", "--output", "o"]
+    assert build(FilterConfig, parse(base)) == FilterConfig()
+    args = parse([*base, "--batch-size", "3"])
+    verbs = frozenset({"VERB"})
+    assert build(FilterConfig, args, verb_pos=verbs) == FilterConfig(verb_pos=verbs, batch_size=3)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from counterfactual.cli.common import nonnegative_int, positive_int
+from counterfactual.cli.options import add_options, build
 from counterfactual.eval.evalset import Corpus, corpus_from_records, read_karpathy, read_queries
-from counterfactual.eval.evaluate import ODMAP_KS, EvalConfig, evaluate_model, gallery_mentions
-from counterfactual.eval.metrics import RECALL_KS
+from counterfactual.eval.evaluate import EvalConfig, evaluate_model, gallery_mentions
+from counterfactual.options import declared
 from counterfactual.readers import DATASETS
 
 
@@ -87,24 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=64,
         help="images or texts per model call (default: %(default)s)",
     )
-    p.add_argument(
-        "--topk-device",
-        default=None,
-        help="top-k on torch here, e.g. cuda (default: numpy on the CPU)",
-    )
-    p.add_argument(
-        "--ks",
-        type=positive_int,
-        nargs="+",
-        default=list(ODMAP_KS),
-        help=f"k of the ODmAP@k columns, one or more (default: {' '.join(map(str, ODMAP_KS))})",
-    )
-    p.add_argument(
-        "--curve-k",
-        type=positive_int,
-        default=20,
-        help="plot ODmAP@k for k = 1..this (default: %(default)s)",
-    )
+    add_options(p, declared(EvalConfig, "device", "odmap_ks", "curve_k"))
     p.add_argument(
         "--grid",
         type=nonnegative_int,
@@ -182,12 +166,7 @@ def run(args: argparse.Namespace) -> int:
     from counterfactual.models import load_embedder
     from counterfactual.train.mix import expand_shards
 
-    config = EvalConfig(
-        odmap_ks=tuple(args.ks),
-        curve_k=args.curve_k,
-        recall_ks=RECALL_KS,
-        device=args.topk_device,
-    )
+    config = build(EvalConfig, args)
     cache = args.cache or args.out / "cache"
     queries, problems = read_queries(expand_shards(args.queries))
     if not queries:

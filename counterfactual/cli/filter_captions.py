@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from counterfactual.cli.common import positive_int
+from counterfactual.cli.options import add_options, build
+from counterfactual.options import declared
 from counterfactual.tools.grounding.persons import (
     CaptionFilter,
     FilterConfig,
@@ -73,19 +74,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="count only POS VERB as a verb, not auxiliaries and copulas (AUX)",
     )
-    parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=256,
-        metavar="N",
-        help="captions per spaCy batch (default: %(default)s)",
-    )
+    add_options(parser, declared(FilterConfig, "batch_size"))
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     verb_pos = frozenset({"VERB"}) if args.lexical_verbs_only else frozenset({"VERB", "AUX"})
-    config = FilterConfig(verb_pos=verb_pos, batch_size=args.batch_size)
+    config = build(FilterConfig, args, verb_pos=verb_pos)
     samples = read_samples(args.input)
     from counterfactual.text.nlp import load_spacy
 

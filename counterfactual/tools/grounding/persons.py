@@ -49,6 +49,7 @@ import numpy as np
 
 from counterfactual.jsonl import json_objects
 from counterfactual.models.runtime import check_batch_size
+from counterfactual.options import option
 
 NAME_TOKEN = "[NAME]"
 
@@ -242,7 +243,12 @@ class FilterConfig:
     first_names: tuple[str, ...] = FIRST_NAMES
     verb_pos: frozenset[str] = frozenset({"VERB", "AUX"})
     max_conjunct_persons: int = 3
-    batch_size: int = 256
+    batch_size: int = field(
+        default=256,
+        metadata=option(
+            "captions per spaCy batch (default: %(default)s)", kind="positive_int", metavar="N"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.first_names or len(set(self.first_names)) != len(self.first_names):
