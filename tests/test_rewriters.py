@@ -18,6 +18,7 @@ from counterfactual.text import (
     Rewriter,
     TextConfig,
     make_rewriter,
+    text_model,
 )
 
 
@@ -73,3 +74,11 @@ def test_a_declaration_is_checked() -> None:
 def test_an_unknown_method_is_refused_up_front() -> None:
     with pytest.raises(ValueError, match="text method 'rot13' is not one of"):
         TextConfig(method="rot13")
+
+
+def test_the_model_a_method_loads_is_its_declared_field() -> None:
+    assert text_model(TextConfig(method="captioner", model="my/blip")) == "my/blip"
+    assert [n for n in TEXT_METHODS if text_model(TextConfig(method=n)) is not None] == [
+        "captioner"
+    ]
+    assert [n for n, r in REWRITERS.items() if r.reads_image] == ["captioner"]

@@ -63,13 +63,17 @@ class Rewriter:
     caption must name no removed class (checked after the rewrite, status reason
     :data:`CAPTION_STILL_NAMES`, and by the verifier's text check); ``names_kept``: its caption
     must also name a kept class (the verifier checks it). The perturbations do neither: they
-    keep the caption's words on purpose."""
+    keep the caption's words on purpose. ``reads_image``: it reads the edited picture, so the
+    rewrite runs after the edit; ``model``: the :class:`TextConfig` field naming the model it
+    loads (``""``: none; see :func:`text_model`)."""
 
     names: tuple[str, ...]
     summary: str
     build: Build
     removes: bool = False
     names_kept: bool = False
+    reads_image: bool = False
+    model: str = ""
 
     def __post_init__(self) -> None:
         if not self.names:
@@ -122,7 +126,14 @@ _DECLARED = (
     Rewriter(
         ("prompt",), "a CLIP template of the kept classes", _prompt, removes=True, names_kept=True
     ),
-    Rewriter(("captioner",), "a new caption of the edited picture", _captioner, removes=True),
+    Rewriter(
+        ("captioner",),
+        "a new caption of the edited picture",
+        _captioner,
+        removes=True,
+        reads_image=True,
+        model="model",
+    ),
     Rewriter(("shuffle", "nouns-adj"), "perturbed captions", _perturb),
 )
 REWRITERS: dict[str, Rewriter] = {name: r for r in _DECLARED for name in r.names}
@@ -218,6 +229,12 @@ class TextRewriter(Protocol):
         ...
 
     def __call__(self, batch: Sequence[RewriteRequest]) -> list[RewriteResult]: ...
+
+
+def text_model(config: TextConfig) -> str | None:
+    """The model the chosen method loads (``None``: it loads none, or only spaCy)."""
+    model = REWRITERS[config.method].model
+    return getattr(config, model) if model else None
 
 
 def make_rewriter(
