@@ -49,9 +49,11 @@ REMOVAL, RETENTION, TEXT = "verify-removal", "verify-retention", "verify-text"
 UNKNOWN_CLASS = "verify-unknown-class"
 TEXT_CHECKED = ("np-removal", "prompt", "captioner")
 """Text methods whose caption must name no removed class (``shuffle`` and ``nouns-adj`` perturb
-the original caption on purpose and are not checked)."""
+the original caption on purpose and are not checked): the methods that declare ``removes``
+(:data:`counterfactual.text.REWRITERS`, a later folder this one does not import;
+``tests/test_rewriters.py`` checks the two agree)."""
 KEPT_NAMED = ("np-removal", "prompt")
-"""Text methods whose caption must also name a kept class."""
+"""Text methods whose caption must also name a kept class: those that declare ``names_kept``."""
 CLIP_LOGIT_SCALE = 100.0
 """CLIP's learned temperature (``exp(4.6052)``): probabilities are ``softmax(100 * cosine)``."""
 

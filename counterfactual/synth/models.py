@@ -10,6 +10,7 @@ from typing import Any
 from counterfactual.models.embed import parse_model_spec
 from counterfactual.models.hub import Located, ModelRef, locate
 from counterfactual.synth.plan import Runtime, SynthConfig
+from counterfactual.text import text_model
 
 
 def needed_models(config: SynthConfig, runtime: Runtime | None = None) -> tuple[ModelRef, ...]:
@@ -27,8 +28,9 @@ def needed_models(config: SynthConfig, runtime: Runtime | None = None) -> tuple[
         refs.append(ModelRef("inpainter", "--inpaint-model", "hub", image.diffusers.model, variant))
     elif image.method == "inpaint" and image.backend == "lama":
         refs.append(ModelRef("inpainter", "--inpaint-model", "file", image.lama.model))
-    if config.text.method == "captioner":
-        refs.append(ModelRef("captioner", "--captioner-model", "hub", config.text.model))
+    captioner = text_model(config.text)
+    if captioner is not None:
+        refs.append(ModelRef("captioner", "--captioner-model", "hub", captioner))
     if config.verify.enabled or image.diffusers.candidates > 1:
         refs.append(_embedder_ref("verifier", "--verify-model", config.verify.model))
     return tuple(refs)

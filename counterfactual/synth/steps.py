@@ -45,10 +45,12 @@ from counterfactual.synth.shards import Sample
 from counterfactual.text import (
     CAPTION_STILL_NAMES,
     REMOVING_METHODS,
+    REWRITERS,
     RewriteRequest,
     RewriteResult,
     TextRewriter,
     make_rewriter,
+    text_model,
 )
 from counterfactual.text.np_removal import MentionCheck
 from counterfactual.vocab import load_vocabulary
@@ -358,17 +360,14 @@ class Rewrite(BatchStep):
     @classmethod
     def declare(cls, config: SynthConfig, runtime: Runtime | None = None) -> StepSpec:
         text, runtime = config.text, runtime or Runtime()
-        if text.method != "captioner":
-            return StepSpec(cls.name, needs=_fields("plan"), makes=_fields("caption"))
+        needs = _fields("plan", "edited") if REWRITERS[text.method].reads_image else _fields("plan")
+        model = text_model(text)
+        if model is None:
+            return StepSpec(cls.name, needs=needs, makes=_fields("caption"))
         resources = Resources(
-            "Caption", text.model, "--captioner-model", runtime.device, runtime.text_batch_size
+            "Caption", model, "--captioner-model", runtime.device, runtime.text_batch_size
         )
-        return StepSpec(
-            cls.name,
-            needs=_fields("plan", "edited"),
-            makes=_fields("caption"),
-            resources=resources,
-        )
+        return StepSpec(cls.name, needs=needs, makes=_fields("caption"), resources=resources)
 
     def __init__(
         self,

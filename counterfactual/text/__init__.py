@@ -1,11 +1,14 @@
 """Caption synthesis: rewrite a caption so it no longer mentions the removed classes.
 
-Every backend is a small callable behind :class:`TextRewriter`.
+Every backend is a small callable behind :class:`TextRewriter`. A method declares itself with a
+:class:`Rewriter` (its names, one phrase for the help, what its captions promise, a builder that
+imports its module only when chosen) and one entry in :data:`REWRITERS`; :data:`TEXT_METHODS`,
+:data:`REMOVING_METHODS`, ``--text-method``'s help and :func:`make_rewriter` follow from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -14,10 +17,6 @@ import numpy as np
 from counterfactual.options import option
 from counterfactual.records import Phrase
 
-TEXT_METHODS = ("np-removal", "prompt", "captioner", "shuffle", "nouns-adj")
-REMOVING_METHODS = ("np-removal", "prompt", "captioner")
-"""The methods whose caption must not name a removed class (the perturbations keep the words of
-the caption on purpose)."""
 CAPTION_STILL_NAMES = "caption-still-names"
 """The status reason of a rewrite that still names a removed class
 (:class:`counterfactual.text.np_removal.MentionCheck`)."""
@@ -49,6 +48,106 @@ class RewriteResult:
     reason: str | None = None
 
 
+Build = Callable[..., "TextRewriter"]
+"""``build(config, vocabulary, device=, dtype=, batch_size=)``: the rewriter of a
+:class:`TextConfig` (see :func:`make_rewriter` for the arguments)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rewriter:
+    """A text method as it declares itself, read without loading anything.
+
+    ``names`` are the ``--text-method`` values it serves (the perturbations serve ``shuffle``
+    and ``nouns-adj``); ``summary`` is the command line's one phrase about them; ``build``
+    (:data:`Build`) makes the rewriter, importing its module only then. ``removes``: its
+    caption must name no removed class (checked after the rewrite, status reason
+    :data:`CAPTION_STILL_NAMES`, and by the verifier's text check); ``names_kept``: its caption
+    must also name a kept class (the verifier checks it). The perturbations do neither: they
+    keep the caption's words on purpose. ``reads_image``: it reads the edited picture, so the
+    rewrite runs after the edit; ``model``: the :class:`TextConfig` field naming the model it
+    loads (``""``: none; see :func:`text_model`)."""
+
+    names: tuple[str, ...]
+    summary: str
+    build: Build
+    removes: bool = False
+    names_kept: bool = False
+    reads_image: bool = False
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            raise ValueError(f"rewriter {self.summary!r} serves no --text-method name")
+        if self.names_kept and not self.removes:
+            raise ValueError(f"rewriter {self.names}: names_kept needs removes")
+
+
+def _np_removal(
+    config: TextConfig, vocabulary: str | None, *, device: str, dtype: str, batch_size: int
+) -> TextRewriter:
+    from counterfactual.text.np_removal import NounPhraseRemover
+    from counterfactual.vocab import load_vocabulary
+
+    return NounPhraseRemover(config, load_vocabulary(vocabulary), batch_size=batch_size)
+
+
+def _prompt(
+    config: TextConfig, vocabulary: str | None, *, device: str, dtype: str, batch_size: int
+) -> TextRewriter:
+    from counterfactual.text.prompts import PromptWriter
+
+    return PromptWriter(config)
+
+
+def _captioner(
+    config: TextConfig, vocabulary: str | None, *, device: str, dtype: str, batch_size: int
+) -> TextRewriter:
+    from counterfactual.text.captioner import Captioner
+
+    return Captioner(config, device=device, dtype=dtype, batch_size=batch_size)
+
+
+def _perturb(
+    config: TextConfig, vocabulary: str | None, *, device: str, dtype: str, batch_size: int
+) -> TextRewriter:
+    from counterfactual.text.perturb import PerturbRewriter
+
+    return PerturbRewriter(config, batch_size=batch_size)
+
+
+_DECLARED = (
+    Rewriter(
+        ("np-removal",),
+        "cut the noun phrases naming removed classes",
+        _np_removal,
+        removes=True,
+        names_kept=True,
+    ),
+    Rewriter(
+        ("prompt",), "a CLIP template of the kept classes", _prompt, removes=True, names_kept=True
+    ),
+    Rewriter(
+        ("captioner",),
+        "a new caption of the edited picture",
+        _captioner,
+        removes=True,
+        reads_image=True,
+        model="model",
+    ),
+    Rewriter(("shuffle", "nouns-adj"), "perturbed captions", _perturb),
+)
+REWRITERS: dict[str, Rewriter] = {name: r for r in _DECLARED for name in r.names}
+if len(REWRITERS) != sum(len(r.names) for r in _DECLARED):
+    raise ValueError(f"two rewriters serve one --text-method name: {[r.names for r in _DECLARED]}")
+"""Every text method, by ``--text-method`` value, in declaration order: the order of the
+command line's choices and of its help."""
+TEXT_METHODS = tuple(REWRITERS)
+REMOVING_METHODS = tuple(name for name, r in REWRITERS.items() if r.removes)
+"""The methods whose caption must not name a removed class (the perturbations keep the words of
+the caption on purpose)."""
+_METHOD_HELP = "; ".join(f"{', '.join(r.names)}: {r.summary}" for r in _DECLARED)
+
+
 @dataclass(frozen=True, slots=True)
 class TextConfig:
     """How to rewrite. The class vocabulary np-removal matches is passed to
@@ -59,9 +158,7 @@ class TextConfig:
     method: str = field(
         default="np-removal",
         metadata=option(
-            "np-removal: cut the noun phrases naming removed classes; prompt: a CLIP template "
-            "of the kept classes; captioner: a new caption of the edited picture; shuffle, "
-            "nouns-adj: perturbed captions (default: %(default)s)",
+            _METHOD_HELP + " (default: %(default)s)",
             choices=TEXT_METHODS,
             flags=("--text-method",),
         ),
@@ -134,6 +231,12 @@ class TextRewriter(Protocol):
     def __call__(self, batch: Sequence[RewriteRequest]) -> list[RewriteResult]: ...
 
 
+def text_model(config: TextConfig) -> str | None:
+    """The model the chosen method loads (``None``: it loads none, or only spaCy)."""
+    model = REWRITERS[config.method].model
+    return getattr(config, model) if model else None
+
+
 def make_rewriter(
     config: TextConfig,
     vocabulary: str | None = None,
@@ -146,19 +249,6 @@ def make_rewriter(
     ``vocabulary``: the class word-list file np-removal matches (``None``: COCO's).
     ``batch_size``: captions per captioner call and per spaCy batch; ``device`` and ``dtype``:
     where and in what the captioner runs."""
-    if config.method == "np-removal":
-        from counterfactual.text.np_removal import NounPhraseRemover
-        from counterfactual.vocab import load_vocabulary
-
-        return NounPhraseRemover(config, load_vocabulary(vocabulary), batch_size=batch_size)
-    if config.method == "prompt":
-        from counterfactual.text.prompts import PromptWriter
-
-        return PromptWriter(config)
-    if config.method in ("shuffle", "nouns-adj"):
-        from counterfactual.text.perturb import PerturbRewriter
-
-        return PerturbRewriter(config, batch_size=batch_size)
-    from counterfactual.text.captioner import Captioner
-
-    return Captioner(config, device=device, dtype=dtype, batch_size=batch_size)
+    return REWRITERS[config.method].build(
+        config, vocabulary, device=device, dtype=dtype, batch_size=batch_size
+    )
