@@ -68,7 +68,7 @@ def test_scratch_model_trains_and_embeds(tmp_path: Path) -> None:
 
 
 def test_a_clip_folder_is_not_a_scratch_model(tmp_path: Path) -> None:
-    from counterfactual.train.trainer import _FAMILIES
+    from counterfactual.train.families import _FAMILIES
 
     (tmp_path / "config.json").write_text('{"model_type": "clip"}')
     with pytest.raises(ValueError, match="not a scratch model folder"):
