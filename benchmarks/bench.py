@@ -1328,7 +1328,7 @@ SECTIONS = (
 NOTES = {
     "experiment": (
         "`counterfactual experiment --seeds 1` in a child process with the CLI's "
-        "defaults (6,000 scenes of 48 px, 1,500 steps of 128 per arm, one torch thread): "
+        "defaults (6,000 scenes of 48 px, 1,500 steps of 128 per arm, one torch thread, one DataLoader worker): "
         "seconds in all (imports included) and per stage (world: the dataset and D's shards; "
         "synth: D' and the queries; train: both arms; eval: both arms on both query sets); "
         "the arms' ODmAP@1 on the pipeline's queries and the clean renders, and i2t R@1. The "

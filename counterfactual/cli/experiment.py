@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     top = ("seeds", "seed", "cooccurrence", "steps", "batch_size", "images", "test", "device")
     add_options(p, declared(ExperimentConfig, *top))
-    more = ("threads", "text_method", "image_method", "policy")
+    more = ("threads", "workers", "text_method", "image_method", "policy")
     add_options(p, declared(ExperimentConfig, *more))
     r = p.add_mutually_exclusive_group()
     add_options(r, declared(ExperimentConfig, "ratio"))

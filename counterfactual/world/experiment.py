@@ -146,12 +146,22 @@ class ExperimentConfig:
         default=1,
         metadata=option("torch CPU threads (default: %(default)s)", kind="positive_int"),
     )
+    workers: int = field(
+        default=1,
+        metadata=option(
+            "train's DataLoader workers: pictures decoded beside the training step; the "
+            "weights trained do not depend on it (default: %(default)s)",
+            kind="nonnegative_int",
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in ("seeds", "steps", "batch_size", "images", "test", "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise ValueError(f"workers must be an integer >= 0, got {self.workers!r}")
         if self.text_method not in TEXT_METHODS:
             raise ValueError(f"text_method must be one of {TEXT_METHODS}, got {self.text_method!r}")
         if self.image_method not in IMAGE_METHODS:
@@ -275,6 +285,7 @@ def train_arm(
         "--mix", "ratio", "--epochs", 1, "--batch-size", config.batch_size, "--lr", config.lr,
         "--samples-per-epoch", config.steps * config.batch_size, "--seed", seed,
         "--device", config.device, "--out", out, "--log-every", 100,
+        "--num-workers", config.workers,
     ]  # fmt: skip
     if synthetic is not None:
         argv += ["--synthetic", synthetic, "--ratio", f"{ratio:.6g}"]
