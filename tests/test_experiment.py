@@ -50,3 +50,6 @@ def test_config_is_checked() -> None:
         ExperimentConfig(text_method="captioner")
     with pytest.raises(ValueError, match="cooccurrence"):
         ExperimentConfig(cooccurrence=0.3)
+    with pytest.raises(ValueError, match="workers must be an integer >= 0, got -1"):
+        ExperimentConfig(workers=-1)
+    assert ExperimentConfig(workers=0).workers == 0
