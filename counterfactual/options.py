@@ -3,7 +3,7 @@
 A config dataclass declares the option of a field in the field's metadata, next to its
 default::
 
-    seed: int = field(default=0, metadata=option("seed of every random choice", kind="nonnegative_int"))
+    seed: int = declare(0, help="seed of every random choice", kind="nonnegative_int")
 
 :mod:`counterfactual.cli.options` adds the arguments (flag, type, choices, default, help) to
 a parser and builds the config from the parsed options with these declarations; the YAML
@@ -13,7 +13,7 @@ configs' keys are the options' names, so they follow too. The library holds no a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 KINDS = (
@@ -72,6 +72,12 @@ class CliOption:
 def option(help: str, **kwargs: Any) -> dict[str, CliOption]:
     """The field metadata that declares a field's option (:class:`CliOption`'s arguments)."""
     return {_KEY: CliOption(help, **kwargs)}
+
+
+def declare(default: Any = MISSING, *, help: str, **kwargs: Any) -> Any:
+    """A dataclass field with ``default`` (none: a required option) that declares its
+    option: ``field(default=default, metadata=option(help, **kwargs))``."""
+    return field(default=default, metadata=option(help, **kwargs))
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,12 +41,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from counterfactual import fs
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
@@ -87,91 +87,68 @@ class RayOptions:
     the system temp dir: :func:`ray_temp_dir`) instead of removing it at the end of the run.
     """
 
-    cpu_actors: int | None = field(
-        default=None,
-        metadata=option(
-            "shard workers (default: the cluster's CPUs left after the model actors)",
-            kind="positive_int",
-        ),
+    cpu_actors: int | None = declare(
+        None,
+        help="shard workers (default: the cluster's CPUs left after the model actors)",
+        kind="positive_int",
     )
-    model_actors: int | None = field(
-        default=None,
-        metadata=option(
-            "actors per model stage (default: the inpainter one per GPU, a light stage one "
-            "per 4 GPUs; on CPU none, the shard workers run the models themselves)",
-            kind="positive_int",
-        ),
+    model_actors: int | None = declare(
+        None,
+        help="actors per model stage (default: the inpainter one per GPU, a light stage one "
+        "per 4 GPUs; on CPU none, the shard workers run the models themselves)",
+        kind="positive_int",
     )
-    gpus_per_actor: float | None = field(
-        default=None,
-        metadata=option(
-            "GPUs per actor of the heavy stage (the inpainter), in (0, 8]; a fraction shares "
-            "one GPU (default: one actor per GPU, leaving 0.1 GPU per light stage: detector, "
-            "captioner, verifier)",
-            kind="gpu_share",
-        ),
+    gpus_per_actor: float | None = declare(
+        None,
+        help="GPUs per actor of the heavy stage (the inpainter), in (0, 8]; a fraction shares "
+        "one GPU (default: one actor per GPU, leaving 0.1 GPU per light stage: detector, "
+        "captioner, verifier)",
+        kind="gpu_share",
     )
-    model_batch_size: int | None = field(
-        default=None,
-        metadata=option(
-            "items per model call (default: each model step's own batch size)",
-            kind="positive_int",
-        ),
+    model_batch_size: int | None = declare(
+        None,
+        help="items per model call (default: each model step's own batch size)",
+        kind="positive_int",
     )
-    address: str | None = field(
-        default=None,
-        metadata=option("cluster to join (default: RAY_ADDRESS)", flags=("--ray-address",)),
+    address: str | None = declare(
+        None, help="cluster to join (default: RAY_ADDRESS)", flags=("--ray-address",)
     )
-    num_cpus: int | None = field(
-        default=None,
-        metadata=option(
-            "CPUs of a local Ray (default: all of this machine's)", kind="positive_int"
-        ),
+    num_cpus: int | None = declare(
+        None, help="CPUs of a local Ray (default: all of this machine's)", kind="positive_int"
     )
-    dashboard: bool = field(
-        default=True,
-        metadata=option(
-            "do not start the Ray dashboard (local Ray)",
-            kind="no-flag",
-            flags=("--no-dashboard",),
-            dest="dashboard",
-        ),
+    dashboard: bool = declare(
+        True,
+        help="do not start the Ray dashboard (local Ray)",
+        kind="no-flag",
+        flags=("--no-dashboard",),
+        dest="dashboard",
     )
-    in_flight: int = field(
-        default=2,
-        metadata=option("shard tasks queued per worker (default %(default)s)", kind="positive_int"),
+    in_flight: int = declare(
+        2, help="shard tasks queued per worker (default %(default)s)", kind="positive_int"
     )
-    place_timeout: float = field(
-        default=120.0,
-        metadata=option(
-            "seconds an actor may wait for the cluster to place it before the run ends with "
-            "one line (default: %(default)g)",
-            kind="positive_float",
-        ),
+    place_timeout: float = declare(
+        120.0,
+        help="seconds an actor may wait for the cluster to place it before the run ends with "
+        "one line (default: %(default)g)",
+        kind="positive_float",
     )
-    load_timeout: float = field(
-        default=1800.0,
-        metadata=option(
-            "seconds a placed actor may take to load its model (default: %(default)g)",
-            kind="positive_float",
-        ),
+    load_timeout: float = declare(
+        1800.0,
+        help="seconds a placed actor may take to load its model (default: %(default)g)",
+        kind="positive_float",
     )
-    verbose: bool = field(
-        default=False,
-        metadata=option(
-            "Ray's own logs and the workers' output on this terminal",
-            kind="flag",
-            flags=("-v", "--verbose"),
-        ),
+    verbose: bool = declare(
+        False,
+        help="Ray's own logs and the workers' output on this terminal",
+        kind="flag",
+        flags=("-v", "--verbose"),
     )
-    keep_ray_logs: bool = field(
-        default=False,
-        metadata=option(
-            "keep the folder a local Ray writes its session logs in (in the system temp dir, "
-            "outside OUT; its path is printed at the end and kept in manifest.json) instead of "
-            "removing it when the run ends",
-            kind="flag",
-        ),
+    keep_ray_logs: bool = declare(
+        False,
+        help="keep the folder a local Ray writes its session logs in (in the system temp dir, "
+        "outside OUT; its path is printed at the end and kept in manifest.json) instead of "
+        "removing it when the run ends",
+        kind="flag",
     )
 
     def __post_init__(self) -> None:

@@ -37,7 +37,7 @@ from counterfactual.eval.metrics import (
 )
 from counterfactual.imageio import SampleError
 from counterfactual.models import Embedder
-from counterfactual.options import option
+from counterfactual.options import declare
 
 ODMAP_KS = (1, 5, 10)
 """The k of the paper's Table 1."""
@@ -50,27 +50,22 @@ class EvalConfig:
     scored at once; ``device``: where top-k runs (None: numpy; ``"cuda"``: torch);
     ``embed_batch``: texts or images handed to the model at once."""
 
-    odmap_ks: tuple[int, ...] = field(
-        default=ODMAP_KS,
-        metadata=option(
-            f"k of the ODmAP@k columns, one or more (default: {' '.join(map(str, ODMAP_KS))})",
-            kind="positive_int",
-            nargs="+",
-            flags=("--ks",),
-        ),
+    odmap_ks: tuple[int, ...] = declare(
+        ODMAP_KS,
+        help=f"k of the ODmAP@k columns, one or more (default: {' '.join(map(str, ODMAP_KS))})",
+        kind="positive_int",
+        nargs="+",
+        flags=("--ks",),
     )
-    curve_k: int = field(
-        default=20,
-        metadata=option("plot ODmAP@k for k = 1..this (default: %(default)s)", kind="positive_int"),
+    curve_k: int = declare(
+        20, help="plot ODmAP@k for k = 1..this (default: %(default)s)", kind="positive_int"
     )
     recall_ks: tuple[int, ...] = RECALL_KS
     chunk: int = 65536
-    device: str | None = field(
-        default=None,
-        metadata=option(
-            "top-k on torch here, e.g. cuda (default: numpy on the CPU)",
-            flags=("--topk-device",),
-        ),
+    device: str | None = declare(
+        None,
+        help="top-k on torch here, e.g. cuda (default: numpy on the CPU)",
+        flags=("--topk-device",),
     )
     embed_batch: int = 1024
 

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from counterfactual._lazy import require
 from counterfactual.method.detectors import MODEL_TYPES, ModelCall, backend_for
 from counterfactual.method.detectors.owlv2 import to_pixels
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.records import ObjectAnnotation
 from counterfactual.vocab import ClassVocabulary
 
@@ -60,55 +60,43 @@ class DetectConfig:
     :class:`~counterfactual.synth.plan.Runtime`).
     """
 
-    model: str = field(
-        default="google/owlv2-base-patch16-ensemble",
-        metadata=option(
-            "OWLv2 or Grounding DINO hub id or folder (default: %(default)s)",
-            flags=("--detector-model",),
-        ),
+    model: str = declare(
+        "google/owlv2-base-patch16-ensemble",
+        help="OWLv2 or Grounding DINO hub id or folder (default: %(default)s)",
+        flags=("--detector-model",),
     )
-    score_threshold: float = field(
-        default=0.2,
-        metadata=option(
-            "keep a detected box whose score (sigmoid of its class logit) is at least this, "
-            "in [0, 1] (default: %(default)s)",
-            kind="unit_interval",
-            flags=("--detect-threshold",),
-        ),
+    score_threshold: float = declare(
+        0.2,
+        help="keep a detected box whose score (sigmoid of its class logit) is at least this, "
+        "in [0, 1] (default: %(default)s)",
+        kind="unit_interval",
+        flags=("--detect-threshold",),
     )
-    nms_iou: float = field(
-        default=0.5,
-        metadata=option(
-            "per class, drop a box whose IoU with a better-scored box is above this, in [0, 1]; "
-            "1 keeps all (default: %(default)s)",
-            kind="unit_interval",
-            flags=("--detect-nms-iou",),
-        ),
+    nms_iou: float = declare(
+        0.5,
+        help="per class, drop a box whose IoU with a better-scored box is above this, in [0, 1]; "
+        "1 keeps all (default: %(default)s)",
+        kind="unit_interval",
+        flags=("--detect-nms-iou",),
     )
-    queries: str = field(
-        default="caption",
-        metadata=option(
-            "classes asked for: those the caption mentions, the whole vocabulary when it "
-            "mentions any (finds the unmentioned objects the alpha rules must keep), or always "
-            "all (default: %(default)s)",
-            choices=QUERY_MODES,
-            flags=("--detect-queries",),
-        ),
+    queries: str = declare(
+        "caption",
+        help="classes asked for: those the caption mentions, the whole vocabulary when it "
+        "mentions any (finds the unmentioned objects the alpha rules must keep), or always "
+        "all (default: %(default)s)",
+        choices=QUERY_MODES,
+        flags=("--detect-queries",),
     )
-    template: str = field(
-        default="a photo of a {}",
-        metadata=option(
-            "a class's query text, with exactly one {} for its name (default: '%(default)s')",
-            flags=("--detect-template",),
-        ),
+    template: str = declare(
+        "a photo of a {}",
+        help="a class's query text, with exactly one {} for its name (default: '%(default)s')",
+        flags=("--detect-template",),
     )
-    max_detections: int = field(
-        default=100,
-        metadata=option(
-            "most boxes kept per image, best first (default: %(default)s)",
-            kind="positive_int",
-            flags=("--detect-max",),
-        ),
+    max_detections: int = declare(
+        100,
+        help="most boxes kept per image, best first (default: %(default)s)",
+        kind="positive_int",
+        flags=("--detect-max",),
     )
 
     def __post_init__(self) -> None:

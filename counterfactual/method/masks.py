@@ -11,14 +11,14 @@ import math
 import numbers
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import cv2
 import numpy as np
 from pycocotools import mask as coco_mask
 
 from counterfactual.method.selection import RemovalPlan
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.records import RLE, ImageRecord, ObjectAnnotation
 
 MASK_SOURCES = ("box", "segmentation")
@@ -26,24 +26,20 @@ MASK_SOURCES = ("box", "segmentation")
 
 @dataclass(frozen=True, slots=True)
 class MaskConfig:
-    source: str = field(
-        default="box",
-        metadata=option(
-            "box: the removed boxes; segmentation: the removed objects' polygons where the "
-            "dataset has them, boxes otherwise (default: %(default)s)",
-            choices=MASK_SOURCES,
-            flags=("--mask-source",),
-        ),
+    source: str = declare(
+        "box",
+        help="box: the removed boxes; segmentation: the removed objects' polygons where the "
+        "dataset has them, boxes otherwise (default: %(default)s)",
+        choices=MASK_SOURCES,
+        flags=("--mask-source",),
     )
     """``box``: the removed boxes; ``segmentation``: the removed objects' segmentations where
     the dataset has them (polygons or RLE, crowd included, decoded by ``pycocotools.mask``;
     boxes otherwise)."""
-    dilate: int = field(
-        default=0,
-        metadata=option(
-            "grow the mask by N pixels, >= 0; helps inpainters erase edges (default: %(default)s)",
-            kind="nonnegative_int",
-        ),
+    dilate: int = declare(
+        0,
+        help="grow the mask by N pixels, >= 0; helps inpainters erase edges (default: %(default)s)",
+        kind="nonnegative_int",
     )
     """Grow the mask by this many pixels (an elliptical kernel); helps inpainters erase edges."""
 

@@ -29,7 +29,7 @@ from counterfactual.boxtable import BoxTable
 from counterfactual.draws import draw_index
 from counterfactual.method.cooccurrence import CooccurrenceStats
 from counterfactual.method.geometry import at_least, class_cells, exceeds
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.records import ImageRecord
 
 POLICIES = ("uniform", "all", "spurious")
@@ -48,38 +48,30 @@ CAPTION_UNCHANGED = "caption-unchanged"
 
 @dataclass(frozen=True, slots=True)
 class SelectionConfig:
-    alpha1: float = field(
-        default=0.4,
-        metadata=option(
-            "keep rule: a kept class's box may lie less than this fraction inside the removed "
-            "area, in (0, 1], at most alpha2 (default %(default)s)",
-            kind="positive_fraction",
-        ),
+    alpha1: float = declare(
+        0.4,
+        help="keep rule: a kept class's box may lie less than this fraction inside the removed "
+        "area, in (0, 1], at most alpha2 (default %(default)s)",
+        kind="positive_fraction",
     )
-    alpha2: float = field(
-        default=0.8,
-        metadata=option(
-            "co-removal: a class whose box lies more than this fraction inside the target's "
-            "is removed with it, in (0, 1] (default %(default)s)",
-            kind="positive_fraction",
-        ),
+    alpha2: float = declare(
+        0.8,
+        help="co-removal: a class whose box lies more than this fraction inside the target's "
+        "is removed with it, in (0, 1] (default %(default)s)",
+        kind="positive_fraction",
     )
-    alpha3: float = field(
-        default=0.7,
-        metadata=option(
-            "size rule: the removed area must be less than this fraction of the picture, in "
-            "(0, 1) (default %(default)s)",
-            kind="open_unit_interval",
-        ),
+    alpha3: float = declare(
+        0.7,
+        help="size rule: the removed area must be less than this fraction of the picture, in "
+        "(0, 1) (default %(default)s)",
+        kind="open_unit_interval",
     )
-    policy: str = field(
-        default="uniform",
-        metadata=option(
-            "plans kept per image: uniform (one, seeded draw), all, or spurious (the target "
-            "with the highest mean PMI with the kept classes over the dataset) "
-            "(default: %(default)s)",
-            choices=POLICIES,
-        ),
+    policy: str = declare(
+        "uniform",
+        help="plans kept per image: uniform (one, seeded draw), all, or spurious (the target "
+        "with the highest mean PMI with the kept classes over the dataset) "
+        "(default: %(default)s)",
+        choices=POLICIES,
     )
     """``uniform``: one valid plan per image, drawn with the seed; ``all``: every valid plan;
     ``spurious``: the valid plan whose target co-occurs most over-proportionally with its kept

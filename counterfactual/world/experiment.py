@@ -27,14 +27,14 @@ import json
 import tarfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from counterfactual.imageio import encode_jpeg
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.world.classes import PAIRS
 from counterfactual.world.scene import WorldConfig
 from counterfactual.world.write import (
@@ -72,87 +72,57 @@ class ExperimentConfig:
     ``seed + 1``, ...; ``steps`` optimizer steps of ``batch_size`` per arm; ``world``: the world's
     knobs (its ``cooccurrence`` and ``seed`` are this config's)."""
 
-    seeds: int = field(
-        default=3,
-        metadata=option("seeds S, S+1, ... (default: %(default)s)", kind="positive_int"),
+    seeds: int = declare(3, help="seeds S, S+1, ... (default: %(default)s)", kind="positive_int")
+    seed: int = declare(
+        0,
+        help="S: the world's, synth's and the first training seed (default: %(default)s)",
+        kind="nonnegative_int",
     )
-    seed: int = field(
-        default=0,
-        metadata=option(
-            "S: the world's, synth's and the first training seed (default: %(default)s)",
-            kind="nonnegative_int",
-        ),
+    cooccurrence: float = declare(
+        0.9, help="p(partner | anchor) in train, in [0.5, 1) (default: %(default)s)", kind="float"
     )
-    cooccurrence: float = field(
-        default=0.9,
-        metadata=option(
-            "p(partner | anchor) in train, in [0.5, 1) (default: %(default)s)", kind="float"
-        ),
+    steps: int = declare(
+        1500, help="training steps per arm (default: %(default)s)", kind="positive_int"
     )
-    steps: int = field(
-        default=1500,
-        metadata=option("training steps per arm (default: %(default)s)", kind="positive_int"),
-    )
-    batch_size: int = field(
-        default=128, metadata=option("(default: %(default)s)", kind="positive_int")
-    )
+    batch_size: int = declare(128, help="(default: %(default)s)", kind="positive_int")
     lr: float = 2e-3
-    device: str = field(default="cpu", metadata=option("torch device (default: %(default)s)"))
-    text_method: str = field(
-        default="np-removal",
-        metadata=option("synth's (default: %(default)s)", choices=TEXT_METHODS),
+    device: str = declare("cpu", help="torch device (default: %(default)s)")
+    text_method: str = declare(
+        "np-removal", help="synth's (default: %(default)s)", choices=TEXT_METHODS
     )
-    image_method: str = field(
-        default="inpaint",
-        metadata=option(
-            "synth's; inpaint is OpenCV's (default: %(default)s)", choices=IMAGE_METHODS
-        ),
+    image_method: str = declare(
+        "inpaint", help="synth's; inpaint is OpenCV's (default: %(default)s)", choices=IMAGE_METHODS
     )
     captions_per_image: str = "one"
-    policy: str = field(
-        default="uniform",
-        metadata=option(
-            "synth's plan policy on the train split (the queries: uniform) (default: %(default)s)",
-            choices=POLICIES,
-        ),
+    policy: str = declare(
+        "uniform",
+        help="synth's plan policy on the train split (the queries: uniform) (default: %(default)s)",
+        choices=POLICIES,
     )
-    partner_contrast: float | None = field(
-        default=None,
-        metadata=option(
-            "contrast of the partner classes in (0, 1] (default: the world's, 0.65): how hard "
-            "the co-occurring object is to see",
-            kind="positive_float",
-        ),
+    partner_contrast: float | None = declare(
+        None,
+        help="contrast of the partner classes in (0, 1] (default: the world's, 0.65): how hard "
+        "the co-occurring object is to see",
+        kind="positive_float",
     )
-    ratio: float | None = field(
-        default=1.0,
-        metadata=option(
-            "D' drawn at this many per original sample (train --mix ratio) (default: %(default)s)",
-            kind="positive_float",
-        ),
+    ratio: float | None = declare(
+        1.0,
+        help="D' drawn at this many per original sample (train --mix ratio) (default: %(default)s)",
+        kind="positive_float",
     )
-    images: int = field(
-        default=6000,
-        metadata=option("scenes in the world (default: %(default)s)", kind="positive_int"),
+    images: int = declare(
+        6000, help="scenes in the world (default: %(default)s)", kind="positive_int"
     )
-    test: int = field(
-        default=700,
-        metadata=option(
-            "test scenes, the queries' source (default: %(default)s)", kind="positive_int"
-        ),
+    test: int = declare(
+        700, help="test scenes, the queries' source (default: %(default)s)", kind="positive_int"
     )
     channels: tuple[int, ...] = (16, 32, 64)
-    threads: int = field(
-        default=1,
-        metadata=option("torch CPU threads (default: %(default)s)", kind="positive_int"),
-    )
-    workers: int = field(
-        default=1,
-        metadata=option(
-            "train's DataLoader workers: pictures decoded beside the training step; the "
-            "weights trained do not depend on it (default: %(default)s)",
-            kind="nonnegative_int",
-        ),
+    threads: int = declare(1, help="torch CPU threads (default: %(default)s)", kind="positive_int")
+    workers: int = declare(
+        1,
+        help="train's DataLoader workers: pictures decoded beside the training step; the "
+        "weights trained do not depend on it (default: %(default)s)",
+        kind="nonnegative_int",
     )
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.world.classes import CLASSES, PAIRS, ObjectClass
 
 BACKGROUNDS = ("grass", "sand", "sky", "floor", "wall")
@@ -36,39 +36,20 @@ class WorldConfig:
     ``classes``: every class (unpaired ones appear alone). ``captions``: per picture.
     ``max_count``: the most objects of one class in a scene. ``seed``: every draw."""
 
-    images: int = field(
-        default=6000,
-        metadata=option("scenes in all (default: %(default)s)", kind="positive_int"),
-    )
-    val: int = field(
-        default=300,
-        metadata=option("val scenes (default: %(default)s)", kind="nonnegative_int"),
-    )
-    test: int = field(
-        default=700,
-        metadata=option("test scenes (default: %(default)s)", kind="nonnegative_int"),
-    )
-    size: int = field(
-        default=48,
-        metadata=option("picture side in px (default: %(default)s)", kind="positive_int"),
-    )
-    cooccurrence: float = field(
-        default=0.9,
-        metadata=option(
-            "p(partner | anchor) in train, in [0.5, 1) (default: %(default)s)", kind="float"
-        ),
+    images: int = declare(6000, help="scenes in all (default: %(default)s)", kind="positive_int")
+    val: int = declare(300, help="val scenes (default: %(default)s)", kind="nonnegative_int")
+    test: int = declare(700, help="test scenes (default: %(default)s)", kind="nonnegative_int")
+    size: int = declare(48, help="picture side in px (default: %(default)s)", kind="positive_int")
+    cooccurrence: float = declare(
+        0.9, help="p(partner | anchor) in train, in [0.5, 1) (default: %(default)s)", kind="float"
     )
     pairs: tuple[tuple[str, str], ...] = PAIRS
     classes: tuple[ObjectClass, ...] = CLASSES
-    captions: int = field(
-        default=5,
-        metadata=option("captions per picture (default: %(default)s)", kind="positive_int"),
+    captions: int = declare(
+        5, help="captions per picture (default: %(default)s)", kind="positive_int"
     )
     max_count: int = 2
-    seed: int = field(
-        default=0,
-        metadata=option("seed of every draw (default: %(default)s)", kind="nonnegative_int"),
-    )
+    seed: int = declare(0, help="seed of every draw (default: %(default)s)", kind="nonnegative_int")
 
     def __post_init__(self) -> None:
         for name in ("images", "size", "captions", "max_count"):

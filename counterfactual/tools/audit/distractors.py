@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from counterfactual.options import option
+from counterfactual.options import declare
 from counterfactual.tools.audit.embed import Embedder, embed_normalized
 
 Relevance = Callable[[str, Sequence[str]], np.ndarray]
@@ -57,36 +57,29 @@ class DistractorConfig:
     """``min_relevance``: relevance threshold (``authors``: strictly above; ``greedy``: at
     least). ``min_similarity``: cosine below which ``too_dissimilar_penalty`` replaces it."""
 
-    k: int = field(
-        default=3,
-        metadata=option(
-            "wrong answers picked per question, >= 1 (default: %(default)s)", kind="positive_int"
-        ),
+    k: int = declare(
+        3,
+        help="wrong answers picked per question, >= 1 (default: %(default)s)",
+        kind="positive_int",
     )
-    method: str = field(
-        default="authors",
-        metadata=option(
-            "how wrong answers are picked, see below (default: %(default)s, the paper's)",
-            choices=METHODS,
-        ),
+    method: str = declare(
+        "authors",
+        help="how wrong answers are picked, see below (default: %(default)s, the paper's)",
+        choices=METHODS,
     )
-    min_relevance: float = field(
-        default=0.2,
-        metadata=option(
-            "a candidate's relevance (question-answer cosine similarity) must exceed R "
-            "(greedy: reach R) (default: %(default)s)",
-            kind="finite_float",
-            metavar="R",
-        ),
+    min_relevance: float = declare(
+        0.2,
+        help="a candidate's relevance (question-answer cosine similarity) must exceed R "
+        "(greedy: reach R) (default: %(default)s)",
+        kind="finite_float",
+        metavar="R",
     )
-    min_similarity: float = field(
-        default=0.2,
-        metadata=option(
-            "a cosine similarity below S counts as 10 in a candidate's score, in [-1, 1] "
-            "(default: %(default)s)",
-            kind="cosine",
-            metavar="S",
-        ),
+    min_similarity: float = declare(
+        0.2,
+        help="a cosine similarity below S counts as 10 in a candidate's score, in [-1, 1] "
+        "(default: %(default)s)",
+        kind="cosine",
+        metavar="S",
     )
     too_dissimilar_penalty: float = 10.0
 

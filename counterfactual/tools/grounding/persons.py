@@ -49,7 +49,7 @@ import numpy as np
 
 from counterfactual.jsonl import json_objects
 from counterfactual.models.runtime import check_batch_size
-from counterfactual.options import option
+from counterfactual.options import declare
 
 NAME_TOKEN = "[NAME]"
 
@@ -243,11 +243,11 @@ class FilterConfig:
     first_names: tuple[str, ...] = FIRST_NAMES
     verb_pos: frozenset[str] = frozenset({"VERB", "AUX"})
     max_conjunct_persons: int = 3
-    batch_size: int = field(
-        default=256,
-        metadata=option(
-            "captions per spaCy batch (default: %(default)s)", kind="positive_int", metavar="N"
-        ),
+    batch_size: int = declare(
+        256,
+        help="captions per spaCy batch (default: %(default)s)",
+        kind="positive_int",
+        metavar="N",
     )
 
     def __post_init__(self) -> None:
