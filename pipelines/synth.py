@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactual import fs
+from counterfactual.messages import one_line
 from counterfactual.options import declare
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
@@ -65,7 +66,7 @@ from counterfactual.synth.staging import (
     plan_stages,
     start_steps,
 )
-from counterfactual.synth.steps import crop_for_edit, one_line, paste_edit, ships_crops
+from counterfactual.synth.steps import crop_for_edit, paste_edit, ships_crops
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
 
 

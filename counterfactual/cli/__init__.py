@@ -22,6 +22,7 @@ from typing import NoReturn
 
 from counterfactual import fs
 from counterfactual._lazy import MissingExtra
+from counterfactual.messages import one_line
 from counterfactual.synth.runlock import LockLost
 
 SUBCOMMANDS = (
@@ -120,11 +121,6 @@ SETUP_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, MissingExt
 ``LockHeld`` among them), files that cannot be read or written (``OSError``: missing,
 unreadable, a folder, disk full), an extra that is not installed (``MissingExtra``, which
 names it) and a run's lock removed or taken over by another driver (``LockLost``)."""
-
-
-def one_line(text: str) -> str:
-    """``text`` with its lines joined by spaces (a message must fit on one line)."""
-    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
 def setup_error(err: BaseException) -> BaseException | None:

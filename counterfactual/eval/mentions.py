@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from counterfactual.messages import short
 from counterfactual.models.runtime import check_batch_size
 from counterfactual.text.nlp import default_model_name, load_spacy
 from counterfactual.text.np_removal import chunk_mentions
@@ -147,18 +148,13 @@ def load_mentions(
         for key in dict.fromkeys([*expected, *stored]):  # in the order fingerprints list them
             if expected.get(key) != stored.get(key):
                 raise ValueError(
-                    f"stale mention cache {path}: {key} is {_short(stored.get(key))}, "
-                    f"expected {_short(expected.get(key))}; delete it to rebuild"
+                    f"stale mention cache {path}: {key} is {short(stored.get(key))}, "
+                    f"expected {short(expected.get(key))}; delete it to rebuild"
                 )
     if len(offsets) != stored.get("n_captions", -1) + 1:
         raise ValueError(f"corrupt mention cache {path}: offsets do not match n_captions")
     names = np.asarray(classes, dtype=object)
     return [frozenset(names[indices[offsets[i] : offsets[i + 1]]]) for i in range(len(offsets) - 1)]
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def mentions_cache_path(cache_dir: str | Path, fingerprint: Mapping[str, Any]) -> Path:

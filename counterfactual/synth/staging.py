@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from counterfactual.image import ImageEditor
+from counterfactual.messages import one_line
 from counterfactual.method.detect import Detection
 from counterfactual.method.verify import Verifier
 from counterfactual.synth.job import Job, planned_fields
@@ -29,7 +30,6 @@ from counterfactual.synth.steps import (
     Step,
     StepSpec,
     Verify,
-    one_line,
 )
 from counterfactual.text import TextRewriter
 

@@ -30,6 +30,7 @@ from counterfactual.image import (
 )
 from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg, encode_png
+from counterfactual.messages import one_line
 from counterfactual.method.detect import Detection, Detector, to_objects
 from counterfactual.method.masks import plan_mask
 from counterfactual.method.selection import CAPTION_UNCHANGED, select_many
@@ -672,7 +673,3 @@ STEPS: tuple[StepType, ...] = (Rewrite, Decode, Detect, Select, Edit, Verify, En
 (:func:`step_order`), so a rewriter that needs no picture runs first and the CPU steps after
 it go from file to JPEG in one place, without shipping pixels around."""
 STEP_CLASSES: dict[str, StepType] = {cls.name: cls for cls in STEPS}
-
-
-def one_line(text: object) -> str:
-    return " ".join(str(text).split())
