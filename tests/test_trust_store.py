@@ -4,7 +4,7 @@ requests it answers ``403 AccessDenied`` or ``503 SlowDown`` to every further on
 processes through ``counterfactual synth``: the run ends with one line that names the
 endpoint, the request refused (what and which ``s3://bucket/key``), the HTTP status and S3's
 code, the cause and the rerun, exit 2; once the fault is gone the same command resumes and
-completes. Retries are cut to two tries through ``COUNTERFACTUAL_S3_ATTEMPTS``."""
+completes (the slow tests, a run each way). Retries are cut to two tries through ``COUNTERFACTUAL_S3_ATTEMPTS``."""
 
 from __future__ import annotations
 
@@ -21,8 +21,6 @@ from bad_coco import synth_args
 from s3server import FaultProxy, S3Server
 
 from counterfactual.readers.generate import CocoFiles, generate_coco
-
-pytestmark = pytest.mark.slow
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -156,14 +154,17 @@ def _fault_on_writes(s3, faults, coco, status: int, code: str, *parts: str) -> N
     assert_complete(manifest, len(before))
 
 
+@pytest.mark.slow
 def test_403_on_writes_after_n_requests_names_the_object_and_the_rerun_resumes(s3, faults, coco):
     _fault_on_writes(s3, faults, coco, 403, "AccessDenied", DENIED, RERUN)
 
 
+@pytest.mark.slow
 def test_persistent_503_slowdown_on_writes_names_throttling_and_the_rerun_resumes(s3, faults, coco):
     _fault_on_writes(s3, faults, coco, 503, "SlowDown", THROTTLED, RERUN, "COUNTERFACTUAL_S3")
 
 
+@pytest.mark.slow
 def test_403_on_reads_after_n_requests_names_the_object_and_the_rerun_resumes(
     s3, faults, coco, tmp_path
 ):
@@ -195,3 +196,70 @@ def test_403_on_reads_after_n_requests_names_the_object_and_the_rerun_resumes(
     assert_complete(manifest, len(before))
     rows = [json.loads(x) for x in (out / "status.jsonl").read_text().splitlines()]
     assert not [r for r in rows if r.get("reason") == "unreadable"], rows
+
+
+@pytest.fixture
+def through(s3, monkeypatch):
+    """Point this process's S3 at a proxy's endpoint (fresh s3fs instances)."""
+    import s3fs
+
+    def use(proxy: FaultProxy) -> None:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        for name, value in LIMITS.items():
+            monkeypatch.setenv(name, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+
+    yield use
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "cause"), [(403, "AccessDenied", DENIED), (503, "SlowDown", THROTTLED)]
+)
+def test_a_webdataset_read_the_store_refuses_is_the_store_error_not_a_bad_shard(
+    s3, faults, through, tmp_path, status, code, cause
+):
+    """A tar on S3 read as a worker reads it (headers, then each picture by a ranged read):
+    a refused or throttled read raises the store's error, whose line names the tar, rather
+    than becoming a ``bad-shard`` or ``read-error`` row."""
+    from counterfactual import fs
+    from counterfactual.imageio import SampleError
+    from counterfactual.readers.corpus import InputPiece, read_piece, read_source
+    from counterfactual.testing.corpora import write_shard
+
+    picture = b"\xff\xd8 the bytes of a picture member"
+    write_shard([("a", picture, "a cat", {}), ("b", picture, "a dog", {})], tmp_path / "0.tar")
+    bucket = s3.bucket()
+    url = f"{bucket}/corpus/00000.tar"
+    s3.upload(tmp_path / "0.tar", url)
+    proxy = faults(status, code, 10_000, reads_under(f"/{bucket.removeprefix('s3://')}/corpus/"))
+    through(proxy)
+    piece = InputPiece("wds", url, 0)
+    records = list(read_piece(piece))
+    assert [getattr(r, "image_id", None) for r in records] == ["a", "b"], records
+    proxy.after = len(proxy.seen)  # every read from now on is refused
+    with pytest.raises(OSError) as member:
+        read_source(records[0].source)
+    assert not isinstance(member.value, SampleError)
+    with pytest.raises(OSError) as headers:
+        list(read_piece(piece))
+    for err in (member.value, headers.value):
+        line = str(fs.store_error(err))
+        assert line.startswith(f"object store {proxy.endpoint}: HTTP {status} {code}"), line
+        assert f"reading {url}:" in line and cause in line and RERUN in line, line
+
+
+def test_a_head_the_store_refuses_names_the_status_it_got(s3, faults, through):
+    """S3 answers a refused ``HEAD`` with no body: s3fs's ``PermissionError('Forbidden')``
+    becomes the line with status 403 and the object looked up."""
+    from counterfactual import fs
+
+    bucket = s3.bucket()
+    name = bucket.removeprefix("s3://")
+    proxy = faults(403, "AccessDenied", 0, lambda method, path: method == "HEAD")
+    through(proxy)
+    with pytest.raises(PermissionError) as err:
+        fs.size(f"{bucket}/some/key.json")
+    line = str(fs.store_error(err.value))
+    assert line.startswith(f"object store {proxy.endpoint}: HTTP 403 403 looking up "), line
+    assert f"s3://{name}/some/key.json: {DENIED}" in line, line
