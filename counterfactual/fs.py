@@ -32,6 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from counterfactual._lazy import extra_hint, require
+from counterfactual.messages import one_line
 
 PathLike = str | os.PathLike[str]
 
@@ -131,9 +132,19 @@ def _http_session() -> type:
         async def send(self, request: Any) -> Any:
             if "Expect" in request.headers:
                 del request.headers["Expect"]
-            return await super().send(request)
+            response = await super().send(request)
+            if response.status_code >= 400:
+                response.headers[REQUEST_HEADER] = f"{request.method} {request.url}"
+            return response
 
     return NoContinueSession
+
+
+REQUEST_HEADER = "x-counterfactual-request"
+"""A header our HTTP session adds to every S3 error answer it receives (``METHOD URL`` of the
+request refused): botocore keeps the answer's headers in the error it raises
+(``ResponseMetadata.HTTPHeaders``), so :func:`store_error` can name the object, which neither
+S3's error body nor s3fs's translation of it does."""
 
 
 _S3_SCHEMES = ("s3", "s3a")
@@ -495,8 +506,121 @@ def store_error(err: BaseException) -> OutputError | None:
         cause = f"bucket {bucket} does not exist" if bucket else "the bucket does not exist"
         again = "create it or name another --out"
     else:
+        return _refusal(err)
+    return OutputError(one_line(f"object store {endpoint}: {cause}; {again}"))
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An S3 error answer, as botocore parsed it: ``status`` (HTTP), S3's error ``code``
+    (``AccessDenied``, ``SlowDown``; a ``HEAD``'s is its status, as S3 sends no body),
+    ``tries`` (the first request and botocore's retries), and the request refused when our
+    HTTP session recorded it (:data:`REQUEST_HEADER`): ``method`` and ``url``."""
+
+    status: int
+    code: str
+    tries: int
+    method: str = ""
+    url: str = ""
+
+    @classmethod
+    def of(cls, err: BaseException) -> Refusal | None:
+        """The refusal ``err`` is (botocore's ``ClientError``) or that s3fs translated into it
+        (its ``__cause__``: ``PermissionError`` for 403, ``OSError`` EBUSY for 503); ``None``
+        for any other error."""
+        for candidate in (err, err.__cause__):
+            response = getattr(candidate, "response", None)
+            if isinstance(response, dict) and isinstance(response.get("ResponseMetadata"), dict):
+                meta = response["ResponseMetadata"]
+                status = meta.get("HTTPStatusCode")
+                if not isinstance(status, int):
+                    return None
+                code = str((response.get("Error") or {}).get("Code") or status)
+                request = str((meta.get("HTTPHeaders") or {}).get(REQUEST_HEADER, ""))
+                method, _, url = request.partition(" ")
+                return cls(status, code, int(meta.get("RetryAttempts") or 0) + 1, method, url)
         return None
-    return OutputError(f"object store {endpoint}: {cause}; {again}")
+
+
+_DENIED_CODES = frozenset(
+    {"AccessDenied", "Forbidden", "AllAccessDisabled", "AccountProblem", "NotSignedUp"}
+)
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId": "the access key is not known to the store",
+    "SignatureDoesNotMatch": "the secret key does not match the access key",
+    "ExpiredToken": "the session token has expired",
+    "InvalidToken": "the session token is not valid",
+    "TokenRefreshRequired": "the session token has expired",
+    "RequestTimeTooSkewed": "this machine's clock is too far from the store's",
+}
+_THROTTLE_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "RequestLimitExceeded"}
+)
+_VERBS = {"GET": "reading", "HEAD": "looking up", "PUT": "writing", "DELETE": "deleting"}
+
+
+def _refusal(err: BaseException) -> OutputError | None:
+    """The one line for a store that refuses a request (403: credentials or permission) or
+    keeps answering 503 ``SlowDown`` (throttling) or another 5xx after every try: endpoint,
+    the request (what and which object), the HTTP status and S3's code, the cause and the
+    rerun. ``None`` for other answers (a missing key is its file's own error)."""
+    refusal = Refusal.of(err)
+    if refusal is None:
+        return None
+    limits = StoreLimits.from_env()
+    tries = f"{refusal.tries} {'try' if refusal.tries == 1 else 'tries'}"
+    if refusal.code in _CREDENTIAL_CODES:
+        cause = f"credentials refused ({_CREDENTIAL_CODES[refusal.code]})"
+        again = "rerun the same command to resume once they are fixed"
+    elif refusal.status == 403 or refusal.code in _DENIED_CODES:
+        cause = (
+            "access denied: the credentials may not do this (expired, or a bucket or IAM "
+            "policy refuses it; check AWS_ACCESS_KEY_ID or AWS_PROFILE and the policies)"
+        )
+        again = "rerun the same command to resume once they may"
+    elif refusal.status in (429, 503) or refusal.code in _THROTTLE_CODES:
+        cause = f"throttled: the store asks for fewer requests per second, still after {tries}"
+        again = (
+            "rerun the same command to resume (COUNTERFACTUAL_S3_ATTEMPTS, now "
+            f"{limits.attempts}, lets each request wait longer)"
+        )
+    elif refusal.status >= 500:
+        cause = f"the store failed, still after {tries}"
+        again = "rerun the same command to resume once it answers"
+    else:
+        return None
+    endpoint, target = _request_target(refusal)
+    request = f"HTTP {refusal.status} {refusal.code}" + (f" {target}" if target else "")
+    return OutputError(one_line(f"object store {endpoint}: {request}: {cause}; {again}"))
+
+
+def _request_target(refusal: Refusal) -> tuple[str, str]:
+    """``(endpoint, "writing s3://bucket/key")`` of a refused request: the endpoint the
+    request went to (the bucket left out of a virtual-hosted name), and what it did to which
+    object, or ``""`` when the request is not known."""
+    configured = _endpoint(None)
+    found = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]+)([^?#]*)\??([^#]*)", refusal.url)
+    if found is None:
+        return configured, ""
+    scheme, host, path, query = found.groups()
+    from urllib.parse import parse_qs, unquote
+
+    configured_host = configured.partition("://")[2]
+    if configured_host and host.endswith("." + configured_host):
+        bucket, endpoint_host = host[: -len(configured_host) - 1], configured_host
+    elif (virtual := re.match(r"^(.+?)\.(s3[.-].*amazonaws\.com.*)$", host)) is not None:
+        bucket, endpoint_host = virtual.group(1), virtual.group(2)
+    else:
+        bucket, _, path = path.lstrip("/").partition("/")
+        endpoint_host = host
+    key = unquote(path.lstrip("/"))
+    params = parse_qs(query, keep_blank_values=True)
+    verb = _VERBS.get(refusal.method, "writing")
+    if refusal.method == "GET" and not key:
+        verb, key = "listing", (params.get("prefix") or [""])[0]
+    elif refusal.method == "POST" and "delete" in params:
+        verb = "deleting"
+    return f"{scheme}://{endpoint_host}", f"{verb} s3://{bucket}/{key}"
 
 
 def store_failures() -> tuple[type[BaseException], ...]:

@@ -67,8 +67,9 @@ def load_rgb(
     The first frame of an animation is used. Pictures of more than ``max_pixels`` pixels, and
     any that PIL's own decompression-bomb limit refuses (``PIL.Image.MAX_IMAGE_PIXELS`` x 2),
     are ``image-too-large`` before decoding. A missing file or object is ``missing-file``; an
-    object that cannot be read is ``unreadable``; a picture that cannot be decoded is
-    ``decode-error``.
+    object that cannot be read is ``unreadable``, unless the store itself fails
+    (:func:`~counterfactual.fs.store_error`: refused, throttled, down), which is raised as it
+    is; a picture that cannot be decoded is ``decode-error``.
     """
     if fs.is_url(path):
         try:
@@ -77,6 +78,8 @@ def load_rgb(
         except FileNotFoundError as err:
             raise SampleError("missing-file", fs.name(path)) from err
         except OSError as err:
+            if fs.store_error(err) is not None:
+                raise  # the store refuses or is down, not this picture: the run stops
             raise SampleError("unreadable", f"{fs.name(path)}: {err}") from err
         return _open_rgb(io.BytesIO(data), max_pixels, upright, fs.name(path))
     path = Path(fs.as_path(path))

@@ -218,3 +218,114 @@ def start_moto() -> tuple[subprocess.Popen, str]:
         proc.kill()
         raise
     return proc, endpoint
+
+
+class FaultProxy:
+    """An HTTP proxy on 127.0.0.1 in front of a server that answers like a refusing or
+    throttling S3: once ``after`` requests that ``matches`` accepts have gone through, every
+    further one gets ``status`` with S3's error body for ``code`` (``403 AccessDenied``,
+    ``503 SlowDown``; a ``HEAD`` gets no body, as S3 sends none), until :meth:`heal`. Requests
+    are forwarded one at a time per connection, keep-alive included; :meth:`stop` ends it."""
+
+    def __init__(
+        self,
+        target: str,
+        status: int,
+        code: str,
+        after: int,
+        matches: Any = None,
+    ) -> None:
+        from http.server import ThreadingHTTPServer
+
+        self.target = target
+        self.status, self.code, self.after = status, code, after
+        self.matches = matches or (lambda method, path: True)
+        self.faults = 0  # requests answered with the fault
+        self.seen: list[str] = []  # "METHOD PATH" of every request that ``matches`` accepts
+        self._seen = 0
+        self._guard = threading.Lock()
+        self._healed = False
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def heal(self) -> None:
+        """Every request goes through from now on."""
+        self._healed = True
+
+    def _fault(self, method: str, path: str) -> bool:
+        if self._healed or not self.matches(method, path):
+            return False
+        with self._guard:
+            self._seen += 1
+            self.seen.append(f"{method} {path}")
+            fault = self._seen > self.after
+            self.faults += fault
+            return fault
+
+    def _error_body(self) -> bytes:
+        message = {"AccessDenied": "Access Denied", "SlowDown": "Please reduce your request rate."}
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{self.code}</Code><Message>{message.get(self.code, self.code)}"
+            "</Message><RequestId>FAULT</RequestId></Error>"
+        ).encode()
+
+    def _handler(self) -> type:
+        import http.client
+        from http.server import BaseHTTPRequestHandler
+
+        proxy = self
+        host, _, port = proxy.target.removeprefix("http://").partition(":")
+        hop = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                if proxy._fault(self.command, self.path):
+                    payload = b"" if self.command == "HEAD" else proxy._error_body()
+                    self.send_response(proxy.status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                conn = http.client.HTTPConnection(host, int(port), timeout=60)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in hop}
+                    if body or self.command in ("PUT", "POST"):
+                        headers["Content-Length"] = str(len(body))
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    answer = conn.getresponse()
+                    data = answer.read()
+                    self.send_response(answer.status, answer.reason)
+                    for key, value in answer.getheaders():
+                        if key.lower() not in hop:
+                            self.send_header(key, value)
+                    given = answer.getheader("Content-Length")
+                    head = self.command == "HEAD" and given is not None
+                    self.send_header("Content-Length", given if head else str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                finally:
+                    conn.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
+
+        return Handler

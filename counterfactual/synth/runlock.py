@@ -413,7 +413,15 @@ class RunLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.release()
+        if exc is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except fs.store_failures():
+            # the store that failed the run refuses the release too: the run's own error
+            # says what happened, and the rerun takes over the lock this process left
+            pass
 
 
 STALE_AFTER_ENV = "COUNTERFACTUAL_LOCK_STALE_AFTER"

@@ -25,6 +25,7 @@ from counterfactual.readers.corpus.common import (
     _File,
     _open,
     _piece,
+    _raise_if_store_down,
     _row_id,
 )
 from counterfactual.readers.corpus.table import TableFormat, _Row, _Schema
@@ -182,6 +183,7 @@ def _csv_pieces(
         yield Status(file.path, "failed", "missing-file", f"no such {file.kind}")
         return
     except OSError as err:
+        _raise_if_store_down(err)  # the store's fault, not the file's: the run stops
         yield Status(file.path, "failed", "bad-shard", f"{type(err).__name__}: {err}")
         return
     if rows % rows_per_piece:

@@ -85,6 +85,7 @@ def _read_folder(
             return
         names = fs.listdir(folder)
     except OSError as err:
+        _raise_if_store_down(err)  # the store's fault, not the folder's: the run stops
         yield Status(folder, "failed", "bad-shard", f"{type(err).__name__}: {err}")
         return
     groups = _folder_groups(names)
@@ -139,5 +140,6 @@ def _small_file(path: str | Path) -> _TextMember | str:
         with _open(str(path)) as fh:
             data = fh.read(MAX_TEXT_BYTES + 1)
     except OSError as err:
+        _raise_if_store_down(err)
         return f"{fs.name(path)}: {type(err).__name__}: {err}"
     return _TextMember(fs.name(path), len(data), lambda: data)

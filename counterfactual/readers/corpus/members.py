@@ -12,7 +12,12 @@ from typing import Any
 
 from counterfactual import fs
 from counterfactual.readers.clean import clean_text
-from counterfactual.readers.corpus.common import MAX_TEXT_BYTES, _parquet, _pyarrow
+from counterfactual.readers.corpus.common import (
+    MAX_TEXT_BYTES,
+    _parquet,
+    _pyarrow,
+    _raise_if_store_down,
+)
 from counterfactual.records import Origin, Status
 
 
@@ -110,6 +115,7 @@ def _downloader_rows(shard: str, seen: dict[str, str]) -> Iterator[Status]:
     except FileNotFoundError:
         return
     except (OSError, pa.ArrowException) as err:
+        _raise_if_store_down(err)
         detail = f"img2dataset's metadata: {type(err).__name__}: {err}"
         yield Status(meta, "failed", "bad-shard", detail)
         return

@@ -260,6 +260,7 @@ def _read_cell(source: ParquetCell) -> bytes:
     except FileNotFoundError as err:
         raise SampleError("missing-file", source.path) from err
     except (OSError, KeyError, pa.ArrowException) as err:
+        _raise_if_store_down(err)
         raise SampleError("read-error", f"{where}: {type(err).__name__}: {err}") from err
     if not 0 <= source.row < len(column):
         raise SampleError("read-error", f"{where}: the row group has {len(column)} rows")

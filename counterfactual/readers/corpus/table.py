@@ -28,6 +28,7 @@ from counterfactual.readers.corpus.common import (
     _captions,
     _File,
     _piece,
+    _raise_if_store_down,
     _row_id,
 )
 from counterfactual.readers.corpus.members import download_detail
@@ -141,6 +142,7 @@ class TableFormat:
         except FileNotFoundError:
             return Status(path, "failed", "missing-file", f"no such {self.kind}")
         except _BadShard as err:
+            _raise_if_store_down(err)  # the store's fault, not the file's: the run stops
             return Status(path, "failed", "bad-shard", str(err))
         columns = schema.columns
         caption = _pick(path, columns, options.caption_column, CAPTION_COLUMNS, "caption")
@@ -186,6 +188,7 @@ def _read_table_piece(
     except FileNotFoundError:
         yield Status(piece.path, "failed", "missing-file", f"no such {piece.kind}")
     except _BadShard as err:
+        _raise_if_store_down(err)
         yield Status(piece.path, "failed", "bad-shard", str(err))
 
 

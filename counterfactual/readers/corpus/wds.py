@@ -90,6 +90,7 @@ def _read_shard(
         yield Status(shard, "failed", "missing-file", f"no such shard {shard}")
         return
     except OSError as err:
+        _raise_if_store_down(err)  # the store's fault, not the tar's: the run stops
         yield Status(shard, "failed", "bad-shard", f"{type(err).__name__}: {err}")
         return
     with fh:
@@ -98,6 +99,7 @@ def _read_shard(
             for sample in _tar_samples(fh, shard, pending):
                 yield _sample_row(sample, fh, shard, seen, again)
         except _BadShard as err:
+            _raise_if_store_down(err)
             detail = str(err)
             if pending:
                 detail += f"; sample {pending[0].key!r} was incomplete and is left out"
@@ -252,6 +254,7 @@ def _read_member(source: TarMember) -> bytes:
     except FileNotFoundError as err:
         raise SampleError("missing-file", source.path) from err
     except OSError as err:
+        _raise_if_store_down(err)
         raise SampleError("read-error", f"{source.path}: {type(err).__name__}: {err}") from err
     if len(data) != source.size:
         raise SampleError(
