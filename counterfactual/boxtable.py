@@ -87,7 +87,8 @@ class BoxTable:
         """Each box clipped to its image and snapped to its image's grid (see
         :class:`SnappedBoxes`)."""
         xyxy = self.bbox.copy()
-        xyxy[:, 2:] += xyxy[:, :2]
+        with np.errstate(over="ignore"):  # a far corner past the largest float is clipped below
+            xyxy[:, 2:] += xyxy[:, :2]
         xyxy[:, 0::2] = np.clip(xyxy[:, 0::2], 0.0, self.width[self.owner][:, None])
         xyxy[:, 1::2] = np.clip(xyxy[:, 1::2], 0.0, self.height[self.owner][:, None])
         bits = snap_bits(self.width, self.height)

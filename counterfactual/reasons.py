@@ -57,6 +57,14 @@ REASONS: dict[str, Reason] = {
         "reader",
     ),
     "no-caption": Reason("failed", "the image has no caption", "plan"),
+    "too-many-boxes": Reason(
+        "failed", "more boxes on the image than --max-boxes, refused before selection", "plan"
+    ),
+    "out-of-memory": Reason(
+        "failed",
+        "this picture's decode, selection or edit ran out of memory; the rest go on",
+        "steps",
+    ),
     "missing-annotation": Reason("failed", "Flickr30k: no annotation XML for the image", "reader"),
     "missing-sentences": Reason("failed", "Flickr30k: no sentence file for the image", "reader"),
     "missing-image": Reason("failed", "a corpus row or sample names no picture", "reader"),

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from counterfactual.messages import cut, one_line, short
+
 _FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)
 _KINDS = {int: "a whole number", float: "a number"}
 
@@ -60,7 +62,7 @@ def load_config(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     import yaml
 
     try:
-        raw = Path(path).read_bytes()
+        raw = _read_bounded(Path(path))
     except IsADirectoryError:
         raise ValueError(f"{path}: is a folder, not a YAML config file") from None
     except OSError as err:
@@ -72,9 +74,13 @@ def load_config(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
             f"{path}: not a UTF-8 text file (byte {err.start}); a config is YAML text"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_loader())  # noqa: S506  (a SafeLoader without aliases)
+    except _AliasError as err:
+        raise ValueError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML: {err}") from err
+        raise ValueError(f"{path}: not valid YAML: {one_line(err)}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid YAML: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -93,20 +99,54 @@ def load_config(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
         out[dest] = _value(path, key, value, action)
     if unknown:
         raise ValueError(
-            f"{path}: unknown option(s) {', '.join(sorted(unknown))}; see `counterfactual "
+            f"{path}: unknown option(s) {cut(', '.join(sorted(unknown)), 200)}; see `counterfactual "
             f"{parser.prog.split()[-1]} --help`"
         )
     return out
+
+
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest config file read (a bundled one is under 2 KiB)."""
+
+
+def _read_bounded(path: Path) -> bytes:
+    with open(path, "rb") as file:
+        raw = file.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes; a config is a few lines")
+    return raw
+
+
+class _AliasError(ValueError):
+    """A YAML alias (``*name``) in a config: refused, as a few of them nested expand to more
+    values than memory holds (the "billion laughs")."""
+
+
+def _loader() -> type:
+    """PyYAML's ``SafeLoader`` that refuses aliases before expanding any."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise _AliasError(
+                    f"line {event.start_mark.line + 1}: YAML aliases (*{cut(str(event.anchor), 40)}) "
+                    "are not allowed in a config; write the value out"
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
 
 
 def _value(path: Path, key: Any, value: Any, action: argparse.Action) -> Any:
     """``value`` as the command line would give ``action`` (``null``: the option unset)."""
     if value is None:
         return None
-    where = f"{path}: {key}"
+    where = f"{path}: {cut(str(key), 80)}"
     if isinstance(action, _FLAGS):
         if not isinstance(value, bool):
-            raise ValueError(f"{where}: {value!r} is not true or false")
+            raise ValueError(f"{where}: {short(value)} is not true or false")
         return value
     if action.nargs in ("+", "*") or isinstance(action.nargs, int):
         items = value if isinstance(value, list) else [value]
@@ -118,7 +158,7 @@ def _value(path: Path, key: Any, value: Any, action: argparse.Action) -> Any:
 
 def _scalar(where: str, value: Any, action: argparse.Action) -> Any:
     if isinstance(value, bool | list | dict):
-        raise ValueError(f"{where}: {value!r} is not {_expected(action)}")
+        raise ValueError(f"{where}: {short(value)} is not {_expected(action)}")
     convert: Callable[[str], Any] | None = action.type  # type: ignore[assignment]
     if convert is not None:
         try:
@@ -126,11 +166,12 @@ def _scalar(where: str, value: Any, action: argparse.Action) -> Any:
         except argparse.ArgumentTypeError as err:
             raise ValueError(f"{where}: {err}") from None
         except (TypeError, ValueError):
-            raise ValueError(f"{where}: {value!r} is not {_expected(action)}") from None
+            raise ValueError(f"{where}: {short(value)} is not {_expected(action)}") from None
     elif not isinstance(value, str):
         value = str(value)
     if action.choices is not None and value not in action.choices:
-        raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+        choices = ", ".join(map(str, action.choices))
+        raise ValueError(f"{where}: {short(value)} is not one of {choices}")
     return value
 
 

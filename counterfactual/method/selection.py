@@ -28,7 +28,7 @@ import numpy as np
 from counterfactual.boxtable import BoxTable
 from counterfactual.draws import draw_index
 from counterfactual.method.cooccurrence import CooccurrenceStats
-from counterfactual.method.geometry import at_least, class_cells, exceeds
+from counterfactual.method.geometry import at_least, class_cells, class_overlaps, exceeds
 from counterfactual.options import declare
 from counterfactual.records import ImageRecord
 
@@ -305,6 +305,10 @@ class _Evaluated:
 _REJECTIONS: tuple[str | None, ...] = (None, NOTHING_KEPT, KEEP_OVERLAP, TOO_LARGE)
 # Cells per chunk of images evaluated together (bounds memory for images with many boxes).
 _CHUNK_CELLS = 2_000_000
+_DENSE_BOXES = 256
+"""Images padded to at most this many boxes are evaluated on the dense cell grid, many at once
+(``class_cells``: cells grow with the square of the boxes); more, one at a time by the sweep
+(``class_overlaps``: memory linear in the boxes)."""
 
 
 def _bucket(n: int) -> int:
@@ -415,10 +419,16 @@ def _evaluate_chunk(
     classes = np.full((n, k_max), -1)
     classes[row, column] = layout.classes[source]
     # The cell grid of each image (padding boxes are empty and cover no cell). Every area below
-    # is an integer number of squared units, exact in float64 whatever the summation order.
-    cover, cell_area = class_cells(units, group, k_max)
-    weighted = cover * cell_area[:, None, :]
-    inter = cover @ weighted.transpose(0, 2, 1)  # [r, c] = area(B_r ∩ B_c)
+    # is an integer number of squared units, exact in float64 whatever the summation order, so
+    # the dense grid (a few boxes, many images at once) and the sweep (many boxes, one image
+    # in memory linear in its boxes) give the same bits.
+    dense = size <= _DENSE_BOXES
+    if dense:
+        cover, cell_area = class_cells(units, group, k_max)
+        weighted = cover * cell_area[:, None, :]
+        inter = cover @ weighted.transpose(0, 2, 1)  # [r, c] = area(B_r ∩ B_c)
+    else:
+        inter = np.stack([class_overlaps(units[i], group[i], k_max).inter for i in range(n)])
     area = inter.diagonal(axis1=1, axis2=2)
     real = np.arange(k_max)[None, :] < n_classes[:, None]
     safe_area = np.where(real, area, 1.0)[:, None, :]  # a real class has a positive area
@@ -432,7 +442,13 @@ def _evaluate_chunk(
     keep_inter = inter.copy()  # [r, k'] = area(B_R ∩ B_k')
     removed_area = area.copy()  # [r] = area(B_R)
     multi_i, multi_r = np.nonzero(removed.sum(axis=2) > 1)
-    if len(multi_i):
+    if len(multi_i) and not dense:
+        for i in np.unique(multi_i).tolist():
+            r = multi_r[multi_i == i]
+            union = class_overlaps(units[i], group[i], k_max, unions=removed[i, r])
+            keep_inter[i, r] = union.union_inter
+            removed_area[i, r] = union.union_area
+    elif len(multi_i):
         cover_r = np.minimum(
             np.einsum("pk,pkc->pc", removed[multi_i, multi_r].astype(np.float64), cover[multi_i]),
             1.0,

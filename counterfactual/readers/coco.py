@@ -262,6 +262,11 @@ def _compressed_runs(counts: str) -> list[int] | None:
     return runs if shift == 0 else None
 
 
+def _reach(box: list[float]) -> bool:
+    """Whether the box's far corner (``x + w``, ``y + h``) is a finite number."""
+    return math.isfinite(box[0] + box[2]) and math.isfinite(box[1] + box[3])
+
+
 def _parse_object(
     ann: dict[str, Any], names: dict[str, str], bad: dict[str, str]
 ) -> ObjectAnnotation | str:
@@ -271,7 +276,7 @@ def _parse_object(
         # the usual entry in a few steps; anything unusual takes the checks below
         name = names.get(str(raw))  # a bad category is not in names
         box = _numbers(bbox) if type(bbox) is list and len(bbox) == 4 else None
-        if name is not None and box is not None and box[2] >= 0 and box[3] >= 0:
+        if name is not None and box is not None and box[2] >= 0 and box[3] >= 0 and _reach(box):
             seg = ann.get("segmentation")
             segmentation = None if seg is None else _segmentation(seg)
             if not isinstance(segmentation, str):
@@ -287,6 +292,8 @@ def _parse_object(
         return f"bbox {_show(bbox)} is not [x, y, w, h] of finite numbers"
     if box[2] < 0 or box[3] < 0:
         return f"bbox {_show(bbox)} has a negative size"
+    if not _reach(box):
+        return f"bbox {_show(bbox)} reaches past the largest float (x + w or y + h)"
     crowd = ann.get("iscrowd", 0)
     if crowd is not None and not (isinstance(crowd, int | float) and crowd in (0, 1)):
         return f"iscrowd {_show(crowd)} is not 0 or 1"

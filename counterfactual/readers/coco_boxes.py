@@ -111,6 +111,9 @@ def _columns(inst: _Instances) -> CocoBoxes | None:
     bbox = np.fromiter(corners, np.float64, 4 * len(anns)).reshape(-1, 4)
     if not np.isfinite(bbox).all() or (bbox[:, 2:] < 0).any():
         return None
+    with np.errstate(over="ignore"):  # a far corner past the largest float: read_coco says so
+        if not np.isfinite(bbox[:, :2] + bbox[:, 2:]).all():
+            return None
     if not {a.iscrowd for a in anns} <= {0, 1, None}:
         return None
     if not _segmentations_ok(anns, owner, images):

@@ -35,7 +35,7 @@ from counterfactual.imageio import (
 from counterfactual.method.cooccurrence import CooccurrenceStats
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
-from counterfactual.method.selection import RemovalPlan, SelectionConfig, select_many
+from counterfactual.method.selection import RemovalPlan, Selection, SelectionConfig, select_many
 from counterfactual.method.verify import VerifyConfig
 from counterfactual.models.runtime import (  # noqa: F401  (DTYPES: named here too)
     DTYPES,
@@ -48,6 +48,11 @@ from counterfactual.synth.shards import sample_key
 from counterfactual.text import TextConfig
 
 CAPTION_CHOICES = ("one", "all")
+DEFAULT_MAX_BOXES = 1000
+"""The most boxes one image may have (``--max-boxes``). COCO's most is under 100 and LVIS's a
+few hundred; selection's time grows with the square of an image's boxes (its memory only
+linearly), so an image with thousands (a generated or hostile file) would cost one worker
+minutes: it fails as ``too-many-boxes`` instead."""
 RUNTIME_FIELDS: dict[str, dict[str, str]] = {
     "image": {"device": "device", "dtype": "dtype", "batch_size": "inpaint_batch_size"},
     "text": {"batch_size": "text_batch_size", "device": "device", "dtype": "dtype"},
@@ -204,6 +209,13 @@ class SynthConfig:
         "%(default)s)",
         kind="positive_int",
     )
+    max_boxes: int = declare(
+        DEFAULT_MAX_BOXES,
+        help="an image with more boxes fails as too-many-boxes, not planned (default: %(default)s)",
+        kind="positive_int",
+    )
+    """The most objects one image may have to be planned (:data:`DEFAULT_MAX_BOXES`); more
+    fail as ``too-many-boxes`` before selection. Recorded only when not the default."""
     jpeg_quality: int = 95
     pairs: bool = declare(
         False,
@@ -227,6 +239,7 @@ class SynthConfig:
         _whole("seed", self.seed, 0)
         _whole("images_per_shard", self.images_per_shard, 1)
         _whole("max_pixels", self.max_pixels, 1)
+        _whole("max_boxes", self.max_boxes, 1)
         _whole("jpeg_quality", self.jpeg_quality, 1, 100)
         if self.vocabulary is not None and not isinstance(self.vocabulary, str):
             raise ValueError(f"vocabulary must be a file path, got {self.vocabulary!r}")
@@ -248,6 +261,8 @@ class SynthConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "vocabulary" or (f.name == "pairs" and not value):
+                continue
+            if f.name == "max_boxes" and value == DEFAULT_MAX_BOXES:
                 continue
             if isinstance(value, ImageConfig):
                 value = value.flat()
@@ -429,10 +444,11 @@ def _shown(value: Any, default: Any) -> str:
 @cache
 def _defaults() -> dict[str, Any]:
     """:meth:`SynthConfig.to_dict` of the defaults, a default detector's options included, and
-    the options it leaves out at their default (``pairs``)."""
+    the options it leaves out at their default (``pairs``, ``max_boxes``)."""
     out = json.loads(json.dumps(SynthConfig().to_dict()))
     out["detect"] = json.loads(json.dumps(asdict(DetectConfig())))
     out["pairs"] = False
+    out["max_boxes"] = DEFAULT_MAX_BOXES
     return out
 
 
@@ -468,10 +484,15 @@ def plan(
     """
     if config.detect is not None:
         return [_unplanned_items(record, config) for record in records]
+    refused = [_too_many_boxes(r, config.max_boxes) for r in records]
+    chosen = [r for r, no in zip(records, refused, strict=True) if no is None]
+    selections = iter(_select(chosen, config, stats))
     out: list[list[WorkItem] | Status] = []
-    for record, selection in zip(
-        records, select_many(records, config.selection, stats, seed=config.seed), strict=True
-    ):
+    for record, no in zip(records, refused, strict=True):
+        selection = no if no is not None else next(selections)
+        if isinstance(selection, Status):
+            out.append(selection)
+            continue
         if not_drawn is not None:
             not_drawn.extend(
                 Status(record.image_id, "skipped", "not-drawn", "", None, target)
@@ -490,6 +511,32 @@ def plan(
                 key = sample_key(record.image_id, p.target, cap.caption_id)
                 items.append(WorkItem(record, p, cap, key, item_seed(config.seed, key)))
         out.append(items)
+    return out
+
+
+def _too_many_boxes(record: ImageRecord, max_boxes: int) -> Status | None:
+    if len(record.objects) <= max_boxes:
+        return None
+    detail = f"{len(record.objects):,} boxes, more than --max-boxes {max_boxes:,}"
+    return Status(record.image_id, "failed", "too-many-boxes", detail)
+
+
+def _select(
+    records: Sequence[ImageRecord], config: SynthConfig, stats: CooccurrenceStats | None
+) -> list[Selection | Status]:
+    """Each record's selection; when the records together run out of memory, each alone, and
+    one that still does is its own ``out-of-memory`` row."""
+    try:
+        return list(select_many(records, config.selection, stats, seed=config.seed))
+    except MemoryError:
+        pass
+    out: list[Selection | Status] = []
+    for record in records:
+        try:
+            out.extend(select_many([record], config.selection, stats, seed=config.seed))
+        except MemoryError:
+            detail = f"selection over {len(record.objects):,} boxes ran out of memory"
+            out.append(Status(record.image_id, "failed", "out-of-memory", detail))
     return out
 
 

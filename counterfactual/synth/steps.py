@@ -155,7 +155,18 @@ def each(jobs: Iterable[Job], work: Callable[[Job], T]) -> list[tuple[Job, T]]:
             out.append((job, work(job)))
         except SampleError as err:
             job.fail(err.reason, err.detail)
+        except MemoryError as err:
+            job.fail(OUT_OF_MEMORY, _memory_detail(err))
     return out
+
+
+OUT_OF_MEMORY = "out-of-memory"
+"""The reason of a job whose own work (decoding its picture, editing it) ran out of memory:
+the job fails and the batch and the shard go on."""
+
+
+def _memory_detail(err: MemoryError) -> str:
+    return one_line(f"MemoryError {err}".strip())
 
 
 def model_outputs(
@@ -182,6 +193,8 @@ def model_outputs(
             out.append((job, call([request])[0]))
         except SampleError as err:
             job.fail(err.reason, err.detail)
+        except MemoryError as err:
+            job.fail(OUT_OF_MEMORY, _memory_detail(err))
         except MODEL_ERRORS as err:
             job.fail("model-error", f"{model_detail}{err!r}")
     return out

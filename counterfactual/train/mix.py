@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from braceexpand import braceexpand
 
 from counterfactual import fs
+from counterfactual.messages import cut, short
 from counterfactual.readers.corpus import member_key_field
 from counterfactual.synth.samples import shard_paths
 
@@ -67,11 +68,11 @@ def expand_shards(spec: ShardSpec) -> list[str]:
         text = os.fspath(one)
         for part in text.split("::"):
             if not part:
-                raise ValueError(f"shard spec {text!r} has an empty part")
+                raise ValueError(f"shard spec {short(text)} has an empty part")
             for path in _expand_part(part, text):
                 real = path if fs.is_url(path) else os.path.realpath(path)
                 if real in seen:
-                    raise ValueError(f"shard spec {text!r}: {path} is listed twice")
+                    raise ValueError(f"shard spec {short(text)}: {path} is listed twice")
                 seen[real] = path
                 shards.append(path)
     return shards
@@ -85,19 +86,19 @@ def _expand_part(part: str, spec: str) -> list[str]:
         elif _GLOB_MAGIC.search(path):
             matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
             if not matches:
-                raise ValueError(f"shard spec {spec!r}: nothing matches {path}")
+                raise ValueError(f"shard spec {short(spec)}: nothing matches {path}")
             found += matches
         elif os.path.isdir(path):
             # a synth run folder: its committed shards (an unfinished one is redone by a rerun)
             ours = [os.path.join(path, fs.name(p)) for p in shard_paths(path)]
             matches = ours or sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))
             if not matches:
-                raise ValueError(f"shard spec {spec!r}: no *.tar in directory {path}")
+                raise ValueError(f"shard spec {short(spec)}: no *.tar in directory {path}")
             found += matches
         elif os.path.isfile(path):
             found.append(path)
         else:
-            raise ValueError(f"shard spec {spec!r}: no such file {path}")
+            raise ValueError(f"shard spec {short(spec)}: no such file {path}")
     return found
 
 
@@ -105,13 +106,13 @@ def _expand_url(path: str, spec: str) -> list[str]:
     if _GLOB_MAGIC.search(path):
         matches = [str(p) for p in fs.glob(path)]
         if not matches:
-            raise ValueError(f"shard spec {spec!r}: nothing matches {path}")
+            raise ValueError(f"shard spec {short(spec)}: nothing matches {path}")
         return matches
     if fs.isfile(path):
         return [path]
     ours = [str(p) for p in shard_paths(path)]
     if not ours:
-        raise ValueError(f"shard spec {spec!r}: no committed shard under {path}")
+        raise ValueError(f"shard spec {short(spec)}: no committed shard under {path}")
     return ours
 
 
@@ -394,6 +395,15 @@ class MixPlan:
         }
 
 
+def _some(paths: Sequence[str], shown: int = 3) -> str:
+    """``paths`` named in a message: their count and the first few (an error line stays
+    short with 10,000 of them)."""
+    if len(paths) <= shown:
+        return ", ".join(cut(p, 120) for p in paths)
+    first = ", ".join(cut(p, 120) for p in paths[:shown])
+    return f"{len(paths):,} shards ({first}, ...)"
+
+
 def _number(value: float) -> str:
     return format(value, ".12g")
 
@@ -419,13 +429,13 @@ def plan_mix(original: ShardSpec, synthetic: ShardSpec, ratio: float) -> MixPlan
         shards = expand_shards(spec)
         counts = [count_samples(s) for s in shards]
         if sum(counts) == 0:
-            raise ValueError(f"the {name} shards hold no samples: {', '.join(shards)}")
+            raise ValueError(f"the {name} shards hold no samples: {_some(shards)}")
         sides[name] = (shards, counts)
     both = {os.path.realpath(s) for s in sides["original"][0]} & {
         os.path.realpath(s) for s in sides["synthetic"][0]
     }
     if both:
-        raise ValueError(f"shards on both sides: {', '.join(sorted(both))}")
+        raise ValueError(f"shards on both sides: {_some(sorted(both))}")
     n_original = sum(sides["original"][1])
     n_synthetic = sum(sides["synthetic"][1])
     return MixPlan(
