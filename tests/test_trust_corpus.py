@@ -305,18 +305,22 @@ def test_csv_run_keeps_every_row_of_a_table_with_a_long_cell(owl, tmp_path, samp
     corpus = tmp_path / "csv"
     corpus.mkdir()
     rows = _table_rows(samples, corpus, outside)
-    long_caption = "a dog next to a person on a bench. " * 6000  # 210 KB
-    rows[1][1] = long_caption
+    # row 1: a 200 KB cell (over csv's default field limit) in a column the run does not use,
+    # so that the tiny detector is not fed 200 KB of caption; row 2: a caption over 1 MiB
+    for i, row in enumerate(rows):
+        row.append("a dog next to a person. " * 9000 if i == 1 else "")
+    rows[2][1] = "a dog next to a person on a bench. " * 32000  # 1.1 MB
     with open(corpus / "t.csv", "w", newline="") as fh:
-        csv.writer(fh).writerows([["key", "caption", "image"], *rows])
+        csv.writer(fh).writerows([["key", "caption", "image", "notes"], *rows])
     os.symlink(outside / "evil.csv", corpus / "u.csv")
     done = _synth(owl, "csv", corpus, tmp_path / "out")
     assert done.returncode == 0, done.stderr
     by_id, _ = _outcome(tmp_path / "out")
     unsafe = {k for k, r in by_id.items() if r["reason"] == "unsafe-path"}
     assert unsafe == TABLE_HOSTILE | {str(corpus / "u.csv")}
-    assert set(by_id) == unsafe | {s[0] for s in samples}  # every row after the long cell too
-    assert by_id[samples[1][0]]["reason"] != "bad-shard"
+    assert set(by_id) == unsafe | {s[0] for s in samples}  # every row after the long cells too
+    assert by_id[samples[2][0]]["reason"] == "bad-metadata"
+    assert not {r["reason"] for r in by_id.values()} & {"bad-shard"}
 
 
 @pytest.mark.slow
