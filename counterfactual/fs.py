@@ -449,6 +449,31 @@ def safe_relative_path(name: str) -> str | None:
     return path.as_posix()
 
 
+def inside(root: PathLike, path: PathLike) -> str | Path | None:
+    """``path`` when it lies inside the folder ``root`` (or is ``root``), else ``None``: the one
+    rule for every file a dataset names (a picture, a caption, a shard, a table).
+
+    Local: both sides resolved, symlinks followed (a link that leaves ``root`` leaves it, one
+    that stays inside is fine; a link loop is outside), and ``path`` comes back resolved; a
+    relative ``path`` is taken from the working folder, as ``open`` takes it. A URL: an object
+    store has no links, so ``path`` must be ``root/`` followed by a :func:`safe_relative_path`;
+    a URL and a local path are never inside each other."""
+    r, p = as_path(root), as_path(path)
+    if isinstance(r, str) or isinstance(p, str):
+        if not (isinstance(r, str) and isinstance(p, str)):
+            return None
+        base = r.rstrip("/")
+        rest = p.rstrip("/")[len(base) + 1 :] if p.startswith(base + "/") else None
+        if p.rstrip("/") == base or (rest is not None and safe_relative_path(rest) is not None):
+            return p
+        return None
+    try:
+        base, found = r.resolve(), p.resolve()
+    except (OSError, RuntimeError):  # a link loop (RuntimeError before Python 3.13)
+        return None
+    return found if found == base or base in found.parents else None
+
+
 def abort_uploads(folder: PathLike, wanted: Callable[[str], bool]) -> int:
     """Abort the unfinished multipart uploads of objects directly in ``folder`` whose name
     ``wanted(name)`` accepts (a writer killed mid-upload leaves one, invisible but billed); a

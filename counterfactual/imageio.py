@@ -7,6 +7,7 @@ Pictures may lie in a local folder or under a URL (``s3://bucket/images``, see
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from counterfactual import fs
 from counterfactual.fs import safe_relative_path
+from counterfactual.messages import one_line
 
 try:  # LittleCMS bindings; a Pillow built without them decodes without colour management
     from PIL import ImageCms
@@ -38,7 +40,8 @@ class SampleError(Exception):
 
 
 def resolve_inside(root: Path | str, relative: str) -> Path | str:
-    """``root / relative``, refusing anything that resolves outside ``root`` (symlinks too).
+    """``root / relative``, refusing anything that resolves outside ``root`` (symlinks too:
+    :func:`counterfactual.fs.inside`, the rule every reader applies to the files it opens).
 
     For a URL ``root`` (``s3://bucket/images``) the result is the URL ``root/relative``; an
     object store has no symlinks, so ``relative`` is only checked to be a plain relative path
@@ -51,9 +54,8 @@ def resolve_inside(root: Path | str, relative: str) -> Path | str:
         joined = fs.join(root, safe)
         assert isinstance(joined, str)
         return joined
-    base = Path(fs.as_path(root)).resolve()
-    path = (base / relative).resolve()
-    if base != path and base not in path.parents:
+    path = fs.inside(root, Path(fs.as_path(root)) / relative)
+    if path is None:
         raise SampleError("unsafe-path", relative)
     return path
 
@@ -66,7 +68,8 @@ def load_rgb(
 
     The first frame of an animation is used. Pictures of more than ``max_pixels`` pixels, and
     any that PIL's own decompression-bomb limit refuses (``PIL.Image.MAX_IMAGE_PIXELS`` x 2),
-    are ``image-too-large`` before decoding. A missing file or object is ``missing-file``; an
+    are ``image-too-large`` before decoding (detail: the size, ``--max-pixels``, and PIL's
+    limit when it is the one that refused). A missing file or object is ``missing-file``; an
     object that cannot be read is ``unreadable``, unless the store itself fails
     (:func:`~counterfactual.fs.store_error`: refused, throttled, down), which is raised as it
     is; a picture that cannot be decoded is ``decode-error``.
@@ -104,7 +107,7 @@ def _open_rgb(
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(source) as im:
                 if im.width * im.height > max_pixels:
-                    raise SampleError("image-too-large", f"{im.width}x{im.height}")
+                    raise SampleError("image-too-large", _too_large(im.size, max_pixels))
                 im.load()
                 arr = np.asarray(rgb8(ImageOps.exif_transpose(im) if upright else im))
     except SampleError:
@@ -114,12 +117,37 @@ def _open_rgb(
         where = f": {name}" if name else ""
         raise SampleError("decode-error", f"not a picture format PIL reads{where}") from err
     except Image.DecompressionBombError as err:
-        raise SampleError("image-too-large", str(err)) from err
+        raise SampleError("image-too-large", _bomb(err, max_pixels)) from err
     except (OSError, ValueError, SyntaxError, EOFError) as err:  # truncated or corrupt data
         raise SampleError("decode-error", f"{type(err).__name__}: {err}") from err
     if arr.size == 0:
         raise SampleError("decode-error", "empty image")
     return arr
+
+
+def _too_large(size: tuple[int, int], max_pixels: int) -> str:
+    """``image-too-large``'s detail: the picture's size and the run's limit."""
+    width, height = size
+    return f"{width}x{height} = {width * height} pixels, over --max-pixels {max_pixels}"
+
+
+_PIL_BOMB = re.compile(r"\((\d+) pixels\) exceeds limit of (\d+) pixels")
+
+
+def _bomb(err: Exception, max_pixels: int) -> str:
+    """The detail of a picture PIL refused as a bomb before its size could be seen (over
+    ``2 * PIL.Image.MAX_IMAGE_PIXELS``): its pixel count and the run's ``--max-pixels``, or
+    PIL's limit when that is the lower one."""
+    found = _PIL_BOMB.search(str(err))
+    if found is None:
+        return f"over PIL's own limit ({one_line(str(err))}), --max-pixels {max_pixels}"
+    pixels, limit = int(found.group(1)), int(found.group(2))
+    if pixels > max_pixels:
+        return f"{pixels} pixels, over --max-pixels {max_pixels}"
+    return (
+        f"{pixels} pixels, within --max-pixels {max_pixels} but over PIL's own limit of {limit} "
+        "(2 x PIL.Image.MAX_IMAGE_PIXELS)"
+    )
 
 
 def rgb8(im: Image.Image) -> Image.Image:

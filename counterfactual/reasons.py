@@ -43,7 +43,10 @@ REASONS: dict[str, Reason] = {
         "reader",
     ),
     "duplicate-id": Reason(
-        "failed", "an image id seen before in the same input; the first one is processed", "plan"
+        "failed",
+        "an image id seen before in the same input (the first one is processed), or an image "
+        "with a COCO annotation whose id an earlier annotation has",
+        "plan",
     ),
     "duplicate-key": Reason(
         "failed",
@@ -53,7 +56,8 @@ REASONS: dict[str, Reason] = {
     ),
     "unsafe-path": Reason(
         "failed",
-        "a file name that leaves the image folder (absolute, .., a symlink out)",
+        "a file a dataset names (picture, caption, metadata, shard, table) that leaves its root "
+        "folder (absolute, .., a symlink out)",
         "reader",
     ),
     "no-caption": Reason("failed", "the image has no caption", "plan"),
@@ -75,7 +79,10 @@ REASONS: dict[str, Reason] = {
         "reader",
     ),
     "bad-metadata": Reason(
-        "failed", "a corpus sample's txt or json is not UTF-8, not JSON or too large", "reader"
+        "failed",
+        "a corpus sample's txt or json is not UTF-8, not JSON or too large (a table's caption "
+        "cell too: over 1 MiB)",
+        "reader",
     ),
     "bad-shard": Reason("failed", "a corpus file that cannot be read as a whole", "reader"),
     # the picture

@@ -406,14 +406,22 @@ def test_bomb_past_pil_hard_limit_is_image_too_large(tmp_path: Path) -> None:
     png_claiming(tmp_path / "bomb.png", 20_000, 10_000)  # 2e8 pixels: PIL's own error
     with pytest.raises(SampleError) as err:
         load_rgb(tmp_path / "bomb.png", max_pixels=10**12)
-    assert err.value.reason == "image-too-large" and "200000000" in err.value.detail
+    assert err.value.reason == "image-too-large"
+    assert err.value.detail == (
+        "200000000 pixels, within --max-pixels 1000000000000 but over PIL's own limit of "
+        f"{2 * Image.MAX_IMAGE_PIXELS} (2 x PIL.Image.MAX_IMAGE_PIXELS)"
+    )
+    with pytest.raises(SampleError) as err:  # PIL refuses it first, the run's limit is named
+        load_rgb(tmp_path / "bomb.png", max_pixels=50_000_000)
+    assert err.value.detail == "200000000 pixels, over --max-pixels 50000000"
 
 
 def test_bomb_in_pil_warning_range_follows_max_pixels(tmp_path: Path) -> None:
     png_claiming(tmp_path / "bomb.png", 10_000, 9_000)  # 9e7 pixels: PIL only warns
     with pytest.raises(SampleError) as err:
         load_rgb(tmp_path / "bomb.png", max_pixels=50_000_000)
-    assert (err.value.reason, err.value.detail) == ("image-too-large", "10000x9000")
+    detail = "10000x9000 = 90000000 pixels, over --max-pixels 50000000"
+    assert (err.value.reason, err.value.detail) == ("image-too-large", detail)
     # within max_pixels the warning neither refuses the picture nor leaks: its data is cut
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

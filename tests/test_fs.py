@@ -237,7 +237,8 @@ def test_load_rgb_from_url_keeps_exif_and_bomb_guard(s3, tmp_path: Path) -> None
     for where in (local, f"{bucket}/rotated.png"):
         with pytest.raises(SampleError) as err:
             load_rgb(where, max_pixels=799)
-        assert (err.value.reason, err.value.detail) == ("image-too-large", "40x20")
+        detail = "40x20 = 800 pixels, over --max-pixels 799"
+        assert (err.value.reason, err.value.detail) == ("image-too-large", detail)
     fs.write_bytes(f"{bucket}/junk.jpg", b"not a picture")
     with pytest.raises(SampleError) as err:
         load_rgb(f"{bucket}/junk.jpg")

@@ -18,6 +18,8 @@ Hostile files: a bad entry costs its image, never the run.
   under the name ``images[N]``.
 - A repeated image id: the first entry is read, each later one is a ``duplicate-id`` row.
   Annotations and captions name images by id, so all those of a repeated id go to the first.
+  A repeated annotation id (``pycocotools`` keeps only the last under it): the first is read,
+  and the image of each later one is a ``duplicate-id`` row naming the id and both entries.
 - A category entry with a usable id but a bad or contradictory name fails the images whose
   annotations use it (detail ``category 3: ...``); annotations naming a category id that no
   entry defines fail theirs (``category_id 'person' is not among the categories``).
@@ -366,10 +368,19 @@ def read_coco(
     problems: dict[str, list[str]] = defaultdict(list)
     rles: dict[str, list[tuple[str, ObjectAnnotation]]] = defaultdict(list)
     skipped = []
+    first_ann: dict[str, int] = {}
+    repeated: dict[str, str] = {}  # image id -> its first annotation whose id came before
     for i, ann in enumerate(inst["annotations"]):
         image_id = _owner(ann, i, listed, skipped)
         if image_id is None:
             continue
+        ann_id = _ident(ann.get("id"))
+        if ann_id is not None and ann_id in first_ann:
+            detail = f"{inst_name} annotations[{i}]: id {ann_id} is already annotations"
+            repeated.setdefault(image_id, f"{detail}[{first_ann[ann_id]}]")
+            continue
+        if ann_id is not None:
+            first_ann[ann_id] = i
         parsed = _parse_object(ann, names, bad_categories)
         if isinstance(parsed, str):
             problems[image_id].append(f"{inst_name} {_entry('annotation', ann, i)}: {parsed}")
@@ -412,6 +423,8 @@ def read_coco(
         elif size is not None:
             detail = f"{inst_name} image {image_id}: {size}"
             failures.append(Status(image_id, "failed", "bad-annotation", detail))
+        elif image_id in repeated:
+            failures.append(Status(image_id, "failed", "duplicate-id", repeated[image_id]))
         elif problems.get(image_id):
             failures.append(
                 Status(image_id, "failed", "bad-annotation", _joined(problems[image_id]))

@@ -38,6 +38,7 @@ class _Annotation(msgspec.Struct, gc=False):
     image_id: int | str
     category_id: int
     bbox: tuple[float, float, float, float]
+    id: int | str | None = None
     iscrowd: int | None = 0
     segmentation: list[list[float]] | dict[str, Any] | None = None
 
@@ -107,6 +108,9 @@ def _columns(inst: _Instances) -> CocoBoxes | None:
         category = np.fromiter((code[a.category_id] for a in anns), dtype=np.intp, count=len(anns))
     except KeyError:  # an image 'images' does not list, a category no entry defines
         return None
+    ann_ids = [str(a.id) for a in anns if a.id is not None]
+    if len(set(ann_ids)) != len(ann_ids):
+        return None  # a repeated annotation id
     corners = chain.from_iterable(map(attrgetter("bbox"), anns))
     bbox = np.fromiter(corners, np.float64, 4 * len(anns)).reshape(-1, 4)
     if not np.isfinite(bbox).all() or (bbox[:, 2:] < 0).any():

@@ -195,6 +195,10 @@ def _read_image(
         return Status(image_id, "failed", "missing-annotation", str(xml_path))
     if f"{image_id}.txt" not in listed[1]:
         return Status(image_id, "failed", "missing-sentences", str(txt_path))
+    leaving = next((p for p in (xml_path, txt_path) if fs.inside(root, p) is None), None)
+    if leaving is not None:
+        detail = f"{leaving}: resolves outside {root} (a link out of the dataset)"
+        return Status(image_id, "failed", "unsafe-path", detail)
     try:
         width, height, boxes = parse_annotation(fs.read_bytes(xml_path))
     except FormatError as err:

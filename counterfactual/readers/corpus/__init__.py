@@ -70,10 +70,16 @@ Bad data never raises; it becomes a ``failed`` :class:`~counterfactual.records.S
   shard only.
 - ``bad-metadata``: the caption would come from a member that cannot be read as text (a ``txt``
   that is not UTF-8, a ``json`` that does not parse or is not an object, text members over
-  1 MiB).
+  1 MiB), or a table's caption cell is over 1 MiB (a CSV cell of any size is read: Python's
+  csv field limit is raised, so the rows after a long cell are read).
 - ``unsafe-path``: a path cell that is absolute outside the images folder, climbs out with
-  ``..``, names a drive or URL (other than one inside a URL images folder), or is an empty
-  string (Parquet).
+  ``..``, names a drive or URL (other than one inside a URL images folder), is an empty
+  string (Parquet) or resolves outside the images folder (a link out); a shard folder's
+  picture, ``txt`` or ``json`` that resolves outside the folder holding the shard folders;
+  img2dataset's metadata that resolves outside its shard's folder; and (``image_id`` = the
+  path) a tar, table or shard folder that resolves outside the pattern's root
+  (:func:`~counterfactual.readers.corpus.pattern.pattern_root`). One rule for all of them,
+  :func:`counterfactual.fs.inside`: links that stay inside are fine; none of these is read.
 - ``missing-file`` (``image_id`` = the path): a shard or table that does not exist.
 - ``bad-shard`` (``image_id`` = the path): a tar that is corrupt, truncated or compressed, or a
   table that cannot be read. Records read before the problem are kept; a sample that was still
@@ -115,7 +121,7 @@ from counterfactual.readers.corpus.formats import (
     corpus_format,
 )
 from counterfactual.readers.corpus.members import download_detail
-from counterfactual.readers.corpus.pattern import expand_pattern
+from counterfactual.readers.corpus.pattern import expand_pattern, pattern_root
 from counterfactual.readers.corpus.pieces import (
     iter_corpus,
     iter_files,
@@ -154,6 +160,7 @@ __all__ = [
     "iter_table",
     "iter_wds",
     "member_key_field",
+    "pattern_root",
     "plan_pieces",
     "read_files",
     "read_piece",

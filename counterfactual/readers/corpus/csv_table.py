@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import PurePosixPath
@@ -42,6 +43,18 @@ _QUOTED_REST = re.compile(rb'[^"]*+(?:""[^"]*+)*+"[^,\r\n]*+(?:,' + _FIELD + rb"
 """The rest of a record from inside a quoted field opened on an earlier line."""
 _BLANK = (b"\n", b"\r\n", b"\r")
 _SCAN_BLOCK = 1 << 20
+_FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
+"""Python's csv reads no field over ``csv.field_size_limit()`` characters (131,072 by default)
+and raises, which would end the piece at the first long cell; the byte scan knows no limit, so
+the reader takes any field a C ``long`` can count (2**31 - 1 where that is 32 bits). A caption
+cell over :data:`MAX_TEXT_BYTES` then fails its row alone (``bad-metadata``)."""
+
+
+def _reader(text: Iterable[str]) -> Iterator[list[str]]:
+    """:func:`csv.reader` (excel dialect) with the field limit raised to :data:`_FIELD_LIMIT`
+    (a process setting, set again at each call so that nothing else can have lowered it)."""
+    csv.field_size_limit(_FIELD_LIMIT)
+    return csv.reader(text)
 
 
 class Csv(TableFormat):
@@ -78,7 +91,7 @@ def _csv_header(path: str) -> tuple[list[str], int]:
             fh.seek(0)
             data = fh.read(end)
         # utf-8-sig: a byte-order mark (Excel writes one) is no part of the first column's name
-        header = next(csv.reader(io.StringIO(data.decode("utf-8-sig"), newline="")), None)
+        header = next(_reader(io.StringIO(data.decode("utf-8-sig"), newline="")), None)
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, csv.Error) as err:
@@ -91,13 +104,16 @@ def _csv_header(path: str) -> tuple[list[str], int]:
 def _binary_lines(fh: Any, block: int = _SCAN_BLOCK) -> Iterator[bytes]:
     """The lines of a binary file, each with its ``\\n`` (the last one may lack it), read in
     blocks (fsspec files have no fast ``readline``)."""
-    rest = b""
+    rest: list[bytes] = []  # a line longer than a block, in parts (joined once: linear)
     while chunk := fh.read(block):
-        lines = io.BytesIO(rest + chunk).readlines()
-        rest = lines.pop() if not lines[-1].endswith(b"\n") else b""
+        if b"\n" not in chunk:
+            rest.append(chunk)
+            continue
+        lines = io.BytesIO(b"".join((*rest, chunk))).readlines()
+        rest = [lines.pop()] if not lines[-1].endswith(b"\n") else []
         yield from lines
     if rest:
-        yield rest
+        yield b"".join(rest)
 
 
 def _csv_records(lines: Iterable[bytes], pos: int) -> Iterator[tuple[int, bool]]:
@@ -208,7 +224,7 @@ def _csv_ids(file: _File) -> Iterator[str | None]:
             fh.seek(file.offset)
             buffered = io.BufferedReader(_Window(fh, None), _SCAN_BLOCK)
             text = io.TextIOWrapper(buffered, encoding="utf-8", errors="replace", newline="")
-            for cells in csv.reader(text):
+            for cells in _reader(text):
                 if cells:
                     yield cells[at] if at < len(cells) and cells[at] else None
     except (OSError, csv.Error):
@@ -248,7 +264,7 @@ def _csv_rows(piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
             buffered = io.BufferedReader(_Window(fh, limit), _SCAN_BLOCK)
             text = io.TextIOWrapper(buffered, encoding="utf-8", newline="")
             row = piece.start
-            for cells in csv.reader(text):
+            for cells in _reader(text):
                 if not cells:
                     continue
                 ident, caption, image = (

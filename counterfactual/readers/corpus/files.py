@@ -1,7 +1,9 @@
 """img2dataset's ``files`` output (``kind="files"``): shard folders (``DIR/00000/``) holding, per
 sample, ``KEY.jpg`` (or ``jpeg``, ``png``, ``webp``), ``KEY.txt`` and ``KEY.json``, read as a
 WebDataset sample's members are. One piece per shard folder; a picture is a file of its own,
-``SHARD/KEY.jpg`` under the folder that holds the shard folders (:func:`files_root`)."""
+``SHARD/KEY.jpg`` under the folder that holds the shard folders (:func:`files_root`). A
+sample whose picture, ``txt`` or ``json`` resolves outside that folder (a link out) is
+``unsafe-path``, none of its files read."""
 
 from __future__ import annotations
 
@@ -117,6 +119,12 @@ def _file_row(
     if picture is None:
         names = ", ".join(fields)
         return Status(key, "failed", "missing-image", f"{shard}: no picture among {names}")
+    root = fs.parent(folder)
+    read = [picture, *(fields[f] for f in ("txt", "json") if f in fields)]
+    leaving = [n for n in read if fs.inside(root, fs.join(folder, n)) is None]
+    if leaving:
+        detail = f"{shard}/{leaving[0]}: resolves outside {root} (a link out of the corpus)"
+        return Status(key, "failed", "unsafe-path", detail)
     members = {}
     for field in ("txt", "json"):
         if field in fields:
@@ -129,7 +137,6 @@ def _file_row(
         return text
     file = f"{shard}/{picture}"
     captions = _captions(text[0])
-    root = fs.parent(folder)
     return ImageRecord(key, file, 0, 0, (), captions, root, None, "files", None, text[1])
 
 

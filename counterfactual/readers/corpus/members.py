@@ -101,9 +101,14 @@ def _downloader_rows(shard: str, seen: dict[str, str]) -> Iterator[Status]:
     shard lacks: ``download-failed`` (its status is not ``success``; ``detail``: its status,
     error_message and url), or ``missing-image`` (a success whose sample is not in the shard,
     e.g. cut off a truncated tar). Nothing when there is no metadata file, or it lacks
-    img2dataset's ``key`` and ``status`` columns; a ``bad-shard`` when it cannot be read."""
+    img2dataset's ``key`` and ``status`` columns; a ``bad-shard`` when it cannot be read, an
+    ``unsafe-path`` when it resolves outside the shard's folder (a link out: never read)."""
     meta = _metadata_path(shard)
     if meta is None or not fs.isfile(meta):
+        return
+    if fs.inside(fs.parent(shard), meta) is None:
+        detail = f"img2dataset's metadata resolves outside {fs.parent(shard)} (a link out)"
+        yield Status(meta, "failed", "unsafe-path", detail)
         return
     pa, _ = _pyarrow()
     try:

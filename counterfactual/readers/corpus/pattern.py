@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from pathlib import Path
 
 from braceexpand import braceexpand
@@ -69,6 +70,23 @@ def expand_pattern(pattern: str | Path, kind: str | None = None) -> list[str | P
             where += f"; {passed_over} other files passed over)" if passed_over else ")"
         raise ValueError(where)
     return paths
+
+
+def pattern_root(pattern: str | Path, kind: str | None = None) -> str:
+    """The folder every file ``pattern`` names must resolve inside (:func:`counterfactual.fs.inside`):
+    the folder before the first part with braces or globs (``data`` for
+    ``data/{00000..00009}.tar``), else the folder the pattern names, else the folder of the
+    file it names. For ``"files"``, a shard folder named alone stands for its parent, the
+    folder its records' ``file`` names are relative to."""
+    text = os.fspath(pattern).rstrip("/") or "/"
+    magic = re.search(r"[*?\[{]", text)
+    if magic is not None:
+        head = text[: magic.start()]
+        return (head[: head.rfind("/")] or "/") if "/" in head else "."
+    if fs.isdir(text):
+        named_shard = kind == "files" and any(_picture_name(n) for n in fs.listdir(text))
+        return str(fs.parent(text)) if named_shard else text
+    return str(fs.parent(text))
 
 
 def _has_suffix(path: str | Path, suffix: str) -> bool:

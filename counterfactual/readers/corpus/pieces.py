@@ -7,10 +7,12 @@ same machinery with one piece per file. Every kind is looked up in
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from counterfactual import fs
 from counterfactual.readers.corpus.common import (
     InputPiece,
     PlanOptions,
@@ -20,7 +22,7 @@ from counterfactual.readers.corpus.common import (
 )
 from counterfactual.readers.corpus.formats import FORMATS, PIECE_KINDS, TABLE_KINDS
 from counterfactual.readers.corpus.parquet import _read_cell
-from counterfactual.readers.corpus.pattern import expand_pattern
+from counterfactual.readers.corpus.pattern import expand_pattern, pattern_root
 from counterfactual.readers.corpus.wds import _read_member
 from counterfactual.readers.keyset import KeySet
 from counterfactual.records import Dataset, ImageRecord, ImageSource, ParquetCell, Status, TarMember
@@ -81,9 +83,25 @@ def _plan_files(
     image_column: str | None,
     id_column: str | None,
 ) -> list[_File | Status]:
+    """The pattern's files planned by their format, in pattern order; a file (a tar, a
+    table, a shard folder) that resolves outside :func:`pattern_root` is an ``unsafe-path``
+    row, never opened."""
     paths = [str(p) for p in expand_pattern(pattern, kind)]
     options = PlanOptions(images, caption_column, image_column, id_column)
-    return FORMATS[kind].plan(paths, options)
+    root = pattern_root(pattern, kind)
+    outside = {i for i, path in enumerate(paths) if fs.inside(root, path) is None}
+    planned = iter(
+        FORMATS[kind].plan([p for i, p in enumerate(paths) if i not in outside], options)
+    )
+    files: list[_File | Status] = []
+    for i, path in enumerate(paths):
+        if i in outside:
+            detail = f"{path}: resolves outside {root} (a link out of the corpus folder)"
+            files.append(Status(path, "failed", "unsafe-path", detail))
+            continue
+        file = next(planned)
+        files.append(replace(file, index=i) if isinstance(file, _File) else file)
+    return files
 
 
 def _pieces(

@@ -20,6 +20,7 @@ from counterfactual.readers.corpus.common import (
     CAPTION_COLUMNS,
     ID_COLUMNS,
     IMAGE_COLUMNS,
+    MAX_TEXT_BYTES,
     InputPiece,
     PlanOptions,
     TableLayout,
@@ -218,6 +219,11 @@ def _table_row(
             detail = download_detail(origin)
             return Status(image_id, "failed", "download-failed", detail, url=origin.url)
         return Status(image_id, "failed", "missing-image", f"{where}: {table.image!r} is empty")
+    if isinstance(caption, str) and len(caption) > MAX_TEXT_BYTES // 4:
+        size = len(caption.encode("utf-8", "surrogatepass"))
+        if size > MAX_TEXT_BYTES:
+            detail = f"{where}: caption of {size} bytes, over the {MAX_TEXT_BYTES} read for text"
+            return Status(image_id, "failed", "bad-metadata", detail)
     captions = _captions(caption if isinstance(caption, str) else "")
     kind = piece.kind
     if isinstance(cell, _InFile):
@@ -226,13 +232,15 @@ def _table_row(
     file = _inside(cell, root)
     if file is None:
         return Status(image_id, "failed", "unsafe-path", repr(cell))
+    if fs.inside(root, fs.join(root, file)) is None:  # a link out of the images folder
+        return Status(image_id, "failed", "unsafe-path", f"{cell!r} resolves outside {root}")
     return ImageRecord(image_id, file, 0, 0, (), captions, root, None, kind, None, origin)
 
 
 def _inside(cell: str, root: str | Path) -> str | None:
     """``cell`` as a path relative to ``root``, or ``None`` when it would leave ``root``. An
     absolute path (a URL, when ``root`` is one) is accepted when it lies inside ``root``
-    (compared lexically; symlinks are checked when the picture is loaded)."""
+    (compared lexically here; the caller then resolves links with :func:`fs.inside`)."""
     if isinstance(root, str):  # a URL: only a URL under it, or a relative path
         base = root.rstrip("/") + "/"
         if cell.startswith(base):
