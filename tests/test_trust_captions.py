@@ -163,6 +163,13 @@ def test_the_caption_check_sees_what_a_reader_sees(remover):
     assert check([result.text], [("person",)]) == [["person"]]
 
 
+def test_the_mention_index_reads_as_np_removal_does():
+    from counterfactual.eval.mentions import MentionIndexer
+
+    texts = [HOSTILE["fullwidth"], HOSTILE["bidi marks"], HOSTILE["greek rho"], "A horse."]
+    assert MentionIndexer()(texts) == [frozenset({"person", "horse"})] * 3 + [{"horse"}]
+
+
 # the scenario: a synth run as a user types it
 
 W, H = 96, 72
