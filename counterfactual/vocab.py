@@ -12,7 +12,9 @@ is a spoon, "armchair" a chair, "necktie" a tie), which :func:`coco_vocabulary` 
 Matching works on tokens: a span of tokens matches an entry when the tokens' lower-cased text,
 or their lemmas, or the text with the last token lemmatised, equal the entry's words (so
 "glasses of wine" matches ``glass of wine``). The longest entry wins, so "hot dogs" is a hot dog
-and not a dog.
+and not a dog. Text is matched as a reader sees it (:func:`counterfactual.fold.readings`:
+fullwidth and compatibility forms, format characters and Greek or Cyrillic lookalikes folded), so
+``"Ａ ｐｅｒｓｏｎ"``, ``"A\u202eperson"`` and ``"Ρerson"`` (a Greek Rho) name a person.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
+
+from counterfactual.fold import readings
 
 _IRREGULAR_PLURALS = {
     "child": "children",
@@ -118,18 +122,20 @@ class ClassVocabulary:
 
     def may_mention(self, text: str, classes: Iterable[str]) -> bool:
         """False only when ``text`` certainly mentions none of ``classes`` (no word of theirs in
-        any inflection occurs); a cheap test that spares a parse."""
+        any inflection occurs in any of its :func:`~counterfactual.fold.readings`); a cheap test
+        that spares a parse."""
         forms: set[str] = set()
         for c in classes:
             forms |= self._surface.get(c, set())
-        return any(w in forms for w in _WORD.findall(text.lower()))
+        return any(w in forms for shown in readings(text) for w in _WORD.findall(shown.lower()))
 
     def mentioned(self, text: str) -> set[str]:
-        """The classes ``text`` mentions, matched on its lower-cased words with
-        :meth:`base_form` as lemmatiser (no parse: "hot dogs" is a hot dog, not a dog)."""
+        """The classes ``text`` mentions, matched on the lower-cased words of each of its
+        :func:`~counterfactual.fold.readings` with :meth:`base_form` as lemmatiser (no parse:
+        "hot dogs" is a hot dog, not a dog)."""
         if not self.may_mention(text, self.classes):
             return set()
-        return {m.cls for m in self.match(_WORD.findall(text.lower()))}
+        return {m.cls for shown in readings(text) for m in self.match(_WORD.findall(shown.lower()))}
 
     def base_form(self, word: str) -> str:
         """The vocabulary word that ``word`` (lower case) inflects, or ``word`` itself: a

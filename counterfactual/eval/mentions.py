@@ -4,7 +4,8 @@ A caption mentions a class when one of its spaCy noun chunks, or a word outside 
 one of the class's words, exactly as ``np-removal`` matches them (:mod:`counterfactual.text.np_removal`): the same
 pipeline (``load_spacy(..., fast_pos=True)``), the same chunks, the same
 :meth:`ClassVocabulary.match`. So a class is in a caption's set exactly when ``np-removal``
-removing that class changes the caption.
+removing that class changes the caption. Like ``np-removal``, it parses each caption as a reader
+sees it (:func:`counterfactual.fold.folds`: "Ａ ｐｅｒｓｏｎ" names a person).
 
 The sets for a whole gallery (616K COCO captions) are cached on disk by :func:`save_mentions`
 as a ``.npz``: class indices of all captions in one array (CSR style) with per-caption offsets,
@@ -22,16 +23,17 @@ from typing import Any
 
 import numpy as np
 
+from counterfactual.fold import folds
 from counterfactual.messages import short
 from counterfactual.models.runtime import check_batch_size
 from counterfactual.text.nlp import default_model_name, load_spacy
 from counterfactual.text.np_removal import chunk_mentions
 from counterfactual.vocab import ClassVocabulary, load_vocabulary
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 """Bumped when matching changes (2: entries matched across noun chunks, 'glasses of wine';
-3: class words outside noun chunks count, 'a suit and tie'), so a cache made by older code is
-recomputed."""
+3: class words outside noun chunks count, 'a suit and tie'; 4: captions folded as a reader sees
+them, 'Ａ ｐｅｒｓｏｎ'), so a cache made by older code is recomputed."""
 
 
 class MentionIndexer:
@@ -55,8 +57,10 @@ class MentionIndexer:
         classes = self.vocabulary.classes
         need = list(dict.fromkeys(t for t in texts if self.vocabulary.may_mention(t, classes)))
         found: dict[str, frozenset[str]] = {}
-        for text, doc in zip(need, self.nlp.pipe(need, batch_size=self.batch_size), strict=True):
-            found[text] = frozenset().union(
+        ways = [way for t in need for way in folds(t)]  # as np-removal reads them
+        docs = self.nlp.pipe([way.text for way in ways], batch_size=self.batch_size)
+        for way, doc in zip(ways, docs, strict=True):
+            found[way.original] = found.get(way.original, frozenset()).union(
                 *(c.classes for c in chunk_mentions(doc, self.vocabulary))
             )
         self.parsed += len(need)

@@ -23,7 +23,6 @@ loads with the embedder (:func:`counterfactual.models.load_embedder`), never at 
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +57,6 @@ CLIP_LOGIT_SCALE = 100.0
 """CLIP's learned temperature (``exp(4.6052)``): probabilities are ``softmax(100 * cosine)``."""
 
 Box = tuple[float, float, float, float]
-_WORDS = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,10 +328,10 @@ def judge(
 
 def mentioned_classes(vocabulary: ClassVocabulary, text: str) -> set[str]:
     """The classes whose words ``text`` contains, matched on its lower-cased words as
-    ``np-removal`` matches them (inflections, longest entry first: "hot dogs" is a hot dog)."""
-    if not vocabulary.may_mention(text, vocabulary.classes):
-        return set()
-    return {m.cls for m in vocabulary.match(_WORDS.findall(text.lower()))}
+    ``np-removal`` matches them (inflections, longest entry first: "hot dogs" is a hot dog),
+    as a reader sees them (:meth:`ClassVocabulary.mentioned`: fullwidth forms, format characters
+    and lookalike letters folded)."""
+    return vocabulary.mentioned(text)
 
 
 def text_check(

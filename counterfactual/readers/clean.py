@@ -18,6 +18,10 @@ shows it as ``caption_cleaned`` when it is not zero. The rules:
 - every run of whitespace (including the spaces made above and the no-break space) becomes one
   space, and the ends are stripped.
 
+The other format characters and compatibility forms (fullwidth letters, ligatures) stay in the
+caption; class words are matched on the caption as a reader sees it
+(:mod:`counterfactual.fold`), so they hide no class from ``np-removal`` or the caption check.
+
 ``removed`` counts the characters of the first three rules; tidying whitespace is not counted,
 so a caption with a double space reports 0.
 """

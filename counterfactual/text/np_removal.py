@@ -7,6 +7,12 @@ a class word outside every chunk ("tie" in "a suit and tie"). Flickr30k captions
 annotated phrases with types: a phrase is dropped when one of its types is removed, without parsing.
 With ``TextConfig.repair`` (the default) the rewritten captions are parsed once more and the
 words left dangling at the cuts are dropped (:mod:`counterfactual.text.repair`).
+
+Captions are parsed as a reader sees them (:func:`counterfactual.fold.fold`: fullwidth and
+compatibility forms, format characters, Greek and Cyrillic lookalikes folded), and the spans
+found there are cut from the caption as given, so ``"Ａ ｐｅｒｓｏｎ beside a horse."`` loses
+the person and keeps its other characters. :class:`MentionCheck` reads every reading
+(:func:`counterfactual.fold.readings`: a right-to-left override's shown order too).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from counterfactual.fold import Folded, folds, readings
 from counterfactual.models.runtime import check_batch_size
 from counterfactual.records import Phrase
 from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
@@ -39,6 +46,11 @@ class _Chunk:
 
     def __init__(self, start: int, end: int, classes: frozenset[str], lead: int) -> None:
         self.start, self.end, self.classes, self.lead = start, end, classes, lead
+
+    def mapped(self, folded: Folded) -> _Chunk:
+        """This chunk, found in ``folded.text``, as a span of ``folded.original``."""
+        start, end = folded.span(self.start, self.end)
+        return _Chunk(start, end, self.classes, folded.start(self.lead))
 
 
 def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
@@ -75,6 +87,15 @@ def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
         _Chunk(doc[s:e].start_char, doc[s:e].end_char, classes, doc[_lead(doc, s, e)].idx)
         for s, e, classes in groups
     )
+
+
+def _distinct(chunks: list[_Chunk]) -> tuple[_Chunk, ...]:
+    """``chunks`` found in the :func:`~counterfactual.fold.folds` of one caption, in caption
+    order, each span once (a caption without bidirectional controls has one fold: as found)."""
+    seen: dict[tuple[int, int], _Chunk] = {}
+    for c in sorted(chunks, key=lambda c: (c.start, c.end)):
+        seen.setdefault((c.start, c.end), c)
+    return tuple(seen.values())
 
 
 def _lead(doc: Any, start: int, end: int) -> int:
@@ -125,10 +146,12 @@ class MentionCheck:
             return out
         if self._nlp is None:
             self._nlp = load_spacy(self.spacy_model or default_model_name(), fast_pos=True)
-        docs = self._nlp.pipe([texts[i] for i in todo])
-        for i, doc in zip(todo, docs, strict=True):
-            named = set().union(*(c.classes for c in chunk_mentions(doc, self.vocabulary)))
-            out[i] = [c for c in removed[i] if c in named]
+        shown = [(i, reading) for i in todo for reading in readings(texts[i] or "")]
+        named: dict[int, set[str]] = {i: set() for i in todo}
+        for (i, _), doc in zip(shown, self._nlp.pipe([r for _, r in shown]), strict=True):
+            named[i].update(*(c.classes for c in chunk_mentions(doc, self.vocabulary)))
+        for i in todo:
+            out[i] = [c for c in removed[i] if c in named[i]]
         return out
 
 
@@ -160,12 +183,20 @@ class NounPhraseRemover:
         }
 
     def chunks(self, texts: Sequence[str]) -> list[tuple[str, tuple[_Chunk, ...]]]:
-        """For each text: the text with its noun chunks (character spans and the classes they
-        mention)."""
+        """For each text: the text with its noun chunks (character spans of the text and the
+        classes they mention; found in its :func:`~counterfactual.fold.fold`)."""
         known = {t: self._cache[t] for t in dict.fromkeys(texts) if t in self._cache}
         todo = [t for t in dict.fromkeys(texts) if t not in known]
-        for text, doc in zip(todo, self.nlp.pipe(todo, batch_size=self.batch_size), strict=True):
-            known[text] = (text, chunk_mentions(doc, self.vocabulary))
+        ways = [way for t in todo for way in folds(t)]
+        docs = self.nlp.pipe([f.text for f in ways], batch_size=self.batch_size)
+        found: dict[str, list[_Chunk]] = {t: [] for t in todo}
+        for folded, doc in zip(ways, docs, strict=True):
+            chunks = chunk_mentions(doc, self.vocabulary)
+            if folded.starts is not None:
+                chunks = tuple(c.mapped(folded) for c in chunks)
+            found[folded.original] += chunks
+        for text, chunks in found.items():
+            known[text] = (text, _distinct(chunks))
         # remember the newest parses; the answer comes from `known`, so eviction loses nothing
         for text in todo:
             self._cache[text] = known[text]
