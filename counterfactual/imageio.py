@@ -171,21 +171,30 @@ def decode_picture(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decoded
 
 def read_header(source: Path | str | bytes) -> Header:
     """The stored size and EXIF orientation of a picture (a path, a URL or encoded bytes) from
-    its header alone: no pixel is decoded (a PNG whose EXIF chunk follows its pixel data reads
-    as untagged here). A picture that cannot be opened is the :class:`SampleError` that
-    :func:`load_rgb` would raise."""
+    its header alone: no pixel is decoded, and of a file or object only the first blocks are
+    read (a PNG whose EXIF chunk follows its pixel data reads as untagged here). A picture that
+    cannot be opened is the :class:`SampleError` that :func:`load_rgb` would raise."""
     if isinstance(source, bytes):
-        opened: Path | BinaryIO = io.BytesIO(source)
-    elif fs.is_url(source):
-        opened = io.BytesIO(_read_url(str(source)))
-    else:
-        opened = Path(fs.as_path(source))
-        if not opened.is_file():
-            raise SampleError("missing-file", opened.name)
+        return _header(io.BytesIO(source))
+    if not fs.is_url(source):
+        path = Path(fs.as_path(source))
+        if not path.is_file():
+            raise SampleError("missing-file", path.name)
+        return _header(path)
+    try:
+        with fs.open_file(source, "rb") as fh:
+            return _header(fh)
+    except FileNotFoundError as err:
+        raise SampleError("missing-file", fs.name(source)) from err
+    except OSError as err:
+        raise SampleError("unreadable", f"{fs.name(source)}: {err}") from err
+
+
+def _header(source: Path | BinaryIO) -> Header:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(opened) as im:
+            with Image.open(source) as im:
                 untagged_png = isinstance(im, PngImagePlugin.PngImageFile) and (
                     "exif" not in im.info
                 )

@@ -134,8 +134,10 @@ def write_dataset(root: Path, pictures: list[Picture]):
     return files
 
 
-def run_synth(files, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    argv = synth_args(files, out, "--runner", "local", "--policy", "all")
+def run_synth(
+    files, out: Path, *extra: str, runner: tuple[str, ...] = ("--runner", "local")
+) -> subprocess.CompletedProcess[str]:
+    argv = synth_args(files, out, *runner, "--policy", "all")
     argv += ["--image-method", "zero", "--text-method", "prompt", "--contact-sheet", "0", *extra]
     return subprocess.run(
         [sys.executable, "-m", "counterfactual", *argv], capture_output=True, text=True, timeout=300
@@ -238,6 +240,22 @@ def test_the_dataset_frame_decides_the_ambiguous_pictures(tmp_path: Path) -> Non
     assert len(check_erased(tmp_path / "out", pictures)) == 12
 
 
+@pytest.mark.slow
+def test_ray_workers_use_the_drivers_frame(tmp_path: Path) -> None:
+    """On Ray, one image per shard on two CPUs: every worker gets the frame the driver found,
+    and the shards are the in-process runner's."""
+    pictures = [*ambiguous("oriented"), Picture(6, 8, "oriented")]
+    files = write_dataset(tmp_path / "coco", pictures)
+    ray = ("--runner", "ray", "--num-cpus", "2", "--no-dashboard")
+    done = run_synth(files, tmp_path / "out", "--images-per-shard", "1", runner=ray)
+    assert done.returncode == 0, done.stderr
+    samples = check_erased(tmp_path / "out", pictures)
+    assert len(samples) == 12
+    local = run_synth(files, tmp_path / "local", "--images-per-shard", "1")
+    assert local.returncode == 0, local.stderr
+    assert check_erased(tmp_path / "local", pictures) == samples
+
+
 def test_a_size_that_contradicts_the_given_frame_fails(tmp_path: Path) -> None:
     """--exif-frame stored, but a sideways picture is annotated at its upright size: that one
     fails with its reason; the ambiguous ones follow the option."""
@@ -284,7 +302,7 @@ def test_a_bad_exif_frame_is_one_line_and_exit_2(tmp_path: Path) -> None:
 # --- the rule as a table --------------------------------------------------------------------
 
 
-def record(p: Picture, root: Path) -> ImageRecord:
+def record(p: Picture, root: Path | str) -> ImageRecord:
     h, w = p.pixels.shape[:2]
     return ImageRecord(str(p.id), p.file, w, h, (), (), root=root)
 
@@ -383,3 +401,25 @@ def test_exif_frame_is_fingerprinted_only_when_given() -> None:
     assert SynthConfig(exif_frame="oriented").fingerprint()["exif_frame"] == "oriented"
     with pytest.raises(ValueError, match="exif_frame"):
         SynthConfig(exif_frame="upright")
+
+
+def test_scan_rule_reads_headers_from_an_object_store(s3, tmp_path: Path) -> None:
+    """Pictures under an ``s3://`` root: the pass reads their headers through fsspec (a missing
+    object tells nothing), and a worker loads each in the frame the pass found."""
+    bucket = s3.bucket()
+    pictures = [Picture(1, 8, "oriented"), Picture(2, 3, "oriented")]
+    for p in pictures:
+        save_tagged(tmp_path / p.file, p.stored, p.orientation)
+        s3.upload(tmp_path / p.file, f"{bucket}/images/{p.file}")
+    records = [record(p, f"{bucket}/images") for p in pictures]
+    gone = ImageRecord("9", "gone.jpg", W, H, (), (), root=f"{bucket}/images")
+    assert read_header(f"{bucket}/images/{pictures[0].file}").orientation == 8
+    with pytest.raises(SampleError) as err:
+        read_header(f"{bucket}/images/gone.jpg")
+    assert err.value.reason == "missing-file"
+    rule = scan_rule([*records, gone])
+    assert rule == FrameRule("oriented", stored=0, oriented=1)
+    for p, rec in zip(pictures, records, strict=True):
+        got = load_record_picture(rec, 10**6, rule)
+        assert got.frame == "oriented"
+        assert np.abs(got.pixels.astype(int) - p.pixels).mean() < 3  # a JPEG of the same
