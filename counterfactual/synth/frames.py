@@ -68,17 +68,6 @@ class FrameRule:
         if self.frame is not None and self.frame not in FRAMES:
             raise ValueError(f"exif frame {self.frame!r} is not one of {FRAMES}")
 
-    def describe(self) -> str:
-        """One line: the frame and where it comes from."""
-        if self.given:
-            return f"{self.frame} (--exif-frame)"
-        told = f"{self.stored} pictures annotated as stored, {self.oriented} as oriented"
-        if self.frame is None:
-            return f"unknown ({told}: give --exif-frame)"
-        if self.stored or self.oriented:
-            return f"{self.frame} (the dataset's: {told})"
-        return f"{self.frame} (the default: no picture's size tells it)"
-
 
 DEFAULT_RULE = FrameRule()
 
