@@ -9,13 +9,14 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, PngImagePlugin, UnidentifiedImageError
 
 from counterfactual import fs
 from counterfactual.fs import safe_relative_path
@@ -60,6 +61,69 @@ def resolve_inside(root: Path | str, relative: str) -> Path | str:
     return path
 
 
+ORIENTATIONS = range(1, 9)
+"""The EXIF orientation values; any other (or none) reads as 1, pixels as stored, as PIL's
+``ImageOps.exif_transpose`` takes them."""
+SWAPPING = frozenset({5, 6, 7, 8})
+"""The orientations whose upright picture has the stored one's width and height swapped."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A decoded picture: ``stored`` (H, W, 3) uint8 sRGB as the file stores its pixels, and
+    its EXIF ``orientation`` (1..8; 1 when untagged), which says how to turn it upright."""
+
+    stored: np.ndarray
+    orientation: int = 1
+
+    def upright(self) -> np.ndarray:
+        """The pixels turned upright per the orientation: what ``ImageOps.exif_transpose``
+        makes of the stored picture, as a contiguous array."""
+        return _to_upright(self.stored, self.orientation)
+
+    def frame(self, oriented: bool) -> np.ndarray:
+        """The upright pixels (``oriented``) or the stored ones."""
+        return self.upright() if oriented else self.stored
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """What a picture's header says, pixels not decoded: the stored ``width`` and ``height``
+    and the EXIF ``orientation`` (1..8, see :data:`ORIENTATIONS`)."""
+
+    width: int
+    height: int
+    orientation: int = 1
+
+
+def _to_upright(stored: np.ndarray, orientation: int) -> np.ndarray:
+    """``stored`` turned upright per EXIF ``orientation`` (an exact permutation of pixels)."""
+    a = stored
+    if orientation == 2:
+        a = a[:, ::-1]
+    elif orientation == 3:
+        a = a[::-1, ::-1]
+    elif orientation == 4:
+        a = a[::-1]
+    elif orientation == 5:
+        a = a.swapaxes(0, 1)
+    elif orientation == 6:
+        a = np.rot90(a, -1)
+    elif orientation == 7:
+        a = a[::-1, ::-1].swapaxes(0, 1)
+    elif orientation == 8:
+        a = np.rot90(a, 1)
+    else:
+        return stored
+    return np.ascontiguousarray(a)
+
+
+def _orientation(im: Image.Image) -> int:
+    """``im``'s EXIF orientation as ``exif_transpose`` reads it (EXIF, else XMP), 1..8."""
+    value = im.getexif().get(ExifTags.Base.Orientation, 1)
+    return value if isinstance(value, int) and value in ORIENTATIONS else 1
+
+
 def load_rgb(
     path: Path | str, max_pixels: int = DEFAULT_MAX_PIXELS, *, upright: bool = True
 ) -> np.ndarray:
@@ -74,33 +138,83 @@ def load_rgb(
     (:func:`~counterfactual.fs.store_error`: refused, throttled, down), which is raised as it
     is; a picture that cannot be decoded is ``decode-error``.
     """
+    return load_picture(path, max_pixels).frame(upright)
+
+
+def load_picture(path: Path | str, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decoded:
+    """:func:`load_rgb` as stored, with the EXIF orientation: both frames from one decode."""
     if fs.is_url(path):
-        try:
-            with fs.open_file(path, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError as err:
-            raise SampleError("missing-file", fs.name(path)) from err
-        except OSError as err:
-            if fs.store_error(err) is not None:
-                raise  # the store refuses or is down, not this picture: the run stops
-            raise SampleError("unreadable", f"{fs.name(path)}: {err}") from err
-        return _open_rgb(io.BytesIO(data), max_pixels, upright, fs.name(path))
+        return _open(io.BytesIO(_read_url(path)), max_pixels, fs.name(path))
     path = Path(fs.as_path(path))
     if not path.is_file():
         raise SampleError("missing-file", str(path.name))
-    return _open_rgb(path, max_pixels, upright)
+    return _open(path, max_pixels)
+
+
+def _read_url(path: str) -> bytes:
+    try:
+        with fs.open_file(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError as err:
+        raise SampleError("missing-file", fs.name(path)) from err
+    except OSError as err:
+        if fs.store_error(err) is not None:
+            raise  # the store refuses or is down, not this picture: the run stops
+        raise SampleError("unreadable", f"{fs.name(path)}: {err}") from err
 
 
 def decode_rgb(
     data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, *, upright: bool = True
 ) -> np.ndarray:
     """:func:`load_rgb` for an encoded picture in memory (a tar member, a Parquet cell)."""
-    return _open_rgb(io.BytesIO(data), max_pixels, upright)
+    return decode_picture(data, max_pixels).frame(upright)
 
 
-def _open_rgb(
-    source: Path | BinaryIO, max_pixels: int, upright: bool, name: str = ""
-) -> np.ndarray:
+def decode_picture(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decoded:
+    """:func:`load_picture` for an encoded picture in memory."""
+    return _open(io.BytesIO(data), max_pixels)
+
+
+def read_header(source: Path | str | bytes) -> Header:
+    """The stored size and EXIF orientation of a picture (a path, a URL or encoded bytes) from
+    its header alone: no pixel is decoded, and of a file or object only the first blocks are
+    read (a PNG whose EXIF chunk follows its pixel data reads as untagged here). A picture that
+    cannot be opened is the :class:`SampleError` that :func:`load_rgb` would raise."""
+    if isinstance(source, bytes):
+        return _header(io.BytesIO(source))
+    if not fs.is_url(source):
+        path = Path(fs.as_path(source))
+        if not path.is_file():
+            raise SampleError("missing-file", path.name)
+        return _header(path)
+    try:
+        with fs.open_file(source, "rb") as fh:
+            return _header(fh)
+    except FileNotFoundError as err:
+        raise SampleError("missing-file", fs.name(source)) from err
+    except OSError as err:
+        raise SampleError("unreadable", f"{fs.name(source)}: {err}") from err
+
+
+def _header(source: Path | BinaryIO) -> Header:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(source) as im:
+                untagged_png = isinstance(im, PngImagePlugin.PngImageFile) and (
+                    "exif" not in im.info
+                )
+                orientation = 1 if untagged_png else _orientation(im)
+                return Header(im.width, im.height, orientation)
+    except UnidentifiedImageError as err:
+        raise SampleError("decode-error", "not a picture format PIL reads") from err
+    except Image.DecompressionBombError as err:
+        raise SampleError("image-too-large", str(err)) from err
+    except (OSError, ValueError, SyntaxError, EOFError) as err:
+        raise SampleError("decode-error", f"{type(err).__name__}: {err}") from err
+
+
+def _open(source: Path | BinaryIO, max_pixels: int, name: str = "") -> Decoded:
     try:
         with warnings.catch_warnings():
             # our max_pixels is the limit below PIL's hard one; PIL's warning is only noise
@@ -109,7 +223,8 @@ def _open_rgb(
                 if im.width * im.height > max_pixels:
                     raise SampleError("image-too-large", _too_large(im.size, max_pixels))
                 im.load()
-                arr = np.asarray(rgb8(ImageOps.exif_transpose(im) if upright else im))
+                orientation = _orientation(im)
+                arr = np.asarray(rgb8(im))
     except SampleError:
         raise
     except UnidentifiedImageError as err:  # PIL's message holds the BytesIO's address
@@ -122,7 +237,7 @@ def _open_rgb(
         raise SampleError("decode-error", f"{type(err).__name__}: {err}") from err
     if arr.size == 0:
         raise SampleError("decode-error", "empty image")
-    return arr
+    return Decoded(arr, orientation)
 
 
 def _too_large(size: tuple[int, int], max_pixels: int) -> str:

@@ -106,6 +106,17 @@ REASONS: dict[str, Reason] = {
     "size-mismatch": Reason(
         "failed", "the picture's size is neither the annotated one nor its rotation", "decode"
     ),
+    "exif-frame-mismatch": Reason(
+        "failed",
+        "the annotated size says the EXIF frame --exif-frame does not name (stored or oriented)",
+        "decode",
+    ),
+    "exif-frame-unknown": Reason(
+        "failed",
+        "an EXIF-tagged picture whose size cannot tell the frame of its boxes, in a dataset "
+        "annotated in both frames: give --exif-frame",
+        "decode",
+    ),
     # the steps
     "model-error": Reason(
         "failed", "a model step raised on this item (detail: the error)", "steps"

@@ -20,6 +20,7 @@ from counterfactual.cli import main
 from counterfactual.imageio import SampleError, load_rgb
 from counterfactual.readers.generate import generate_coco
 from counterfactual.records import ImageRecord
+from counterfactual.synth.frames import FrameRule
 from counterfactual.synth.plan import load_record_image
 from counterfactual.synth.samples import iter_samples
 
@@ -382,10 +383,13 @@ def test_transposed_size_without_exif_is_still_a_mismatch(tmp_path: Path) -> Non
     assert err.value.reason == "size-mismatch"
 
 
-def test_square_rotated_picture_is_upright(tmp_path: Path) -> None:
+def test_square_rotated_picture_follows_the_frame_rule(tmp_path: Path) -> None:
+    """A square picture's size cannot tell the frame: the run's rule does (default stored)."""
     upright = colours()[:, :H]
-    save_oriented(tmp_path / "sq.png", upright, 6)
-    assert np.array_equal(load_record_image(record(tmp_path / "sq.png", H, H), 10**6), upright)
+    stored = save_oriented(tmp_path / "sq.png", upright, 6)
+    square = record(tmp_path / "sq.png", H, H)
+    assert np.array_equal(load_record_image(square, 10**6), stored)
+    assert np.array_equal(load_record_image(square, 10**6, FrameRule("oriented")), upright)
 
 
 # --- decompression bombs --------------------------------------------------------------------

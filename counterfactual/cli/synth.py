@@ -146,7 +146,10 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
 
 def _add_output_args(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
-    add_options(o, declared(SynthConfig, "images_per_shard", "pairs", "max_pixels", "max_boxes"))
+    add_options(
+        o,
+        declared(SynthConfig, "images_per_shard", "pairs", "max_pixels", "max_boxes", "exif_frame"),
+    )
     o.add_argument(
         "--contact-sheet",
         type=nonnegative_int,

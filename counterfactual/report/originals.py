@@ -15,6 +15,7 @@ from counterfactual import fs
 from counterfactual.imageio import DEFAULT_MAX_PIXELS, SampleError, resolve_inside
 from counterfactual.readers.spec import DataSpec
 from counterfactual.records import ImageRecord
+from counterfactual.synth.frames import DEFAULT_RULE, FrameRule
 from counterfactual.synth.plan import box_scale, load_record_image
 from counterfactual.synth.samples import SampleMeta
 
@@ -55,7 +56,9 @@ class Originals:
             where = ", ".join(str(r) for r in self.roots)
             return Original(None, boxes, f"original not found: {meta.file} in {where}")
         try:
-            image = load_record_image(record, self.max_pixels)
+            # the frame the sample was made in, for a tagged picture whose size cannot tell
+            rule = DEFAULT_RULE if meta.exif_frame is None else FrameRule(meta.exif_frame)
+            image = load_record_image(record, self.max_pixels, rule)
         except SampleError as err:
             return Original(None, boxes, f"original not loaded: {err.reason} {err.detail}".strip())
         # Boxes are in annotation pixels; scale to the decoded picture if they differ.

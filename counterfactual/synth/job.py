@@ -19,6 +19,7 @@ from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import RemovalPlan
 from counterfactual.method.verify import VerifyResult
 from counterfactual.records import Status
+from counterfactual.synth.frames import DEFAULT_RULE, FrameRule
 from counterfactual.synth.plan import SynthConfig, WorkItem
 from counterfactual.synth.samples import (
     BestOfNMeta,
@@ -50,7 +51,8 @@ class Job:
     ``uint8`` RGB ``HxWx3`` (``mask``: ``HxW``, 255 = repaint) and are dropped once encoded;
     ``image`` (the original) is dropped by ``Edit``, or by ``Verify`` when verification is on,
     or by ``Encode`` with ``--pairs`` (which writes it as ``orig.jpg``).
-    ``verify`` is the :class:`VerifyResult` once verified."""
+    ``verify`` is the :class:`VerifyResult` once verified. ``exif``: the run's frame of the boxes
+    on EXIF-tagged pictures whose size cannot tell it (``Decode`` reads it)."""
 
     shard: int
     index: int
@@ -64,6 +66,7 @@ class Job:
     sample: Sample | None = None
     failure: Status | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    exif: FrameRule = DEFAULT_RULE
 
     @property
     def ok(self) -> bool:
@@ -161,6 +164,7 @@ def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str
         seed=seed,
         sample_seed=item.seed,
         counterfactual_version=__version__,
+        **job.methods.get("exif", {}),
         verify=None if job.verify is None else VerifyMeta.from_result(job.verify),
         mask=None if mask is None else _mask_meta(job, mask),
     ).to_dict()

@@ -27,9 +27,10 @@ from counterfactual.draws import draw_index, item_seed
 from counterfactual.image import ImageConfig
 from counterfactual.imageio import (
     DEFAULT_MAX_PIXELS,
+    Decoded,
     SampleError,
-    decode_rgb,
-    load_rgb,
+    decode_picture,
+    load_picture,
     resolve_inside,
 )
 from counterfactual.method.cooccurrence import CooccurrenceStats
@@ -44,6 +45,7 @@ from counterfactual.models.runtime import (  # noqa: F401  (DTYPES: named here t
 )
 from counterfactual.options import declare
 from counterfactual.records import Caption, ImageRecord, Status
+from counterfactual.synth.frames import DEFAULT_RULE, EXIF_FRAMES, Framed, FrameRule, choose_frame
 from counterfactual.synth.shards import sample_key
 from counterfactual.text import TextConfig
 
@@ -230,10 +232,25 @@ class SynthConfig:
     removed), and its json records how the mask was made (``mask``: source, dilation, the
     boxes' origin and frame). Off, shards are as they always were (and the fingerprint does not
     name it)."""
+    exif_frame: str = declare(
+        "auto",
+        help="the frame of the boxes on an EXIF-rotated picture whose annotated size cannot "
+        "tell it (orientations 2-4, square pictures): stored (the pixels as the file holds "
+        "them) or oriented (turned upright); auto: the frame of the dataset's pictures whose "
+        "size tells it, else stored. Given, a picture whose size says the other frame fails "
+        "exif-frame-mismatch (default: %(default)s)",
+        choices=EXIF_FRAMES,
+    )
+    """The frame of a dataset's boxes on EXIF-tagged pictures whose annotated size cannot tell
+    it (:mod:`counterfactual.synth.frames`); ``auto``: inferred by the driver over the
+    dataset's headers (:func:`~counterfactual.synth.frames.scan_rule`). ``auto`` is left out of
+    :meth:`to_dict`, so runs before the option keep their fingerprint."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.pairs, bool):
             raise ValueError(f"pairs must be True or False, got {self.pairs!r}")
+        if self.exif_frame not in EXIF_FRAMES:
+            raise ValueError(f"exif_frame {self.exif_frame!r} is not one of {EXIF_FRAMES}")
         if self.captions not in CAPTION_CHOICES:
             raise ValueError(f"captions {self.captions!r} is not one of {CAPTION_CHOICES}")
         _whole("seed", self.seed, 0)
@@ -256,13 +273,16 @@ class SynthConfig:
         """The options in the layout the fingerprint is computed from (stable, so an existing
         OUT resumes): the image options flat
         (:meth:`ImageConfig.flat`), the vocabulary under ``text`` (after ``spacy_model``), the
-        seed under ``selection`` too (it draws the targets); ``pairs`` only when on."""
+        seed under ``selection`` too (it draws the targets); ``pairs`` only when on, ``exif_frame``
+        only when given."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "vocabulary" or (f.name == "pairs" and not value):
                 continue
-            if f.name == "max_boxes" and value == DEFAULT_MAX_BOXES:
+            if (f.name == "max_boxes" and value == DEFAULT_MAX_BOXES) or (
+                f.name == "exif_frame" and value == "auto"
+            ):
                 continue
             if isinstance(value, ImageConfig):
                 value = value.flat()
@@ -567,60 +587,36 @@ def _unplanned_items(record: ImageRecord, config: SynthConfig) -> list[WorkItem]
     return items
 
 
-def load_record_image(record: ImageRecord, max_pixels: int) -> np.ndarray:
-    """The record's picture, checked against its annotated size.
+def load_record_image(
+    record: ImageRecord, max_pixels: int, rule: FrameRule = DEFAULT_RULE
+) -> np.ndarray:
+    """The record's picture in the frame of its boxes (:func:`load_record_picture`)."""
+    return load_record_picture(record, max_pixels, rule).pixels
 
-    The annotated size says in which frame the boxes were drawn. A picture whose EXIF
-    orientation swaps its axes is returned upright when the annotated size is the upright one
-    (most tools, COCO), and as stored when it is the stored one (tools that ignore EXIF, such
-    as OpenCV): either way the boxes fall on the pixels they were drawn on. A square picture
-    is returned upright. A picture whose size differs but whose aspect ratio matches (within
-    1%) is used and boxes are scaled to it; any other size is a ``size-mismatch`` failure. A
-    record of unknown size (``0 x 0``, a corpus without boxes) is not checked and is returned
-    upright. A picture inside another file (a tar member, a Parquet cell: ``record.source``)
-    is read from there; a ``root`` that is a URL (``s3://bucket/images``) is read through
-    :mod:`counterfactual.fs`.
+
+def load_record_picture(
+    record: ImageRecord, max_pixels: int, rule: FrameRule = DEFAULT_RULE
+) -> Framed:
+    """The record's picture, checked against its annotated size, in the frame its boxes were
+    drawn in: stored or upright per its EXIF orientation, as the annotated size tells, else as
+    ``rule`` says (:mod:`counterfactual.synth.frames`). A picture whose size differs but whose
+    aspect ratio matches (within 1%) is used and boxes are scaled to it (:func:`box_scale`);
+    any other size is a ``size-mismatch`` failure. A record of unknown size (``0 x 0``, a
+    corpus without boxes) is not checked and is returned upright. A picture inside another
+    file (a tar member, a Parquet cell: ``record.source``) is read from there; a ``root`` that
+    is a URL (``s3://bucket/images``) is read through :mod:`counterfactual.fs`.
     """
+    return choose_frame(record, _decode_record(record, max_pixels), rule)
+
+
+def _decode_record(record: ImageRecord, max_pixels: int) -> Decoded:
     if record.source is not None:
         from counterfactual.readers.corpus import read_source
 
-        data = read_source(record.source)
-
-        def decode(upright: bool) -> np.ndarray:
-            return decode_rgb(data, max_pixels, upright=upright)
-
-    elif record.root is None:
+        return decode_picture(read_source(record.source), max_pixels)
+    if record.root is None:
         raise SampleError("missing-file", f"record {record.image_id} has no root folder")
-    else:
-        path = resolve_inside(record.root, record.file)
-
-        def decode(upright: bool) -> np.ndarray:
-            return load_rgb(path, max_pixels, upright=upright)
-
-    image = decode(True)
-    if record.width == record.height == 0:
-        return image
-    declared = (record.width, record.height)
-    h, w = image.shape[:2]
-    if (w, h) == declared:
-        return image
-    stored = None
-    if _same_shape((h, w), declared, exact=False):
-        stored = decode(False)  # if EXIF swapped the axes, the boxes may be on stored pixels
-    for exact in (True, False):
-        if _same_shape((w, h), declared, exact):
-            return image
-        if stored is not None and _same_shape((stored.shape[1], stored.shape[0]), declared, exact):
-            return stored
-    raise SampleError("size-mismatch", f"annotated {record.width}x{record.height}, decoded {w}x{h}")
-
-
-def _same_shape(size: tuple[int, int], declared: tuple[int, int], exact: bool) -> bool:
-    """``size`` (w, h) is ``declared``, or (``exact=False``) has its aspect ratio within 1%."""
-    (w, h), (dw, dh) = size, declared
-    if exact or not (w and h and dw and dh):
-        return (w, h) == (dw, dh)
-    return abs(w / h - dw / dh) <= 0.01 * dw / dh
+    return load_picture(resolve_inside(record.root, record.file), max_pixels)
 
 
 def box_scale(record: ImageRecord, image: np.ndarray) -> tuple[float, float]:

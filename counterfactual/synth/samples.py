@@ -416,7 +416,10 @@ class SampleMeta(Record, omit_defaults=True):
     :attr:`detection`), ``best_of_n``, ``verify`` and ``mask`` (``--pairs``: how ``mask.png``
     was made, :class:`MaskMeta`); ``caption_cleaned`` (control or invisible characters the
     reader removed from the original caption, :mod:`counterfactual.readers.clean`) is absent
-    when 0.
+    when 0; ``exif_orientation`` (the original's EXIF orientation, 2..8) and ``exif_frame``
+    (``stored``: the pictures are the file's pixels as stored; ``oriented``: turned upright per
+    the tag; boxes and masks lie on these pixels either way, :mod:`counterfactual.synth.frames`)
+    are absent, both, for an untagged picture (and in shards written before them).
     """
 
     key: str
@@ -441,6 +444,8 @@ class SampleMeta(Record, omit_defaults=True):
     source: ImageSource | None = None
     origin: Origin | None = None
     caption_cleaned: Annotated[int, msgspec.Meta(ge=0)] = 0
+    exif_orientation: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
+    exif_frame: Literal["stored", "oriented"] | None = None
     detector: dict[str, Any] | UnsetType = UNSET
     objects: tuple[DetectedObject, ...] | UnsetType = UNSET
     not_drawn: tuple[str, ...] | UnsetType = UNSET
@@ -449,6 +454,8 @@ class SampleMeta(Record, omit_defaults=True):
     mask: MaskMeta | None = None
 
     def __post_init__(self) -> None:
+        if (self.exif_orientation == 1) != (self.exif_frame is None):
+            raise ValueError("exif_orientation 2..8 and exif_frame go together")
         parts = [self.detector, self.objects, self.not_drawn]
         if UNSET in parts and any(p is not UNSET for p in parts):
             missing = DetectionMeta.KEYS[parts.index(UNSET)]

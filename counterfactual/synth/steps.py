@@ -41,7 +41,7 @@ from counterfactual.method.verify import (
     class_boxes,
 )
 from counterfactual.synth.job import JOB_FIELDS, Job, sample_meta
-from counterfactual.synth.plan import Runtime, SynthConfig, load_record_image
+from counterfactual.synth.plan import Runtime, SynthConfig, load_record_picture
 from counterfactual.synth.shards import Sample
 from counterfactual.text import (
     CAPTION_STILL_NAMES,
@@ -201,7 +201,9 @@ def model_outputs(
 
 
 class Decode(BatchStep):
-    """Load each job's picture (EXIF-upright RGB), checked against the annotation."""
+    """Load each job's picture (RGB), checked against the annotation, in the frame of its boxes
+    (:mod:`counterfactual.synth.frames`, the job's ``exif`` rule); an EXIF-tagged picture's
+    orientation and frame go to its sample json (``exif_orientation``, ``exif_frame``)."""
 
     name = "decode"
 
@@ -220,7 +222,13 @@ class Decode(BatchStep):
             job.image = image
 
     def _load(self, job: Job) -> np.ndarray:
-        return load_record_image(job.item.record, self.max_pixels)
+        picture = load_record_picture(job.item.record, self.max_pixels, job.exif)
+        if picture.orientation != 1:
+            job.methods["exif"] = {
+                "exif_orientation": picture.orientation,
+                "exif_frame": picture.frame,
+            }
+        return picture.pixels
 
 
 class Edit(BatchStep):

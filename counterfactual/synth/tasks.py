@@ -27,6 +27,7 @@ from counterfactual import fs
 from counterfactual.method.cooccurrence import CooccurrenceStats
 from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import ImageRecord, Status
+from counterfactual.synth.frames import DEFAULT_RULE, FrameRule, scan_rule
 from counterfactual.synth.job import Job
 from counterfactual.synth.plan import Runtime, SynthConfig, plan
 from counterfactual.synth.shards import ShardStats, ShardWriter
@@ -53,7 +54,9 @@ class ShardTask:
     over changed input is refused naming what changed (:func:`input_change`); ``input`` its
     ``ids`` part, what older stats files hold. ``run``: the run's token (its temporary names);
     ``config``: the digest of its config (:func:`~counterfactual.synth.shards.config_digest`);
-    both set by the driver as it hands the task out."""
+    both set by the driver as it hands the task out. ``exif``: the frame of the boxes on
+    EXIF-tagged pictures whose size cannot tell it, the same for every task of a run
+    (:func:`~counterfactual.synth.frames.scan_rule`)."""
 
     index: int
     rows: tuple[ImageRecord | Status, ...] = ()
@@ -63,6 +66,7 @@ class ShardTask:
     inputs: dict[str, str] = field(default_factory=dict)
     run: str | None = None
     config: str = ""
+    exif: FrameRule = DEFAULT_RULE
 
 
 def _fingerprint(parts: Iterable[str]) -> str:
@@ -176,7 +180,10 @@ def shard_tasks(
     stamped, by default size and modification time).
 
     With the spurious policy a first pass over the records counts class co-occurrences
-    (counts only, each image id once) and every task carries them. A repeated image id makes its
+    (counts only, each image id once) and every task carries them. With annotated boxes and
+    ``--exif-frame auto`` a pass over the pictures' headers finds the dataset's EXIF frame
+    (:func:`~counterfactual.synth.frames.scan_rule`), which every task carries. A repeated
+    image id makes its
     later occurrence a ``failed: duplicate-id`` row; the first is processed.
     """
     stamps = stamps or InputStamps()
@@ -191,6 +198,11 @@ def shard_tasks(
         if not isinstance(records, Sequence):
             records = list(records)
         stats = CooccurrenceStats.streamed(_first_of_each_id(records))
+    exif = FrameRule(config.exif_frame, given=True) if config.exif_frame != "auto" else None
+    if exif is None and config.detect is None:
+        if not isinstance(records, Sequence):
+            records = list(records)
+        exif = scan_rule(_first_of_each_id(records))
     first: dict[str, int] = {}
     for i, chunk in enumerate(batched(records, config.images_per_shard)):
         rows: list[ImageRecord | Status] = []
@@ -202,7 +214,9 @@ def shard_tasks(
             else:
                 rows.append(record)
         parts = input_parts(rows, stamps=stamps)
-        yield ShardTask(i, tuple(rows), stats=stats, input=parts["ids"], inputs=parts)
+        yield ShardTask(
+            i, tuple(rows), stats=stats, input=parts["ids"], inputs=parts, exif=exif or DEFAULT_RULE
+        )
 
 
 def _first_of_each_id(records: Iterable[ImageRecord]) -> Iterator[ImageRecord]:
@@ -294,7 +308,7 @@ class ShardMaker:
             if isinstance(planned, Status):
                 writer.add(None, planned, item=False)
                 continue
-            jobs.extend(Job(task.index, len(jobs), item) for item in planned)
+            jobs.extend(Job(task.index, len(jobs), item, exif=task.exif) for item in planned)
         for row in not_drawn:
             writer.add(None, row, item=False)
         try:
