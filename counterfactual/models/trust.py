@@ -62,7 +62,7 @@ def check_auto_map(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     """An :class:`UntrustedModel` when ``data`` (read from ``path``) names custom code."""
     if "auto_map" in data:
         names = sorted(_code_names(data["auto_map"]))
-        files = ", ".join(f"{name.split('.')[0]}.py" for name in names[:3]) or "?"
+        files = ", ".join(sorted({f"{name.split('.')[0]}.py" for name in names})[:3]) or "?"
         raise UntrustedModel(
             f"{path}: auto_map names code the folder brings ({short(names[:3])}, in {files}); "
             "models load without running a folder's code (trust_remote_code=False): use a "
