@@ -353,18 +353,22 @@ def init_ray(
     if not ray.is_initialized():
         quiet = {} if options.verbose else {"log_to_driver": False, "logging_level": logging.ERROR}
         address = options.address or os.environ.get("RAY_ADDRESS")
-        if address:
-            ctx = ray.init(address=address, **quiet)
-        else:
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ctx = ray.init(
-                num_cpus=options.num_cpus,
-                include_dashboard=options.dashboard and _has_dashboard(),
-                dashboard_host="127.0.0.1",
-                _temp_dir=str(temp_dir or _work_ray_dir(work_dir) or ray_temp_dir()),
-                **quiet,
-            )
+        try:
+            if address:
+                ctx = ray.init(address=address, **quiet)
+            else:
+                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                ctx = ray.init(
+                    num_cpus=options.num_cpus,
+                    include_dashboard=options.dashboard and _has_dashboard(),
+                    dashboard_host="127.0.0.1",
+                    _temp_dir=str(temp_dir or _work_ray_dir(work_dir) or ray_temp_dir()),
+                    **quiet,
+                )
+        except Exception as err:  # noqa: BLE001  (ray.init raises bare Exception: a node timeout)
+            ray.shutdown()  # whatever part of a local Ray came up
+            raise ray_start_failure(err, address, options) from err
         dashboard = ctx.dashboard_url or None
         if dashboard and "://" not in dashboard:
             dashboard = f"http://{dashboard}"
@@ -378,6 +382,24 @@ def init_ray(
         "nodes": {n["NodeID"]: n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")},
         "version": ray.__version__,
     }
+
+
+def ray_start_failure(err: BaseException, address: str | None, options: RayOptions) -> SetupError:
+    """Why Ray did not start, and what to try, as one line: joining ``address`` (from
+    ``--ray-address`` or ``RAY_ADDRESS``), or starting a local Ray."""
+    cause = f"{type(err).__name__}: {one_line(err, 240)}"
+    if address:
+        named = "--ray-address" if options.address else "RAY_ADDRESS"
+        return SetupError(
+            f"Ray did not start: cannot join the cluster at {address!r} ({named}): {cause}; "
+            f"check that it runs (ray status) and its address, or unset {named} to start a "
+            "local Ray"
+        )
+    return SetupError(
+        f"Ray did not start: a local Ray could not come up: {cause}; check free memory, "
+        "/dev/shm and the process limits (ulimit -v, a container's memory), or run in one "
+        "process (--runner local) or join a running cluster (--ray-address)"
+    )
 
 
 RAY_DIR_LIMIT = 40

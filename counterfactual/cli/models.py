@@ -11,7 +11,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from counterfactual.models.hub import Located, ModelRef, ModelUnavailable, locate, pull
+from counterfactual.models.hub import (
+    DAMAGED,
+    Located,
+    ModelRef,
+    ModelUnavailable,
+    locate,
+    pull,
+)
 
 MODEL_OPTIONS = {
     "--dataset": True,
@@ -117,12 +124,14 @@ def _refs(args: argparse.Namespace) -> tuple[ModelRef, ...]:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    found = [locate(_moved(ref, args.to)) for ref in _refs(args)]
+    found = [locate(_moved(ref, args.to), verify=True) for ref in _refs(args)]
     _print(found, args.json)
     missing = [f for f in found if not f.present]
     if missing and not args.json:
         fix = pull_command(args.synth_config, args.synth_options or ())
-        print(f"{len(missing)} missing: {fix}", file=sys.stderr)
+        broken = sum(1 for f in missing if _is_damaged(f))
+        count = f"{len(missing)} missing" if not broken else f"{len(missing)} missing or damaged"
+        print(f"{count}: {fix}", file=sys.stderr)
     return 1 if missing else 0
 
 
@@ -172,6 +181,11 @@ def _overrides(found: Sequence[Located]) -> str:
     return shlex.join(words)
 
 
+def _is_damaged(found: Located) -> bool:
+    """A known file whose checksum is not the published one (``locate(verify=True)``)."""
+    return (found.problem or "").startswith(DAMAGED)
+
+
 def _print(found: Sequence[Located], as_json: bool) -> None:
     if as_json:
         for f in found:
@@ -180,6 +194,8 @@ def _print(found: Sequence[Located], as_json: bool) -> None:
     rows = [("role", "model", "status", "revision", "where")]
     for f in found:
         status = "ok" if f.present else f"missing: {f.problem}"
+        if _is_damaged(f):
+            status = str(f.problem)
         if f.present and f.source == "open_clip":
             status = "open_clip downloads it"
         rows.append((f.ref.role, f.ref.name, status, f.revision or "-", f.path or "-"))

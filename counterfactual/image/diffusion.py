@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from counterfactual.image.base import (
 from counterfactual.image.checks import check_request, paste
 from counterfactual.method.masks import mask_bounds
 from counterfactual.models.runtime import ModelRuntime
+from counterfactual.models.trust import check_diffusers, read_json, weight_errors, weights_failure
 
 BACKGROUND = "empty background, nothing there"
 """What ``{background}`` in the prompt templates expands to."""
@@ -443,13 +445,15 @@ def load_pipeline(model: str, dtype: str = "float32") -> tuple[Any, str]:
     torch = require("torch", "models")
     diffusers = require("diffusers", "models")
     try:
-        index = diffusers.DiffusionPipeline.load_config(model)
+        index_path = _index_file(diffusers, model)
     except (OSError, ValueError) as err:
         raise ValueError(
             f"cannot load inpainting model {model!r} (a hub id or a folder with "
             f"model_index.json): {err}"
         ) from err
-    kwargs: dict[str, Any] = {"torch_dtype": getattr(torch, dtype)}
+    index = read_json(index_path)
+    check_diffusers(model, index, index_path)
+    kwargs: dict[str, Any] = {"torch_dtype": getattr(torch, dtype), "trust_remote_code": False}
     if "safety_checker" in index:
         kwargs["safety_checker"] = None  # the run judges its outputs itself (blank-output)
     variants = ("fp16", "") if dtype != "float32" else ("",)
@@ -462,7 +466,10 @@ def load_pipeline(model: str, dtype: str = "float32") -> tuple[Any, str]:
                     # diffusers >= 0.42 renames torch_dtype to dtype; older ones know torch_dtype
                     warnings.filterwarnings("ignore", ".*torch_dtype", FutureWarning)
                     pipeline = loader.from_pretrained(model, **kwargs, **extra)
-            except (OSError, ValueError, KeyError) as err:
+            except (OSError, ValueError, KeyError, *weight_errors()) as err:
+                refused = weights_failure(err, model)  # refused or broken weights: no retry
+                if refused is not None:
+                    raise ValueError(f"inpainting model {model!r}: {refused}") from err
                 last = err
                 continue
             if "mask_image" not in inspect.signature(pipeline.__call__).parameters:
@@ -474,6 +481,19 @@ def load_pipeline(model: str, dtype: str = "float32") -> tuple[Any, str]:
     raise ValueError(
         f"cannot load inpainting model {model!r} ({index.get('_class_name', '?')}): {last}"
     )
+
+
+def _index_file(diffusers: Any, model: str) -> str:
+    """The local path of ``model``'s ``model_index.json`` (a folder's, or a hub id's from the
+    cache or the hub); ``OSError``/``ValueError`` when it has none."""
+    if os.path.isdir(model):
+        path = os.path.join(model, "model_index.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"{path} does not exist")
+        return path
+    from huggingface_hub import hf_hub_download
+
+    return str(hf_hub_download(model, diffusers.DiffusionPipeline.config_name))
 
 
 def _build(config: DiffusersConfig, *, device: str, dtype: str, batch_size: int, **_: Any) -> Any:

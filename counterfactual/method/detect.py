@@ -276,7 +276,7 @@ class Detector:
         dtype: str | None = None,
         batch_size: int = 8,
     ) -> None:
-        from counterfactual.models.hf import Words, load_config, load_pretrained, looks_local
+        from counterfactual.models.hf import Words, load_pretrained, looks_local, model_type
         from counterfactual.models.runtime import ModelRuntime
 
         runtime = ModelRuntime.of(device, dtype, batch_size)
@@ -294,14 +294,14 @@ class Detector:
             no_config=f"could not load detector {config.model!r} ({_WHAT})",
             no_model=f"could not load detector {config.model!r} ({_WHAT})",
         )
-        model_type = load_config(name, words).model_type
-        if model_type not in MODEL_TYPES:
+        kind = model_type(name, words)
+        if kind not in MODEL_TYPES:
             raise ValueError(
-                f"detector {config.model!r} is a {model_type!r} model, not one of "
+                f"detector {config.model!r} is a {kind!r} model, not one of "
                 f"{', '.join(MODEL_TYPES)}"
             )
-        self.model_type: str = model_type
-        self._backend = backend_for(model_type)
+        self.model_type: str = kind
+        self._backend = backend_for(kind)
         model, processor = load_pretrained(
             name, "AutoModelForZeroShotObjectDetection", words, dtype=self.dtype
         )

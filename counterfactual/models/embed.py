@@ -30,13 +30,14 @@ import numpy as np
 from PIL import Image
 
 from counterfactual._lazy import check_torchvision, require
-from counterfactual.models.hf import Words, load_config, load_pretrained, looks_local
+from counterfactual.models.hf import Words, load_config, load_pretrained, looks_local, model_type
 from counterfactual.models.runtime import (  # noqa: F401  (check_cuda, resolve_*: named here too)
     ModelRuntime,
     check_cuda,
     resolve_device,
     resolve_dtype,
 )
+from counterfactual.models.trust import weight_errors, weights_failure
 
 if TYPE_CHECKING:
     import torch
@@ -250,11 +251,10 @@ class _HFEmbedder(_TorchEmbedder):
             no_model=f"cannot load {str(spec)!r}",
             not_checkpoint=f"{str(spec)!r} is not a {self._model_class} checkpoint",
         )
+        kind = model_type(name, words)
+        if kind != self._model_type:
+            raise ValueError(f"{str(spec)!r} is a {kind!r} model, not {self._model_type!r}")
         config = load_config(name, words)
-        if config.model_type != self._model_type:
-            raise ValueError(
-                f"{str(spec)!r} is a {config.model_type!r} model, not {self._model_type!r}"
-            )
         model, processor = load_pretrained(
             name, self._model_class, words, dtype=self.dtype, needed=self._needed
         )
@@ -348,6 +348,10 @@ class BlipEmbedder(_HFEmbedder):
         return self._model.text_proj(hidden[:, 0, :])
 
 
+_SAFE = {"weights_only": True}
+"""open_clip's checkpoint read as tensors only (its default since 3.0, said here)."""
+
+
 class OpenClipEmbedder(_TorchEmbedder):
     """An open_clip model: ``create_model_and_transforms(name, pretrained=pretrained)``, its
     evaluation transform and ``get_tokenizer(name)``; embeddings are ``encode_image`` /
@@ -382,11 +386,14 @@ class OpenClipEmbedder(_TorchEmbedder):
         precision = _OPEN_CLIP_PRECISION[str(self.dtype).removeprefix("torch.")]
         try:
             model, _, preprocess = open_clip.create_model_and_transforms(
-                name, pretrained=pretrained, precision=precision, device=self.device
+                name, pretrained=pretrained, precision=precision, device=self.device, **_SAFE
             )
             self._tokenizer = open_clip.get_tokenizer(name)
         except (RuntimeError, OSError, ValueError, KeyError, AssertionError) as err:
             raise ValueError(f"cannot load {str(spec)!r}: {err}") from err
+        except weight_errors() as err:  # torch's weights_only unpickler refused the checkpoint
+            why = weights_failure(err, pretrained or name) or err
+            raise ValueError(f"cannot load {str(spec)!r}: {why}") from err
         self._model = model.eval()
         self._preprocess = preprocess
         with self._torch.inference_mode():

@@ -7,8 +7,15 @@ reachable) or a local ``save_pretrained`` folder, at an optional revision. Each 
 fail raises one ``ValueError`` line that starts with the caller's words (:class:`Words`: which
 model, what it should be) and ends with the library's reason: a name that is neither a folder
 nor a cached or reachable hub id (offline?), a model of another family, weights the caller
-needs that the checkpoint lacks. transformers is imported when a model is loaded, never at
+needs that the checkpoint lacks, weights torch refuses to unpickle or a safetensors file that
+does not parse (naming the file). transformers is imported when a model is loaded, never at
 import time.
+
+Nothing a model folder brings runs: every load passes ``trust_remote_code=False`` and first
+reads the folder's ``config.json`` (and processor and tokenizer configs) as JSON
+(:func:`counterfactual.models.trust.check_transformers`): an ``auto_map`` is refused with one
+line naming the file, before any class is resolved; :func:`read_config` gives the raw config, so
+a caller checks ``model_type`` before anything is built.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from counterfactual._lazy import require
+from counterfactual.models.trust import check_transformers, weight_errors, weights_failure
 
 if TYPE_CHECKING:
     import torch
@@ -44,10 +52,30 @@ def looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or "\\" in name
 
 
+def read_config(source: str, words: Words, revision: str | None = None) -> dict[str, Any]:
+    """``source``'s ``config.json`` as parsed JSON, once no file of it names code
+    (:func:`~counterfactual.models.trust.check_transformers`: an ``UntrustedModel`` line);
+    no config at all is a ``ValueError`` (``words.no_config``). No class is resolved: this is
+    where ``model_type`` is checked."""
+    require("transformers", "models")
+    config = check_transformers(source, revision)
+    if not config:
+        raise ValueError(f"{words.no_config}: no config.json")
+    return config
+
+
+def model_type(source: str, words: Words, revision: str | None = None) -> str:
+    """``model_type`` of ``source``'s ``config.json`` (:func:`read_config`); ``""`` when
+    the config has none."""
+    value = read_config(source, words, revision).get("model_type", "")
+    return value if isinstance(value, str) else ""
+
+
 def load_config(source: str, words: Words, revision: str | None = None) -> Any:
     """The ``PretrainedConfig`` of ``source`` (hub id or folder), or ``ValueError``
     (``words.no_config``)."""
     transformers = require("transformers", "models")
+    check_transformers(source, revision)
     try:
         return transformers.AutoConfig.from_pretrained(source, **_at(revision))
     except LOAD_ERRORS as err:
@@ -71,6 +99,7 @@ def load_pretrained(
     be drawn at random) is a ``ValueError`` (``words.not_checkpoint``). Any load failure is a
     ``ValueError`` (``words.no_model``)."""
     transformers = require("transformers", "models")
+    check_transformers(source, revision)
     options: dict[str, Any] = _at(revision)
     if dtype is not None:
         options["dtype"] = dtype
@@ -79,8 +108,9 @@ def load_pretrained(
             source, output_loading_info=True, **options
         )
         processor = transformers.AutoProcessor.from_pretrained(source, **_at(revision))
-    except LOAD_ERRORS as err:
-        raise ValueError(f"{words.no_model}: {err}") from err
+    except LOAD_ERRORS + weight_errors() as err:
+        # weights that do not load name their file: the line needs no more than that
+        raise ValueError(weights_failure(err, source) or f"{words.no_model}: {err}") from err
     if needed is not None:
         missing = sorted(k for k in info["missing_keys"] if needed(k))
         if missing:
@@ -94,6 +124,7 @@ def load_pretrained(
 def load_tokenizer(source: str, message: str, revision: str | None = None) -> Any:
     """``AutoTokenizer`` of ``source``, or ``ValueError`` starting with ``message``."""
     transformers = require("transformers", "models")
+    check_transformers(source, revision)
     try:
         return transformers.AutoTokenizer.from_pretrained(source, **_at(revision))
     except LOAD_ERRORS as err:
@@ -101,4 +132,9 @@ def load_tokenizer(source: str, message: str, revision: str | None = None) -> An
 
 
 def _at(revision: str | None) -> dict[str, Any]:
-    return {} if revision is None else {"revision": revision}
+    """The keyword arguments of every ``from_pretrained``: the revision, and never the
+    folder's code (``trust_remote_code=False``: transformers refuses it, and never asks)."""
+    options: dict[str, Any] = {"trust_remote_code": False}
+    if revision is not None:
+        options["revision"] = revision
+    return options

@@ -154,6 +154,37 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+DAMAGED = "damaged"
+"""How a :class:`Located` problem starts when a known file's checksum is not the published one."""
+
+
+def file_digests(path: Path) -> dict[str, str]:
+    """``{"sha256": hex, "md5": hex}`` of ``path``, in one read."""
+    digests = {"sha256": hashlib.sha256(), "md5": hashlib.md5(usedforsecurity=False)}
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            for digest in digests.values():
+                digest.update(block)
+    return {name: digest.hexdigest() for name, digest in digests.items()}
+
+
+def damaged(name: str, digests: dict[str, str]) -> str | None:
+    """Why a file called ``name`` is not the one :data:`KNOWN_FILES` publishes a checksum for
+    (its digests, :func:`file_digests`, differ), else ``None`` (not a known file, or nothing
+    published)."""
+    remote = KNOWN_FILES.get(name)
+    if remote is None:
+        return None
+    for algo in ("sha256", "md5"):
+        published = getattr(remote, algo)
+        if published is not None and digests[algo] != published:
+            return (
+                f"{DAMAGED}: its {algo.upper()} is {digests[algo]}, not the published "
+                f"{published} ({remote.source_note}); `counterfactual models pull` fetches it again"
+            )
+    return None
+
+
 def snapshot_files(folder: Path) -> tuple[str, ...]:
     """The files of a snapshot or model folder, as repo paths (``unet/config.json``)."""
     return tuple(
@@ -180,15 +211,19 @@ def weight_problem(files: Iterable[str], safetensors: bool = True) -> str | None
     return "wrong format: no weights at all"
 
 
-def locate(ref: ModelRef, cache_dir: Path | None = None) -> Located:
+def locate(ref: ModelRef, cache_dir: Path | None = None, *, verify: bool = False) -> Located:
     """Where ``ref`` is on this machine, without the network: a folder or file, or the hub
-    cache's snapshot of ``main`` (its commit is the revision)."""
+    cache's snapshot of ``main`` (its commit is the revision). With ``verify``, a file of
+    :data:`KNOWN_FILES` is checked against its published checksum: one that differs is
+    ``damaged`` (:data:`DAMAGED`, not present), which :func:`pull` fetches again."""
     if ref.kind == "open_clip":
         return Located(ref, "open_clip", problem=None)
     path = Path(ref.name).expanduser()
     if ref.kind == "file":
         if path.is_file():
-            return Located(ref, "file", str(path), f"sha256:{sha256_file(path)}")
+            digests = file_digests(path)
+            damage = damaged(path.name, digests) if verify else None
+            return Located(ref, "file", str(path), f"sha256:{digests['sha256']}", damage)
         why = "a folder, not a file" if path.is_dir() else "file not found"
         return Located(ref, "missing", str(path), problem=why)
     if is_local(ref.name):
@@ -411,9 +446,9 @@ def _pull_file(ref: ModelRef, to: Path | None, timeout: float) -> Located:
     target = Path(ref.name).expanduser()
     if to is not None:
         target = Path(to) / target.name
-    found = locate(_at(ref, target))
+    found = locate(_at(ref, target), verify=True)
     if found.present:
-        return found
+        return found  # a damaged file is fetched again: the download replaces it
     remote = KNOWN_FILES.get(target.name)
     if remote is None:
         raise ModelUnavailable(
@@ -430,7 +465,7 @@ def _pull_file(ref: ModelRef, to: Path | None, timeout: float) -> Located:
     except (DownloadError, OSError) as err:
         raise ModelUnavailable(f"{_who(ref)}: {hub_problem(err)}") from err
     shutil.rmtree(staging, ignore_errors=True)
-    return locate(_at(ref, target))
+    return locate(_at(ref, target), verify=True)
 
 
 def _who(ref: ModelRef) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from counterfactual._lazy import require
-from counterfactual.models.hf import Words, load_config, load_pretrained
+from counterfactual.models.hf import Words, load_pretrained, model_type
 from counterfactual.train.config import RECIPES, Recipe, TrainConfig
 
 if TYPE_CHECKING:
@@ -53,13 +53,12 @@ class _Family:
             no_model=f"could not load {recipe.name.upper()} {source}",
             not_checkpoint=f"{source} is not a {what} checkpoint",
         )
-        hf_config = load_config(source, words)
-        if hf_config.model_type != recipe.model_type:
-            other = [r.name for r in RECIPES.values() if r.model_type == hf_config.model_type]
+        kind = model_type(source, words)
+        if kind != recipe.model_type:
+            other = [r.name for r in RECIPES.values() if r.model_type == kind]
             hint = f"; use recipe {other[0]!r}" if other else ""
             raise ValueError(
-                f"{source} holds a {hf_config.model_type!r} model, not the {what} the recipe "
-                f"trains{hint}"
+                f"{source} holds a {kind!r} model, not the {what} the recipe trains{hint}"
             )
         model, processor = load_pretrained(
             source, recipe.model_class, words, dtype=torch.float32, needed=self.needed
