@@ -290,11 +290,14 @@ def test_a_ray_that_does_not_start_is_one_line(tmp_path, how):
     fix, no Ray traceback."""
     pytest.importorskip("ray")
     args = demo_synth(tmp_path / "out", "--image-method", "blur", "--runner", "ray")
+    # ``auto`` reads the address of a Ray this user started from RAY_TMPDIR: an empty one, so
+    # a Ray running beside the tests (another test's, a developer's) is not found
+    alone = {"RAY_TMPDIR": str(tmp_path / "ray-tmp")}
     if how == "option":
-        code, lines = cli(tmp_path, *args, "--ray-address", "auto")
+        code, lines = cli(tmp_path, *args, "--ray-address", "auto", env=alone)
         named = "--ray-address"
     else:
-        code, lines = cli(tmp_path, *args, env={"RAY_ADDRESS": "auto"})
+        code, lines = cli(tmp_path, *args, env={**alone, "RAY_ADDRESS": "auto"})
         named = "RAY_ADDRESS"
     line = error_line("synth", code, lines)
     assert f"Ray did not start: cannot join the cluster at 'auto' ({named}): " in line, line
