@@ -10,7 +10,7 @@ from counterfactual.cli.common import nonnegative_int, positive_int
 from counterfactual.cli.options import add_options
 from counterfactual.options import declared
 from counterfactual.outdir import OutOptions, claim_out
-from counterfactual.report import DEFAULT_N, write_report
+from counterfactual.report import DEFAULT_N, REPORT_DIR, write_report
 from counterfactual.report.write import REPORT_OUT
 from counterfactual.synth.check import damaged_shards
 
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         claim_out(args.out, REPORT_OUT, force=args.force_out)
     else:  # a link there is replaced by write_report; a folder of someone else's is refused
-        default = args.out_dir / "report"
+        default = args.out_dir / REPORT_DIR
         if not default.is_symlink():
             claim_out(default, REPORT_OUT, force=args.force_out, option="OUT_DIR/report")
     damaged = damaged_shards(args.out_dir, content=not args.sizes_only)
