@@ -379,6 +379,17 @@ def temp_target(name: str) -> tuple[str, str] | None:
     return None if m is None else (m.group("target"), m.group("run"))
 
 
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+
+
+def _create_new(path: Path) -> IO[bytes]:
+    """A new file at ``path`` to write (``x``: ``O_CREAT | O_EXCL``, and ``O_NOFOLLOW``):
+    ``FileExistsError`` when anything is there, a symbolic link included, so a write never
+    follows one."""
+    return open(path, "xb", opener=_no_follow)  # noqa: SIM115 - the caller closes it
+
+
 @contextlib.contextmanager
 def atomic_write(
     path: PathLike, *, run: str | None = None, durable: bool = False
@@ -386,8 +397,9 @@ def atomic_write(
     """A binary file to write ``path`` with: it appears whole when the block ends without an
     exception, and not at all otherwise.
 
-    Locally the data goes to :func:`temp_name` (``run``: the run token it carries) and is
-    renamed over ``path``; ``durable``: the file is fsynced before the rename and its folder
+    Locally the data goes to :func:`temp_name` (``run``: the run token it carries), a new file
+    (never through a link planted at that name), and is renamed over ``path`` (a link at
+    ``path`` is replaced, its target untouched); ``durable``: the file is fsynced before the rename and its folder
     after it, so that a node crash leaves the old state or the whole new file. On an object
     store fsspec uploads on close (multipart for large files), and the object exists only once
     the upload completes; an exception discards the upload. No space left: :class:`OutputError`.
@@ -397,7 +409,7 @@ def atomic_write(
         tmp = temp_name(p, run)
         assert isinstance(tmp, Path)
         try:
-            with open(tmp, "wb") as fh:
+            with _create_new(tmp) as fh:
                 yield fh
                 if durable:
                     fh.flush()

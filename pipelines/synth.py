@@ -32,9 +32,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -56,6 +58,7 @@ from counterfactual.synth.job import Job
 from counterfactual.synth.layout import MODEL_CPUS, Cluster, Layout, Node, plan_layout
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.synth.run import RunResult, preflight, run_shards, started
+from counterfactual.synth.runlock import pid_running, pid_start
 from counterfactual.synth.staging import (
     Chain,
     Process,
@@ -350,6 +353,7 @@ def init_ray(
     import ray
 
     dashboard = None
+    plain_ray_lines()
     if not ray.is_initialized():
         quiet = {} if options.verbose else {"log_to_driver": False, "logging_level": logging.ERROR}
         address = options.address or os.environ.get("RAY_ADDRESS")
@@ -402,19 +406,89 @@ def ray_start_failure(err: BaseException, address: str | None, options: RayOptio
     )
 
 
+def plain_ray_lines() -> bool:
+    """Ray's own lines on the driver (``(raylet) A worker died ...``) without colour codes
+    unless stdout and stderr are terminals (Ray prints them to either): sets
+    ``RAY_COLOR_PREFIX=0``, which Ray's printer reads each line, unless the user set it.
+    Returns whether the lines are plain."""
+    if "RAY_COLOR_PREFIX" not in os.environ and not (_tty(sys.stdout) and _tty(sys.stderr)):
+        os.environ["RAY_COLOR_PREFIX"] = "0"
+    return os.environ.get("RAY_COLOR_PREFIX") == "0"
+
+
+def _tty(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
 RAY_DIR_LIMIT = 40
 """The longest folder a local Ray may keep its files in: its unix sockets
 (``session_<time>_<pid>/sockets/plasma_store``, ...) must stay under 107 bytes."""
 
 
+RAY_DIR_OWNER = "cf-owner.json"
+"""The file in a :func:`ray_temp_dir` naming the process that made it (host, pid, its start):
+a later run removes the folder once that process is gone (:func:`remove_stale_ray_dirs`)."""
+
+
 def ray_temp_dir() -> Path:
     """A fresh folder ``cf-ray-*`` for a local Ray's session files, logs and sockets, outside
     OUT: in the system temp dir (``TMPDIR``), or in ``/tmp`` when that path is too long for
-    Ray's sockets (:data:`RAY_DIR_LIMIT`). :func:`stop_ray` removes it."""
+    Ray's sockets (:data:`RAY_DIR_LIMIT`). :func:`stop_ray` removes it; a killed run's is
+    removed by the next run that makes one (:func:`remove_stale_ray_dirs`)."""
     base = tempfile.gettempdir()
     if len(base) + len("/cf-ray-12345678") > RAY_DIR_LIMIT and os.access("/tmp", os.W_OK):
         base = "/tmp"
-    return Path(tempfile.mkdtemp(prefix="cf-ray-", dir=base))
+    remove_stale_ray_dirs(Path(base))
+    folder = Path(tempfile.mkdtemp(prefix="cf-ray-", dir=base))
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": pid_start(os.getpid())}
+    fs.write_text(folder / RAY_DIR_OWNER, json.dumps(owner))
+    return folder
+
+
+def remove_stale_ray_dirs(base: Path) -> list[Path]:
+    """Remove the ``cf-ray-*`` folders in ``base`` that this user's runs left when they were
+    killed: those whose :data:`RAY_DIR_OWNER` names a process of this host that is gone. A
+    folder without one (being made, or made by an earlier version) or of a live process
+    is left. Returns the folders removed."""
+    removed = []
+    for folder in sorted(base.glob("cf-ray-*")):
+        if folder.is_symlink() or not folder.is_dir() or not _owned_by_me(folder):
+            continue
+        owner = _ray_dir_owner(folder / RAY_DIR_OWNER)
+        if owner is None or owner["host"] != socket.gethostname():
+            continue
+        if pid_running(owner["pid"], owner["pid_start"]):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)  # links inside are removed, not followed
+        removed.append(folder)
+    return removed
+
+
+def _owned_by_me(folder: Path) -> bool:
+    try:
+        return folder.lstat().st_uid == os.getuid()
+    except (OSError, AttributeError):  # gone, or no uids (Windows)
+        return False
+
+
+def _ray_dir_owner(path: Path) -> dict[str, Any] | None:
+    """A :data:`RAY_DIR_OWNER` file's host, pid and start, ``None`` when it is missing or not
+    one."""
+    if path.is_symlink():
+        return None
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("pid"), int):
+        return None
+    start = data.get("pid_start")
+    return {
+        "host": data.get("host"),
+        "pid": data["pid"],
+        "pid_start": start if isinstance(start, int) else None,
+    }
 
 
 def _work_ray_dir(work_dir: fs.PathLike | None) -> Path | None:

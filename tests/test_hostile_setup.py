@@ -11,9 +11,11 @@ import json
 import os
 import pickle
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -385,7 +387,7 @@ def fill_disk_at(monkeypatch, name: str) -> None:
     full disk. (A real full disk needs root: the lowest write the library makes is faked.)"""
 
     def open_(file, mode="r", *args, **kwargs):
-        if "w" in mode and Path(file).name.startswith(f"{name}."):
+        if ("w" in mode or "x" in mode) and Path(file).name.startswith(f"{name}."):
             return _FullDisk(file, "w")
         return builtins.open(file, mode, *args, **kwargs)
 
@@ -468,10 +470,65 @@ def test_permission_cases_as_an_unprivileged_user():
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.skip("no setpriv to drop root")
+    closed = closed_to_nobody()
+    if closed is not None:
+        pytest.skip(f"nobody cannot read {closed.path} (a private checkout or venv): {closed.why}")
     base = Path(tempfile.mkdtemp(prefix="cf-nobody-"))
     os.chmod(base, 0o777)
     try:
         _run_as_nobody(setpriv, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Closed:
+    """A path other users cannot reach, and why."""
+
+    path: Path
+    why: str
+
+
+def closed_to_others(path: Path) -> Closed | None:
+    """The first folder on the way to ``path`` (``path`` included) that other users cannot
+    enter, or ``path`` itself when they cannot read it; ``None`` when they can."""
+    path = path.resolve()
+    for folder in [*reversed(path.parents), path]:
+        mode = folder.stat().st_mode
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            return Closed(folder, f"mode {stat.S_IMODE(mode):04o}, others may not enter it")
+    mode = path.stat().st_mode
+    if not mode & stat.S_IROTH:
+        return Closed(path, f"mode {stat.S_IMODE(mode):04o}, others may not read it")
+    return None
+
+
+def closed_to_nobody() -> Closed | None:
+    """What ``nobody`` cannot read of what the permission tests run from: the checkout, the
+    Python and the venv's packages (pytest's and this project's imports)."""
+    here = Path(__file__).resolve().parent.parent
+    needed = [here, Path(sys.executable), Path(sys.prefix), Path(pytest.__file__).parent]
+    return next((c for p in needed if (c := closed_to_others(p)) is not None), None)
+
+
+def test_permission_tests_skip_in_a_private_folder():
+    """A checkout under a folder of mode 0700 (``mktemp -d``, ``/root``): nobody cannot read
+    it, the ``nobody`` re-run is skipped with the folder and its mode; opened, it runs."""
+    base = Path(tempfile.mkdtemp(prefix="cf-private-", dir="/tmp"))
+    try:
+        inner = base / "checkout" / "tests"
+        inner.mkdir(parents=True)
+        (inner / "test_x.py").write_text("", "utf-8")
+        os.chmod(base, 0o700)
+        assert closed_to_others(inner / "test_x.py") == Closed(
+            base, "mode 0700, others may not enter it"
+        )
+        os.chmod(base, 0o755)
+        assert closed_to_others(inner / "test_x.py") is None
+        os.chmod(inner / "test_x.py", 0o600)
+        assert closed_to_others(inner / "test_x.py") == Closed(
+            inner / "test_x.py", "mode 0600, others may not read it"
+        )
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -7,7 +7,11 @@ import sys
 from pathlib import Path
 
 from counterfactual.cli.common import nonnegative_int, positive_int
-from counterfactual.report import DEFAULT_N, write_report
+from counterfactual.cli.options import add_options
+from counterfactual.options import declared
+from counterfactual.outdir import OutOptions, claim_out
+from counterfactual.report import DEFAULT_N, REPORT_DIR, write_report
+from counterfactual.report.write import REPORT_OUT
 from counterfactual.synth.check import damaged_shards
 
 
@@ -48,7 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="seed of the sample drawn, >= 0 (default: %(default)s)",
     )
-    p.add_argument("--out", type=Path, default=None, help="report folder (default OUT_DIR/report)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="report folder (default OUT_DIR/report): missing, empty or a report (rewritten); "
+        "another folder is refused unless --force-out",
+    )
+    add_options(p, declared(OutOptions))
     p.add_argument(
         "--sizes-only",
         action="store_true",
@@ -58,6 +69,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        claim_out(args.out, REPORT_OUT, force=args.force_out)
+    else:  # a link there is replaced by write_report; a folder of someone else's is refused
+        default = args.out_dir / REPORT_DIR
+        if not default.is_symlink():
+            claim_out(default, REPORT_OUT, force=args.force_out, option="OUT_DIR/report")
     damaged = damaged_shards(args.out_dir, content=not args.sizes_only)
     if damaged:
         for line in damaged:

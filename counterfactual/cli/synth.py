@@ -23,6 +23,7 @@ from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.verify import VerifyConfig
 from counterfactual.options import declared
+from counterfactual.outdir import OutOptions
 from counterfactual.progress import Progress
 from counterfactual.readers import CORPORA
 from counterfactual.readers.spec import open_input
@@ -63,8 +64,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_data_args(p, corpora=True)
     p.add_argument(
-        "--out", default=None, help="output folder or URL, e.g. s3://bucket/run (required)"
+        "--out",
+        default=None,
+        help="output folder or URL, e.g. s3://bucket/run (required): missing, empty or a "
+        "synth run (a rerun resumes it); another folder is refused unless --force-out",
     )
+    add_options(p, declared(OutOptions))
     add_selection_args(p)
     _add_box_args(p)
     _add_image_args(p)
@@ -283,8 +288,9 @@ def run(args: argparse.Namespace) -> int:
         # a torch that cannot see the GPU: why, in one line (on Ray each model actor checks
         # its own node: the driver's may have no GPU)
         check_cuda(runtime.device)
-    from counterfactual.synth.run import check_out_dir
+    from counterfactual.synth.run import check_out_dir, claim_run_out
 
+    claim_run_out(args.out, args.force_out)  # someone else's folder: refused, nothing written
     check_out_dir(args.out)  # before the input is read: a bad OUT fails in a second
     spec = data_spec(args, demo_root(args))
     inputs = open_input(spec, config.images_per_shard)

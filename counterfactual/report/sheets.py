@@ -102,14 +102,15 @@ class SheetRow:
         return {k: f"samples/{v}" for k, v in names.items()}
 
     def save(self, report_dir: Path) -> None:
-        """Write the row's pictures (:meth:`files`) under ``report_dir``."""
+        """Write the row's pictures (:meth:`files`) under ``report_dir``, each by a temporary
+        name and a rename (a link at a name is replaced, not followed)."""
         files = self.files()
         if "original" in files:
-            self.tiles[0].save(report_dir / files["original"], quality=88)
-        self.tiles[1].save(report_dir / files["mask"])
-        self.tiles[2].save(report_dir / files["edited"], quality=88)
+            _save(self.tiles[0], report_dir / files["original"], "JPEG", quality=88)
+        _save(self.tiles[1], report_dir / files["mask"], "PNG")
+        _save(self.tiles[2], report_dir / files["edited"], "JPEG", quality=88)
         if self.full is not None:
-            (report_dir / files["full"]).write_bytes(self.full)
+            fs.write_bytes(report_dir / files["full"], self.full)
 
 
 def render_row(
@@ -283,6 +284,13 @@ def write_png(image: Image.Image, path: fs.PathLike) -> str | Path:
     image.save(buffer, format="PNG", compress_level=3)
     fs.write_bytes(path, buffer.getvalue())
     return path
+
+
+def _save(image: Image.Image, path: Path, kind: str, **options: Any) -> None:
+    """Write ``image`` as ``kind`` (``JPEG``, ``PNG``) to ``path`` atomically."""
+    buffer = io.BytesIO()
+    image.save(buffer, format=kind, **options)
+    fs.write_bytes(path, buffer.getvalue())
 
 
 def sheet_rows(out_dir: fs.PathLike, records: Mapping[str, ImageRecord], n: int) -> list[SheetRow]:

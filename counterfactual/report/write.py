@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from counterfactual import fs
 from counterfactual.imageio import DEFAULT_MAX_PIXELS
+from counterfactual.outdir import OutKind, real_folder, without_links
 from counterfactual.reasons import no_samples_line
 from counterfactual.records import ImageRecord
 from counterfactual.report.index import DEFAULT_N, RunIndex, SampleRef, read_run, stratify
@@ -19,10 +21,49 @@ from counterfactual.report.page import page
 from counterfactual.report.sheets import ROWS_PER_SHEET, draw_sheet, render_row, write_png
 
 REPORT_DIR = "report"
+_TEMP = r"(?:\.[0-9a-f]{12}\.tmp)?"
 _OURS = re.compile(
     r"^(sheet-\d+\.png|\d{3,}-[A-Za-z0-9_-]+-(original|mask|edited|full)\.(jpg|png))$"
 )
 """Files an earlier report wrote: removed before writing (nothing else in the folder is)."""
+REPORT_NAMES = re.compile(rf"(?:index\.html|sheet-\d+\.png|samples){_TEMP}")
+"""Every name a report writes in its folder (temporary names included)."""
+_SAMPLE_NAMES = re.compile(
+    rf"\d{{3,}}-[A-Za-z0-9_-]+-(?:original|mask|edited|full)\.(?:jpg|png){_TEMP}"
+)
+_TITLE = "<title>counterfactual report:"
+
+
+def is_report(folder: Path) -> bool:
+    """Whether ``folder`` holds a report, by content: an ``index.html`` (a file, not a link)
+    that :func:`~counterfactual.report.page.page` wrote, or, of a report cut short before it,
+    only PNG sheets and a ``samples`` folder of its pictures."""
+    index = folder / "index.html"
+    if not index.is_symlink() and index.is_file():
+        return _TITLE.encode() in _head(index, 4096)
+    entries = list(folder.iterdir())
+    return bool(entries) and all(_cut_short(p) for p in entries)
+
+
+def _cut_short(path: Path) -> bool:
+    """Whether ``path`` is what a report writes before its ``index.html``."""
+    if path.is_symlink():
+        return False
+    if path.name == "samples" and path.is_dir():
+        return all(_SAMPLE_NAMES.fullmatch(p.name) for p in path.iterdir())
+    return bool(_OURS.match(path.name)) and _head(path, 8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _head(path: Path, n: int) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    except OSError:
+        return b""
+
+
+REPORT_OUT = OutKind("a report", REPORT_NAMES, is_report)
+"""What ``report --out`` holds (:func:`~counterfactual.outdir.claim_out`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +91,20 @@ def write_report(
     """Write the report of the run in ``out_dir`` into ``report_dir`` (default
     ``out_dir/report``): ``index.html``, ``sheet-XX.png`` and ``samples/`` thumbnails. Originals
     come from ``records`` when given, else from ``root`` or the folders the run's command names
-    (:func:`dataset_roots`); a sample whose original is not found is shown edited only."""
+    (:func:`dataset_roots`); a sample whose original is not found is shown edited only.
+    Nothing is written or deleted through a link: a link at ``out_dir/report``, at
+    ``samples`` or at a name the report writes is removed first (the caller claims a
+    ``report_dir`` it was handed: :data:`REPORT_OUT`)."""
     run = read_run(out_dir)
-    report_dir = Path(report_dir) if report_dir is not None else Path(out_dir) / REPORT_DIR
-    (report_dir / "samples").mkdir(parents=True, exist_ok=True)
-    for old in [*report_dir.glob("sheet-*.png"), *(report_dir / "samples").iterdir()]:
-        if _OURS.match(old.name) and old.is_file():
+    if report_dir is None:  # inside the run: a link there is not ours and is replaced
+        report_dir = real_folder(Path(out_dir) / REPORT_DIR)
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    without_links(report_dir, REPORT_NAMES)  # nothing written or deleted through a link
+    samples = real_folder(report_dir / "samples")
+    without_links(samples, _SAMPLE_NAMES)
+    for old in [*report_dir.glob("sheet-*.png"), *samples.iterdir()]:
+        if _OURS.match(old.name) and old.is_file() and not old.is_symlink():
             old.unlink()
     config = run.manifest.get("config") or {}
     max_pixels = int(config.get("max_pixels") or DEFAULT_MAX_PIXELS)
@@ -75,9 +124,8 @@ def write_report(
         chunk = rows[k * ROWS_PER_SHEET : (k + 1) * ROWS_PER_SHEET]
         sheets.append(Path(write_png(draw_sheet(chunk), report_dir / f"sheet-{k:02d}.png")))
     text = page(run, rows, [s.name for s in sheets], roots)
-    tmp = report_dir / "index.html.tmp"
-    tmp.write_text(text, encoding="utf-8", errors="replace")
-    index = tmp.replace(report_dir / "index.html")
+    index = report_dir / "index.html"
+    fs.write_bytes(index, text.encode("utf-8", errors="replace"))
     missing = sum(r.original.image is None for r in rows)
     return Report(index, tuple(sheets), tuple(shown), missing, empty_reason(run))
 

@@ -38,21 +38,24 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from counterfactual import __version__, fs
 from counterfactual.json_types import check_type
+from counterfactual.outdir import OutKind, claim_out, without_links
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import Status, outcome
 from counterfactual.synth import signals
 from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, write_card
-from counterfactual.synth.indexes import IndexedShard, write_indexes
+from counterfactual.synth.indexes import SIZES_FILE, WIDS_FILE, IndexedShard, write_indexes
 from counterfactual.synth.models import model_records
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_diff, fingerprint_of
-from counterfactual.synth.runlock import LockLost, RunLock, pid_running
+from counterfactual.synth.runlock import FIELDS, LOCK_NAME, LockLost, RunLock, pid_running
 from counterfactual.synth.samples import verify_summary_from_samples
 from counterfactual.synth.shards import (
+    ShardStats,
     committed_names,
     config_digest,
     file_sizes,
@@ -120,6 +123,76 @@ def check_out_dir(out_dir: fs.PathLike) -> None:
         ) from err
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out_dir}: permission denied (cannot write in the folder)")
+
+
+RUN_NAMES = re.compile(
+    r"(?:shard-\d{6,}\.tar|shard-\d{6,}_stats\.json|status\.jsonl|manifest\.json|README\.md"
+    r"|run\.json|run\.lock|contact_sheet\.png|sizes\.json|shardindex\.json)"
+    r"(?:\.[0-9a-f]{12}(?:-[0-9a-f]{8})?\.tmp)?"
+)
+"""Every name a run writes in OUT, temporary names included."""
+assert all(RUN_NAMES.fullmatch(n) for n in (SIZES_FILE, WIDS_FILE, LOCK_NAME, RUN_FILE))
+
+
+def is_run(out_dir: fs.PathLike) -> bool:
+    """Whether the local folder ``out_dir`` holds a synth run, by content: a ``run.json`` of a
+    run, a ``run.lock``, a shard's stats file or a ``manifest.json`` with the runs into it
+    (a user's files of those names, whatever they hold, are not taken for a run). Links are
+    not followed."""
+    folder = fs.as_path(out_dir)
+    return any(
+        _holds(fs.join(folder, name), test)
+        for name, test in (
+            (RUN_FILE, _run_file),
+            (LOCK_NAME, lambda d: isinstance(d, dict) and all(k in d for k in FIELDS)),
+            (MANIFEST_FILE, _manifest_file),
+        )
+    ) or any(
+        _holds(fs.join(folder, name), _stats_file)
+        for _, name in committed_names(fs.listdir(folder))
+    )
+
+
+def _holds(path: fs.PathLike, test: Callable[[Any], bool]) -> bool:
+    """Whether ``path`` is a regular file (not a link) whose JSON passes ``test``."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        return False
+    try:
+        return test(json.loads(fs.read_text(path)))
+    except (OSError, ValueError):
+        return False
+
+
+def _run_file(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("config"), dict) and "format" in data
+
+
+def _manifest_file(data: Any) -> bool:
+    runs = data.get("runs") if isinstance(data, dict) else None
+    return (
+        isinstance(runs, list)
+        and bool(runs)
+        and all(isinstance(r, dict) and {"runner", "started"} <= r.keys() for r in runs)
+    )
+
+
+def _stats_file(data: Any) -> bool:
+    try:
+        ShardStats.from_dict(data)
+    except ValueError:
+        return False
+    return True
+
+
+RUN_OUT = OutKind("a synth run", RUN_NAMES, is_run)
+"""What ``synth --out`` holds (:func:`~counterfactual.outdir.claim_out`)."""
+
+
+def claim_run_out(out_dir: fs.PathLike, force: bool = False) -> None:
+    """``ValueError`` (one line) unless ``out_dir`` is missing, empty or a synth run; with
+    ``force`` (``--force-out``) another folder too, when none of its files has a name a run
+    writes. Writes nothing."""
+    claim_out(out_dir, RUN_OUT, force=force)
 
 
 @dataclass
@@ -207,6 +280,8 @@ def prepare_run(
     holder whose lock was taken over and that may still live. ``token``: this run's."""
     out_dir = fs.as_path(out_dir)
     fs.makedirs(out_dir)
+    if not fs.is_url(out_dir):  # a link at a name a run writes is not followed: removed
+        without_links(Path(out_dir), RUN_NAMES)
     runtime = runtime or Runtime()
     identity = {"format": RUN_FORMAT, "config": config.fingerprint()}
     digest = config_digest(identity["config"])
@@ -771,8 +846,6 @@ def _package_versions() -> dict[str, str]:
 def git_revision() -> str | None:
     """The commit of the source this package runs from, ``+dirty`` with local changes; ``None``
     outside a git checkout (an installed wheel)."""
-    from pathlib import Path
-
     here = Path(__file__).resolve().parents[2]
     if not (here / ".git").exists():
         return None

@@ -80,6 +80,13 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def pid_start(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (what :func:`pid_running`
+    compares), ``None`` without ``/proc``."""
+    stat = _proc_stat(pid)
+    return stat[1] if stat else None
+
+
 def pid_running(pid: int, pid_start: int | None = None) -> bool:
     """Whether process ``pid`` of this host runs: it exists, is not a zombie and, when
     ``pid_start`` is given and ``/proc`` has it, started at that tick."""
