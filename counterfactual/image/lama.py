@@ -287,7 +287,10 @@ class LamaInpainter:
             # optimized_execution(False): no re-specialisation for every new crop size
             image = images.permute(0, 3, 1, 2).float() / 255.0
             mask = (masks > 0).float().unsqueeze(1)
-            out = self._model(image, mask)
+            try:
+                out = self._model(image, mask)
+            except torch.jit.Error as err:  # raised by the script itself: not a RuntimeError
+                raise RuntimeError(str(err)) from err
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != (n, 3, h, w):
                 shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
                 raise ValueError(
