@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactual import fs
-from counterfactual.messages import one_line
+from counterfactual.messages import cut, one_line
 from counterfactual.options import declare
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
@@ -69,7 +69,14 @@ from counterfactual.synth.staging import (
     plan_stages,
     start_steps,
 )
-from counterfactual.synth.steps import crop_for_edit, paste_edit, ships_crops
+from counterfactual.synth.steps import (
+    DeviceFailure,
+    FailureWindow,
+    StageFailing,
+    crop_for_edit,
+    paste_edit,
+    ships_crops,
+)
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
 
 
@@ -141,6 +148,19 @@ class RayOptions:
         help="seconds a placed actor may take to load its model (default: %(default)g)",
         kind="positive_float",
     )
+    call_timeout: float = declare(
+        300.0,
+        help="seconds a shard worker waits for one model batch before it sends the batch to "
+        "another actor of the stage (the bound is the larger of this and 20 times the slowest "
+        "batch the worker has seen; default: %(default)g)",
+        kind="positive_float",
+    )
+    failure_window: int = declare(
+        200,
+        help="a model stage's last items looked at: more than half of them failed with "
+        "model-error ends the run with one line (default: %(default)s)",
+        kind="positive_int",
+    )
     verbose: bool = declare(
         False,
         help="Ray's own logs and the workers' output on this terminal",
@@ -156,13 +176,14 @@ class RayOptions:
     )
 
     def __post_init__(self) -> None:
-        for name in ("cpu_actors", "model_actors", "model_batch_size", "num_cpus", "in_flight"):
+        names = ("cpu_actors", "model_actors", "model_batch_size", "num_cpus", "in_flight")
+        for name in (*names, "failure_window"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.gpus_per_actor is not None and not 0 < self.gpus_per_actor <= 8:
             raise ValueError(f"gpus_per_actor must be in (0, 8], got {self.gpus_per_actor}")
-        for name in ("place_timeout", "load_timeout"):
+        for name in ("place_timeout", "load_timeout", "call_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 
@@ -173,19 +194,50 @@ class RayOptions:
 class _ModelStep:
     """A model step's actor: loads its model once, runs one batch per call. A model that does
     not load is reported by :meth:`ready` (one line), not as a crash of the actor. It tells
-    the run's board (:class:`RunBoard`, by name) that it has started before it loads."""
+    the run's board (:class:`RunBoard`, by name) that it has started before it loads.
+
+    A broken device (:class:`DeviceFailure`: illegal address, Xid, ...) ends the actor's process
+    after it has told the board which GPU: Ray restarts it (``max_restarts``) and retries the
+    batch; one that stays broken dies for good and the workers go on with the stage's other
+    actors. More than half of the last ``failure_window`` items failing with ``model-error``
+    raises :class:`StageFailing` (the run ends with its line)."""
 
     def __init__(
-        self, config: SynthConfig, runtime: Runtime, stage: Stage, board: str | None = None
+        self,
+        config: SynthConfig,
+        runtime: Runtime,
+        stage: Stage,
+        board: str | None = None,
+        failure_window: int = 200,
     ) -> None:
         _tell_started(board)
+        self.board = board
         self.chain, self.error = _build(config, runtime, stage)
+        name = stage.resources.stage if stage.resources else stage.steps[0]
+        self.window = FailureWindow(name, failure_window)
 
     def ready(self) -> str | None:
         return self.error
 
     def run(self, jobs: list[Job]) -> list[Job]:
-        return self.chain(jobs)
+        ran = [job for job in jobs if job.ok]
+        try:
+            done = self.chain(jobs)
+        except DeviceFailure as err:
+            self._end(err)
+        self.window.add(ran)
+        return done
+
+    def _end(self, err: DeviceFailure) -> None:
+        import ray
+
+        context = ray.get_runtime_context()
+        where = f"{context.get_actor_name()} on node {context.get_node_id()[:12]}"
+        print(f"{where}: {err}; ending this actor", file=sys.stderr, flush=True)
+        if self.board:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(_board(self.board).failed.remote(f"{where}: {err}"), timeout=5)
+        os._exit(1)  # the CUDA context is unusable: Ray restarts the process (max_restarts)
 
 
 @functools.cache
@@ -204,9 +256,22 @@ def _build(config: SynthConfig, runtime: Runtime, stage: Stage) -> tuple[Chain, 
         return Chain([], ()), str(err)
 
 
+class ModelStageLost(SetupError):
+    """Every actor of a model stage is dead or did not answer a batch within its bound: the
+    run ends with this line (a shard worker's own loss is Ray's ``RayActorError``)."""
+
+
+CALL_MARGIN = 20.0
+"""A model batch may take this many times the slowest one a worker has seen before it is
+given up (if that is longer than ``call_timeout``)."""
+
+
 class _RemoteStep:
     """A pooled model step as seen from a worker: a batch cut into the model's batch size,
-    spread over the pool's actors, results back in order."""
+    spread over the pool's actors, results back in order. Each batch has a bound (the larger
+    of ``call_timeout`` and :data:`CALL_MARGIN` times the slowest batch so far); a batch whose
+    actor died or did not answer within it goes to another actor of the pool, and that actor is
+    not used again by this worker; with none left, :class:`ModelStageLost`."""
 
     def __init__(
         self,
@@ -214,14 +279,20 @@ class _RemoteStep:
         batch_size: int,
         start: int,
         crops: SynthConfig | None = None,
+        call_timeout: float = 300.0,
+        board: Any = None,
     ) -> None:
         import ray
 
         # by name: handles among a restartable actor's constructor arguments would make Ray
         # keep them in the object store (and warn on every run)
+        self.names = list(actors)
         self.actors = [ray.get_actor(name) for name in actors]
+        self.alive = list(range(len(self.actors)))
         self.batch_size, self.next = batch_size, start
         self.crops = crops  # Edit's pool: send crops, not whole pictures (crop_for_edit)
+        self.call_timeout, self.slowest, self.board = call_timeout, 0.0, board
+        self.lost: list[str] = []
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         if self.crops is None:
@@ -232,17 +303,72 @@ class _RemoteStep:
         return done
 
     def _send(self, jobs: list[Job]) -> list[Job]:
+        chunks: list[list[Job]] = []
+        in_chunks(lambda chunk: chunks.append(chunk) or [], jobs, self.batch_size)
+        results: list[list[Job] | None] = [None] * len(chunks)
+        todo = list(range(len(chunks)))
+        while todo:
+            todo = self._round(chunks, todo, results)
+        return [job for part in results if part is not None for job in part]
+
+    def _round(
+        self, chunks: list[list[Job]], todo: list[int], results: list[list[Job] | None]
+    ) -> list[int]:
+        """Send the chunks ``todo`` at once; keep what comes back within the bound; the
+        chunks of dead or silent actors are returned to be sent again."""
         import ray
 
-        refs = []
-
-        def send(chunk: list[Job]) -> list[Job]:  # the chunks of in_chunks, sent at once
-            refs.append(self.actors[self.next % len(self.actors)].run.remote(chunk))
+        if not self.alive:
+            raise ModelStageLost(self._lost_line())
+        sent: dict[Any, tuple[int, int]] = {}
+        for i in todo:
+            actor = self.alive[self.next % len(self.alive)]
             self.next += 1
-            return []
+            sent[self.actors[actor].run.remote(chunks[i])] = (i, actor)
+        rounds = -(-len(todo) // len(self.alive))
+        bound = max(self.call_timeout, CALL_MARGIN * self.slowest) * rounds
+        begin = time.monotonic()
+        ready, late = ray.wait(list(sent), num_returns=len(sent), timeout=bound)
+        again = []
+        for ref in ready:
+            i, actor = sent[ref]
+            try:
+                results[i] = ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                self._drop(actor, one_line(f"died: {err}", 160))
+                again.append(i)
+            except ray.exceptions.RayTaskError as err:
+                cause = getattr(err, "cause", None)
+                if isinstance(cause, (StageFailing, SetupError)):
+                    raise cause from err
+                raise
+        if ready:
+            self.slowest = max(self.slowest, (time.monotonic() - begin) / rounds)
+        for ref in late:
+            i, actor = sent[ref]
+            ray.cancel(ref, force=False)
+            self._drop(actor, f"did not answer within {bound:g} s (--call-timeout)")
+            again.append(i)
+        return sorted(again)
 
-        in_chunks(send, jobs, self.batch_size)
-        return [job for part in ray.get(refs) for job in part]
+    def _drop(self, actor: int, why: str) -> None:
+        if actor in self.alive:
+            self.alive.remove(actor)
+            self.lost.append(f"{self.names[actor]} {why}")
+            print(f"model actor {self.lost[-1]}; its batches go to the others", file=sys.stderr)
+
+    def _lost_line(self) -> str:
+        import ray
+
+        failures: list[str] = []
+        if self.board is not None:
+            with contextlib.suppress(ray.exceptions.RayError):
+                failures = ray.get(self.board.failures.remote(), timeout=5)
+        device = f"; last device failure: {cut(failures[-1], 160)}" if failures else ""
+        return one_line(
+            f"all {len(self.actors)} actors of a model stage are lost ({cut(self.lost[-1], 120)})"
+            f"{device}; check the GPUs and nodes named, then rerun the same command to resume"
+        )
 
 
 class RunBoard:
@@ -253,9 +379,17 @@ class RunBoard:
     def __init__(self) -> None:
         self.names: set[str] = set()
         self.items: dict[int, int] = {}
+        self.device_failures: list[str] = []
 
     def start(self, name: str) -> None:
         self.names.add(name)
+
+    def failed(self, line: str) -> None:
+        """A model actor's broken device (``ACTOR on node N: GPU ...: error``)."""
+        self.device_failures.append(line)
+
+    def failures(self) -> list[str]:
+        return list(self.device_failures)
 
     def done(self, shard: int, items: int) -> None:
         self.items[shard] = items
@@ -297,6 +431,7 @@ class ShardWorker:
         batch_sizes: Sequence[int | None],
         position: int,
         board: str | None = None,
+        call_timeout: float = 300.0,
     ) -> None:
         import ray
 
@@ -312,7 +447,8 @@ class ShardWorker:
         for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
             if pool and size:  # cut into the model's batches, spread over the pool
                 crops = config if "edit" in stage.steps and ships_crops(config) else None
-                parts.append((_RemoteStep(pool, size, position, crops), None))
+                remote = _RemoteStep(pool, size, position, crops, call_timeout, self.board)
+                parts.append((remote, None))
                 continue
             chain, self.error = _build(config, runtime, stage)
             if self.error:
@@ -593,7 +729,7 @@ def _start(
                     num_gpus=gpus,
                     max_restarts=3,
                     max_task_retries=3,
-                ).remote(config, runtime, stage, board)
+                ).remote(config, runtime, stage, board, options.failure_window)
                 what = f"stage {res.stage} actor {i + 1} of {n} ({gpus:g} GPU, {MODEL_CPUS:g} CPU)"
                 started.append(_Actor(handle, name, what))
         models = list(started)
@@ -605,7 +741,7 @@ def _start(
             name = f"{run}-worker-{i}"
             handle = worker.options(
                 name=name, num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD"
-            ).remote(config, runtime, out_dir, stages, names, sizes, i, board)
+            ).remote(config, runtime, out_dir, stages, names, sizes, i, board, options.call_timeout)
             workers.append(
                 _Actor(handle, name, f"shard worker {i + 1} of {layout.workers} (1 CPU)")
             )

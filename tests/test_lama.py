@@ -96,7 +96,7 @@ def test_only_masked_pixels_change(
 def test_crops_are_padded_to_multiples_of_8_at_native_size(
     model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    editor = make_editor(_config(model_path))
+    editor = make_editor(_config(model_path, work_side=0))  # no canvases: the native sizes
     counting = _Counting(editor._model)  # type: ignore[attr-defined]
     monkeypatch.setattr(editor, "_model", counting)
     # a 50x40 box grows to a MIN_CROP square; the 300-high image clips it to 300 x 256
@@ -107,7 +107,7 @@ def test_crops_are_padded_to_multiples_of_8_at_native_size(
 
 
 def test_max_side_scales_the_crop_down_and_back(model_path: Path) -> None:
-    capped = make_editor(_config(model_path, max_side=100))
+    capped = make_editor(_config(model_path, max_side=100, work_side=0))
     counting = _Counting(capped._model)  # type: ignore[attr-defined]
     capped._model = counting  # type: ignore[attr-defined]
     image = _image(300, 400)
@@ -153,7 +153,7 @@ def test_deterministic_and_seed_free(editor: LamaInpainter, model_path: Path) ->
 
 
 def test_batch_equals_one_by_one(model_path: Path, editor: LamaInpainter) -> None:
-    batched = make_editor(_config(model_path), batch_size=2)
+    batched = make_editor(_config(model_path, work_side=0), batch_size=2)
     counting = _Counting(batched._model)  # type: ignore[attr-defined]
     batched._model = counting  # type: ignore[attr-defined]
     requests = [
@@ -165,7 +165,8 @@ def test_batch_equals_one_by_one(model_path: Path, editor: LamaInpainter) -> Non
     ]
     outputs = batched(requests)
     assert counting.calls == [(2, 3, 64, 88), (1, 3, 64, 88), (1, 3, 40, 104)]
-    one_by_one = [editor([request])[0] for request in requests]
+    native = make_editor(_config(model_path, work_side=0))
+    one_by_one = [native([request])[0] for request in requests]
     for request, single, out in zip(requests, one_by_one, outputs, strict=True):
         assert out.shape == request.image.shape
         outside = request.mask == 0

@@ -15,15 +15,29 @@ pixels where the mask is > 0 are pasted into the original; every other pixel is 
 byte for byte. There is no randomness: the same request gives the same output
 (``EditRequest.seed`` is not used).
 
+Batches: each crop goes onto one of a few fixed square canvases (:func:`canvas_side`:
+``work_side``, its half, its quarter, ... down to 64 px), mirror-padded at the bottom and right,
+or scaled down onto the largest when it is bigger (or onto a canvas it exceeds by at most
+:data:`SQUEEZE`); the requests of one canvas run as one forward, ``batch_size`` at a time. A
+request's canvas depends on its crop alone, so its output does not depend on the other requests
+of its batch. COCO-like crops (grown to at least 256 px, at most 640) land on the 256 and 512
+canvases: 8 requests are one or two forwards where grouping by exact padded size made 4 to 7.
+``work_side = 0`` keeps the old grouping by exact padded size (native resolution, ``max_side``
+aside). The next canvas's padding and tensor are made on a thread while the model runs the
+current one, and on CUDA they are copied from pinned memory.
+
 The model always runs in float32, whatever dtype the run asks for: LaMa's Fourier convolutions
-need float32 FFTs (half-precision FFTs on CUDA only take power-of-two sizes).
+(FFC) need float32 FFTs: cuFFT's half-precision transforms only take power-of-two sizes, and
+big-lama is trained and released in float32 (IOPaint runs it so). The canvases are powers of two
+for the default ``work_side`` all the same.
 """
 
 from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +65,16 @@ MIN_CROP = 256
 PAD_MULTIPLE = 8
 """The model's input height and width are padded up to a multiple of this."""
 
+WORK_SIDE = 512
+"""The default largest canvas (``lama_work_side``)."""
+
+SMALLEST_CANVAS = 64
+"""The smallest canvas: the halving of ``work_side`` stops here."""
+
+SQUEEZE = 1.125
+"""A crop at most this much larger than a canvas is scaled down onto it rather than padded to
+the next (crop_box's rounding makes many 257-263 px crops of the 256 px minimum)."""
+
 _PROBE = 64  # side of the blank image the model is tried on when loaded
 
 
@@ -68,10 +92,18 @@ class LamaConfig:
     feather: int = 0
     """Soft paste: the fill fades into the picture over this many px outside the mask (0: a
     hard paste, only masked pixels change)."""
+    work_side: int = WORK_SIDE
+    """The largest square canvas crops are batched on (:func:`canvas_side`); 0: each crop at
+    its own size padded to a multiple of 8, batched only with crops of that exact size."""
 
     def __post_init__(self) -> None:
         if self.max_side < 0:
             raise ValueError(f"lama_max_side must be >= 0 (0 = native), got {self.max_side}")
+        if self.work_side and (self.work_side < SMALLEST_CANVAS or self.work_side % PAD_MULTIPLE):
+            raise ValueError(
+                f"lama_work_side must be 0 or a multiple of {PAD_MULTIPLE} >= {SMALLEST_CANVAS}, "
+                f"got {self.work_side}"
+            )
         at_least("crop_padding", self.crop_padding, 0)
         at_least("feather", self.feather, 0)
 
@@ -85,14 +117,28 @@ class _Job:
     image: np.ndarray  # (h, w, 3) uint8, the model's input before padding
     mask: np.ndarray  # (h, w) uint8, 0 or 255
 
-    @property
-    def padded(self) -> tuple[int, int]:
-        h, w = self.mask.shape
-        return _ceil(h), _ceil(w)
+    canvas: tuple[int, int]  # (height, width) the model sees it padded to
 
 
 def _ceil(side: int) -> int:
     return -(-side // PAD_MULTIPLE) * PAD_MULTIPLE
+
+
+def canvases(work_side: int) -> tuple[int, ...]:
+    """The square canvas sides for ``work_side``, smallest first: ``work_side`` halved (each
+    rounded up to a multiple of 8) while it stays >= :data:`SMALLEST_CANVAS`."""
+    sides = [work_side]
+    while _ceil(sides[-1] // 2) >= SMALLEST_CANVAS and sides[-1] // 2 > 0:
+        sides.append(_ceil(sides[-1] // 2))
+    return tuple(reversed(sides))
+
+
+def canvas_side(long_side: int, work_side: int) -> int:
+    """The square canvas a crop of ``long_side`` px goes on: the smallest of
+    :func:`canvases` that holds it, or that it exceeds by at most :data:`SQUEEZE` (it is then
+    scaled down onto it); the largest when it holds none."""
+    sides = canvases(work_side)
+    return next((side for side in sides if long_side <= side * SQUEEZE), sides[-1])
 
 
 class LamaInpainter:
@@ -100,8 +146,9 @@ class LamaInpainter:
 
     ``config.model`` is the path of the ``.pt`` file, loaded on ``device``; the model is tried
     once on a blank image so that a file with the wrong interface fails here, not on every
-    sample. Requests whose padded crops have the same size run together, ``batch_size`` at a
-    time. A model error during a call propagates (the caller retries item by item).
+    sample. Requests whose crops go on the same canvas run together, ``batch_size`` at a
+    time (module docstring). A model error during a call propagates (the caller halves the
+    batch on out-of-memory, retries item by item on other errors).
     """
 
     def __init__(self, config: LamaConfig, device: str = "cpu", batch_size: int = 1) -> None:
@@ -136,6 +183,7 @@ class LamaInpainter:
             "crop_padding": c.crop_padding,
             "min_crop": MIN_CROP,
             "max_side": c.max_side,
+            "work_side": c.work_side,
             "dtype": "float32",
             **({"feather": c.feather} if c.feather else {}),  # as before when unused
         }
@@ -159,21 +207,47 @@ class LamaInpainter:
         for index, request in enumerate(batch):
             job = self._prepare(index, request)
             if job is not None:
-                groups.setdefault(job.padded, []).append(job)
+                groups.setdefault(job.canvas, []).append(job)
         step = self.batch_size
-        for jobs in groups.values():
-            for start in range(0, len(jobs), step):
-                chunk = jobs[start : start + step]
-                for job, fill in zip(chunk, self._run(chunk), strict=True):
-                    h, w = job.mask.shape
-                    failure = output_failure(fill[:h, :w], "LaMa's fill")
-                    if failure is not None:
-                        results[job.index] = failure
-                        continue
-                    out = results[job.index]
-                    assert isinstance(out, np.ndarray)
-                    self._paste(out, batch[job.index].mask, job, fill, self.config.feather)
+        chunks = [jobs[i : i + step] for jobs in groups.values() for i in range(0, len(jobs), step)]
+        for chunk, fills in zip(chunks, self._forwards(chunks), strict=True):
+            for job, fill in zip(chunk, fills, strict=True):
+                h, w = job.mask.shape
+                failure = output_failure(fill[:h, :w], "LaMa's fill")
+                if failure is not None:
+                    results[job.index] = failure
+                    continue
+                out = results[job.index]
+                assert isinstance(out, np.ndarray)
+                self._paste(out, batch[job.index].mask, job, fill, self.config.feather)
         return results
+
+    def _forwards(self, chunks: Sequence[Sequence[_Job]]) -> Iterator[np.ndarray]:
+        """The model's output per chunk (uint8 ``(N, ch, cw, 3)``, still padded), the next
+        chunk's inputs made on a thread while the model runs the current one."""
+        if not chunks:
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="lama-inputs") as pool:
+            ahead: Future[tuple[Any, Any]] = pool.submit(self._inputs, chunks[0])
+            for i in range(len(chunks)):
+                image, mask = ahead.result()
+                if i + 1 < len(chunks):
+                    ahead = pool.submit(self._inputs, chunks[i + 1])
+                yield self._forward_tensors(image, mask)
+
+    def _inputs(self, chunk: Sequence[_Job]) -> tuple[Any, Any]:
+        """A chunk's padded images and masks as uint8 tensors ``(N, H, W, 3)`` and ``(N, H, W)``
+        on the model's device (through pinned memory on CUDA)."""
+        ph, pw = chunk[0].canvas
+        images = np.stack([_pad(job.image, ph, pw) for job in chunk])
+        masks = np.stack([_pad(job.mask, ph, pw) for job in chunk])
+        return self._to_device(images), self._to_device(masks)
+
+    def _to_device(self, array: np.ndarray) -> Any:
+        tensor = self._torch.from_numpy(array)
+        if self.device.type != "cuda":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
     def _prepare(self, index: int, request: EditRequest) -> _Job | None:
         crop = region(self.config, request.mask)
@@ -182,34 +256,41 @@ class LamaInpainter:
         x0, y0, x1, y1 = crop
         image = request.image[y0:y1, x0:x1]
         mask = np.where(request.mask[y0:y1, x0:x1] > 0, 255, 0).astype(np.uint8)
-        max_side = self.config.max_side
-        if max_side and max(x1 - x0, y1 - y0) > max_side:
-            scale = max_side / max(x1 - x0, y1 - y0)
+        long_side = max(x1 - x0, y1 - y0)
+        target = long_side
+        if self.config.max_side:
+            target = min(target, self.config.max_side)
+        side = canvas_side(target, self.config.work_side) if self.config.work_side else 0
+        if side:
+            target = min(target, side)
+        if target < long_side:
+            scale = target / long_side
             size = (max(1, round((x1 - x0) * scale)), max(1, round((y1 - y0) * scale)))
             image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
             # any pixel touched by the mask is a hole, so the fill covers every masked pixel
             mask = cv2.resize(mask, size, interpolation=cv2.INTER_AREA)
             mask = np.where(mask > 0, 255, 0).astype(np.uint8)
-        return _Job(index=index, crop=(x0, y0, x1, y1), image=image, mask=mask)
-
-    def _run(self, chunk: Sequence[_Job]) -> np.ndarray:
-        """The model's output for jobs of one padded size: uint8 (N, ph, pw, 3), still padded
-        (each job's crop may be smaller than the padded size)."""
-        ph, pw = chunk[0].padded
-        images = np.stack([_pad(job.image, ph, pw) for job in chunk])
-        masks = np.stack([_pad(job.mask, ph, pw) for job in chunk])
-        return self._forward(images, masks)
+        h, w = mask.shape
+        canvas = (side, side) if side else (_ceil(h), _ceil(w))
+        return _Job(index=index, crop=(x0, y0, x1, y1), image=image, mask=mask, canvas=canvas)
 
     def _forward(self, images: np.ndarray, masks: np.ndarray) -> np.ndarray:
         """Run the model on padded (N, H, W, 3) uint8 images and (N, H, W) uint8 masks; uint8
         (N, H, W, 3) out."""
+        return self._forward_tensors(self._to_device(images), self._to_device(masks))
+
+    def _forward_tensors(self, images: Any, masks: Any) -> np.ndarray:
+        """:meth:`_forward` on uint8 tensors already on the model's device."""
         torch = self._torch
         n, h, w = masks.shape
         with torch.inference_mode(), torch.jit.optimized_execution(False):
             # optimized_execution(False): no re-specialisation for every new crop size
-            image = torch.from_numpy(images).to(self.device).permute(0, 3, 1, 2).float() / 255.0
-            mask = (torch.from_numpy(masks).to(self.device) > 0).float().unsqueeze(1)
-            out = self._model(image, mask)
+            image = images.permute(0, 3, 1, 2).float() / 255.0
+            mask = (masks > 0).float().unsqueeze(1)
+            try:
+                out = self._model(image, mask)
+            except torch.jit.Error as err:  # raised by the script itself: not a RuntimeError
+                raise RuntimeError(str(err)) from err
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != (n, 3, h, w):
                 shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
                 raise ValueError(
@@ -307,6 +388,15 @@ ERASER = Eraser(
         ),
         Option("crop_padding", "crop_padding", "context around the mask box, fraction of its size"),
         FEATHER_OPTION,
+        Option(
+            "work_side",
+            "lama_work_side",
+            "lama: the largest square canvas crops are batched on, a multiple of 8 >= 64; the "
+            "others are its halves (0: each crop at its own size)",
+            cli="--lama-work-side",
+            kind="nonnegative_int",
+            sparse=True,
+        ),
     ),
     build=_build,
     summary="lama (a TorchScript LaMa)",

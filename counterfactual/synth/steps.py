@@ -14,9 +14,11 @@ steps are ordered, built and grouped into stages is :mod:`counterfactual.synth.s
 
 from __future__ import annotations
 
+import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -58,7 +60,80 @@ from counterfactual.vocab import load_vocabulary
 
 MODEL_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
 """What a learned model may raise on a batch (CUDA out of memory is a ``RuntimeError``). The
-batch is then retried one item at a time and the items that still fail get ``model-error``."""
+batch is then retried one item at a time (out of memory: in halves first) and the items that
+still fail get ``model-error``, unless the error says the device itself is broken
+(:class:`DeviceFailure`)."""
+
+DEVICE_ERRORS = (
+    "CUDA error: an illegal memory access",
+    "CUDA error: unspecified launch failure",
+    "CUDA error: misaligned address",
+    "CUDA error: device-side assert",
+    "CUBLAS_STATUS_EXECUTION_FAILED",
+    "CUBLAS_STATUS_INTERNAL_ERROR",
+    "CUDNN_STATUS_EXECUTION_FAILED",
+    "CUDA error: uncorrectable ECC error",
+    "Xid",
+)
+"""Substrings of a model error after which the CUDA context is unusable: every later call on
+that process fails, so the model's process must end (Ray restarts it) rather than fail items."""
+
+OUT_OF_MEMORY_ERRORS = ("CUDA out of memory", "OutOfMemoryError", "out of memory")
+"""Substrings of a model error that a smaller batch may avoid."""
+
+
+class DeviceFailure(ValueError):
+    """The device a model runs on is broken (:data:`DEVICE_ERRORS`): no item can be made on
+    it; the message says which device and the error, on one line."""
+
+
+class StageFailing(ValueError):
+    """More than :attr:`FailureWindow.threshold` of a model stage's last items failed with
+    ``model-error``: the run ends with this one line rather than fail every item."""
+
+
+def is_device_failure(err: BaseException) -> bool:
+    """Whether ``err`` says the device is unusable from now on (:data:`DEVICE_ERRORS`)."""
+    text = str(err)
+    return any(marker in text for marker in DEVICE_ERRORS)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is a device (or host) running out of memory for the batch."""
+    return isinstance(err, MemoryError) or any(m in str(err) for m in OUT_OF_MEMORY_ERRORS)
+
+
+def free_device_cache() -> None:
+    """``torch.cuda.empty_cache()`` when torch is loaded and CUDA is up; nothing otherwise."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class FailureWindow:
+    """The share of ``model-error`` among a model stage's last ``size`` items: :meth:`add`
+    raises :class:`StageFailing` once the window is full and the share is above
+    ``threshold`` (a device that fails everything without saying so)."""
+
+    stage: str
+    size: int = 200
+    threshold: float = 0.5
+    _last: deque[bool] = field(default_factory=deque)
+
+    def add(self, jobs: Sequence[Job]) -> None:
+        """Count the jobs the stage ran (pass only those that had not failed before it)."""
+        for job in jobs:
+            self._last.append(job.failure is not None and job.failure.reason == "model-error")
+            if len(self._last) > self.size:
+                self._last.popleft()
+        failed = sum(self._last)
+        if len(self._last) == self.size and failed > self.threshold * self.size:
+            raise StageFailing(
+                f"stage {self.stage}: {failed} of its last {self.size} items failed with "
+                f"model-error (more than {self.threshold:.0%}); the model or its device is "
+                "failing, see the status rows' details; the run stops here, rerun to resume"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,21 +258,57 @@ def model_outputs(
         return []
     try:
         outputs = list(call([request for _, request in requests]))
-    except (SampleError, *MODEL_ERRORS):
-        pass  # retry one by one below
+    except (SampleError, *MODEL_ERRORS) as err:
+        _raise_if_device_failure(err)
+        if len(requests) == 1:  # the request alone failed: its job's reason, not a retry
+            _fail(requests[0][0], err, model_detail)
+            return []
+        if is_out_of_memory(err):  # halve, the cache freed first
+            free_device_cache()
+            half = (len(requests) + 1) // 2
+            first = model_outputs(call, requests[:half], model_detail)
+            return first + model_outputs(call, requests[half:], model_detail)
     else:
         return list(zip([job for job, _ in requests], outputs, strict=True))
     out: list[tuple[Job, T]] = []
     for job, request in requests:
         try:
             out.append((job, call([request])[0]))
-        except SampleError as err:
-            job.fail(err.reason, err.detail)
-        except MemoryError as err:
-            job.fail(OUT_OF_MEMORY, _memory_detail(err))
-        except MODEL_ERRORS as err:
-            job.fail("model-error", f"{model_detail}{err!r}")
+        except (SampleError, *MODEL_ERRORS) as err:
+            _raise_if_device_failure(err)
+            _fail(job, err, model_detail)
     return out
+
+
+def _fail(job: Job, err: BaseException, model_detail: str) -> None:
+    """Fail ``job`` for the error its request alone raised: a ``SampleError``'s reason,
+    ``out-of-memory`` for a ``MemoryError``, else ``model-error``."""
+    if isinstance(err, SampleError):
+        job.fail(err.reason, err.detail)
+    elif isinstance(err, MemoryError):
+        job.fail(OUT_OF_MEMORY, _memory_detail(err))
+    else:
+        job.fail("model-error", f"{model_detail}{err!r}")
+
+
+def _raise_if_device_failure(err: BaseException) -> None:
+    if is_device_failure(err):
+        lines = str(err).splitlines()
+        said = next(line for line in lines if any(m in line for m in DEVICE_ERRORS)).strip()
+        raise DeviceFailure(one_line(f"{device_name()}: {said}")) from err
+
+
+def device_name() -> str:
+    """The CUDA device this process uses (``cuda:N``, with ``CUDA_VISIBLE_DEVICES`` when set),
+    else ``cpu``."""
+    import os
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return "cpu"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible else ""
+    return f"GPU cuda:{torch.cuda.current_device()}{where}"
 
 
 class Decode(BatchStep):
