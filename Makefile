@@ -18,7 +18,8 @@ TORCH ?=
 DATASET ?= demo
 # a bundled config by name (`counterfactual configs` lists them) or a YAML file
 CONFIG ?= $(DATASET)
-RUNNER ?= ray
+# the demo runs in-process (a second or two; RUNNER=ray shows the same run on Ray)
+RUNNER ?= $(if $(filter demo,$(DATASET)),local,ray)
 IMAGE ?=
 TEXT ?=
 OUT ?= out/$(DATASET)$(if $(IMAGE),-$(IMAGE))$(if $(TEXT),-$(TEXT))
@@ -73,7 +74,7 @@ install: $(STAMP) ## create .venv and install the package with every extra and t
 models: $(RUN_STAMP) ## fetch the models a config names: DATASET=coco|coco-rorem|... [TO=DIR ARGS="synth options"]
 	$(BIN)/counterfactual models pull --config $(CONFIG) $(if $(TO),--to '$(TO)') $(if $(ARGS),-- $(ARGS))
 
-synth: $(if $(filter demo,$(DATASET)),$(DEMO_STAMP),$(RUN_STAMP)) ## make shards on Ray: DATASET=demo|coco|coco-rorem|flickr30k|wds|parquet|csv|files [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
+synth: $(if $(filter demo,$(DATASET)),$(DEMO_STAMP),$(RUN_STAMP)) ## make shards (the demo in-process, the rest on Ray): DATASET=demo|coco|coco-rorem|flickr30k|wds|parquet|csv|files [ROOT= OUT= IMAGE= TEXT= RUNNER=ray|local ARGS=]
 	$(DEMO_OFFLINE) $(BIN)/counterfactual synth --config $(CONFIG) --runner $(RUNNER) --out $(OUT) \
 		$(if $(ROOT),--root '$(ROOT)') $(if $(IMAGE),--image-method $(IMAGE)) \
 		$(if $(TEXT),--text-method $(TEXT)) $(ARGS)

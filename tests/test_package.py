@@ -105,7 +105,7 @@ def test_synth_and_models_read_a_config_by_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     synth = build_parser().get_default("_subcommands")["synth"]
     defaults = load_config(config_path("demo"), synth)
-    assert defaults["dataset"] == "demo" and defaults["inpaint_backend"] == "opencv"
+    assert defaults["dataset"] == "demo" and defaults["inpaint_backend"] == "exemplar"
     assert main(["models", "list", "--config", "demo"]) == 0  # the demo loads no model
     assert main(["models", "list", "--config", "demo.yaml"]) == 0
 
@@ -135,9 +135,14 @@ def test_each_bundled_config_starts_with_its_description(path):
     "hidden, argv, extras, named",
     [
         ({"skimage"}, ("synth", "--config", "demo", "--runner", "local"), "demo", "skimage is"),
-        ({"ray"}, ("synth", "--config", "demo"), "ray", "ray is"),
+        ({"ray"}, ("synth", "--config", "demo", "--runner", "ray"), "ray", "ray is"),
         ({"ray"}, ("synth", "--dataset", "demo", "--runner", "ray", "--dry-run"), "ray", "ray is"),
-        ({"skimage", "ray"}, ("synth", "--config", "demo"), "demo,ray", "skimage and ray are"),
+        (
+            {"skimage", "ray"},
+            ("synth", "--config", "demo", "--runner", "ray"),
+            "demo,ray",
+            "skimage and ray are",
+        ),
         (
             {"torch", "ray"},
             ("synth", "--config", "coco", "--root", "coco"),
@@ -237,7 +242,7 @@ def test_the_wheel_installs_one_top_level_package(wheel):
 @pytest.mark.slow
 def test_the_installed_package_runs_the_demo_by_name_from_another_folder(wheel, tmp_path):
     """Installed from the wheel (its dependencies from this environment) and run from an
-    empty folder: ``--version``, ``configs`` and the demo on Ray with ``--config demo``."""
+    empty folder: ``--version``, ``configs`` and the demo by name, on Ray (``--runner ray``)."""
     site = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
@@ -270,7 +275,18 @@ def test_the_installed_package_runs_the_demo_by_name_from_another_folder(wheel, 
     listed = cli("configs", "--paths")
     assert listed.returncode == 0, listed.stderr
     assert f"{site}/counterfactual/pipelines/configs/coco.yaml" in listed.stdout
-    run = cli("synth", "--config", "demo", "--out", "out", "--num-cpus", "2", "--no-dashboard")
+    run = cli(
+        "synth",
+        "--config",
+        "demo",
+        "--out",
+        "out",
+        "--runner",
+        "ray",
+        "--num-cpus",
+        "2",
+        "--no-dashboard",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "(ray)" in run.stderr  # the config's runner
+    assert "(ray)" in run.stderr
     assert sorted(p.name for p in (work / "out").glob("shard-*.tar")) == ["shard-000000.tar"]

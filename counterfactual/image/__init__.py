@@ -19,16 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from counterfactual.image import diffusion, fills, lama, opencv_inpaint
+from counterfactual.image import diffusion, exemplar, fills, lama, opencv_inpaint
 from counterfactual.image.base import Edited, EditRequest, Eraser, ImageEditor, Option
 from counterfactual.image.diffusion import RECIPES, DiffusersConfig
+from counterfactual.image.exemplar import ExemplarConfig
 from counterfactual.image.fills import FILL_METHODS, FillConfig
 from counterfactual.image.lama import LamaConfig
 from counterfactual.image.opencv_inpaint import OPENCV_ALGORITHMS, OpenCVConfig
 from counterfactual.options import option as cli_option
 
 ERASERS: dict[str, Eraser] = {
-    e.name: e for e in (fills.ERASER, opencv_inpaint.ERASER, diffusion.ERASER, lama.ERASER)
+    e.name: e
+    for e in (fills.ERASER, opencv_inpaint.ERASER, diffusion.ERASER, lama.ERASER, exemplar.ERASER)
 }
 """Every backend, by name, in registration order: the order of :class:`ImageConfig`'s parts
 and of the choices on the command line; a shared flat key the chosen backend lacks is read
@@ -205,7 +207,7 @@ ImageConfig = make_dataclass(
         "__module__": __name__,
         "__doc__": """How to erase: ``method`` is one of :data:`IMAGE_METHODS`; ``backend``
     picks the inpainter when ``method == "inpaint"``. One part per backend (:data:`ERASERS`:
-    ``fill``, ``opencv``, ``diffusers``, ``lama``), each read only by its backend; how a model
+    ``fill``, ``opencv``, ``diffusers``, ``lama``, ``exemplar``), each read only by its backend; how a model
     runs (device, dtype, batch size) is passed to :func:`make_editor` (in a synthesis run:
     :class:`counterfactual.synth.plan.Runtime`).""",
     },
@@ -279,6 +281,7 @@ __all__ = [
     "EditRequest",
     "Edited",
     "Eraser",
+    "ExemplarConfig",
     "FillConfig",
     "ImageConfig",
     "ImageEditor",
