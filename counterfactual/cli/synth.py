@@ -323,7 +323,21 @@ def run(args: argparse.Namespace) -> int:
     from counterfactual.synth.run import summary_table
 
     print(summary_table(result))
+    _note_few_shards(args.out)
     return 0
+
+
+def _note_few_shards(out: str) -> None:
+    """The loaders' note (``few_shards_note``) on stderr when the run has few shards."""
+    from counterfactual.load import shard_sizes
+    from counterfactual.synth.indexes import few_shards_note
+
+    try:
+        note = few_shards_note(shard_sizes(out), out)
+    except ValueError:  # no sizes.json to read: nothing to say about loading
+        return
+    if note is not None:
+        print(note, file=sys.stderr)
 
 
 def check_extras(

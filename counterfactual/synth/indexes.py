@@ -20,10 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from counterfactual import fs
+from counterfactual.messages import one_line
 
 SIZES_FILE = "sizes.json"
 WIDS_FILE = "shardindex.json"
 WIDS_KIND = "wids-shard-index-v1"
+# DataLoader workers a training loader is likely to run per GPU: open_clip's recipes (and ours)
+# pass --workers 8. Each worker reads whole shards, so with fewer shards some read none.
+LOADER_WORKERS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,26 @@ def write_indexes(
         fs.write_text(fs.join(out_dir, file), json.dumps(data, indent=1) + "\n", run=run)
 
 
+def few_shards_note(
+    sizes: dict[str, int], out: fs.PathLike, workers: int = LOADER_WORKERS
+) -> str | None:
+    """One line when fewer than ``workers`` shards of ``sizes`` (``out``'s ``sizes.json``)
+    hold samples, but some do: a loader's workers beyond the shard count read nothing
+    (webdataset 1.x then raises "No samples found", open_clip's trainer refuses unless
+    resampled); ``None`` otherwise."""
+    held = sum(1 for n in sizes.values() if n > 0)
+    if held == 0 or held >= workers:
+        return None
+    return one_line(
+        f"note: {held} shard{'' if held == 1 else 's'} hold{'s' if held == 1 else ''} samples, "
+        f"fewer than the {workers} DataLoader workers a trainer often runs, and a worker reads "
+        "whole shards: load with "
+        f"counterfactual.load.webdataset({str(out)!r}), or open_clip's "
+        "--dataset-resampled (the flags counterfactual mix prints), or write more shards "
+        "(a smaller --images-per-shard)"
+    )
+
+
 def index_problems(
     out_dir: fs.PathLike, names: set[str], shards: Sequence[IndexedShard]
 ) -> list[str]:
@@ -92,7 +116,9 @@ __all__: Sequence[str] = (
     "SIZES_FILE",
     "WIDS_FILE",
     "WIDS_KIND",
+    "LOADER_WORKERS",
     "IndexedShard",
+    "few_shards_note",
     "index_problems",
     "sizes_json",
     "wids_index",
