@@ -2,6 +2,8 @@
 
 A message is one line (its lines joined by spaces) of at most :data:`MAX_LINE` characters;
 a longer one keeps its head and its tail (where the fix usually stands) around ``...``.
+Bidirectional controls are shown escaped (``\\u202e``), so a caption or file name quoted in a
+message cannot reorder what the terminal shows around it.
 """
 
 from __future__ import annotations
@@ -11,11 +13,18 @@ MAX_LINE = 400
 
 ELLIPSIS = " ... "
 
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+"""The characters that change the display order of the text around them (Unicode's bidi
+controls): escaped in every message."""
+_ESCAPED = {ord(c): f"\\u{ord(c):04x}" for c in BIDI_CONTROLS}
+
 
 def one_line(text: object, limit: int = MAX_LINE) -> str:
     """``text`` as one line: whitespace runs (newlines included) become one space, and a line
     longer than ``limit`` is cut in the middle with ``...``."""
-    line = " ".join(str(text).split())
+    line = " ".join(str(text).translate(_ESCAPED).split())
     return cut(line, limit)
 
 
