@@ -130,15 +130,18 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
     v = p.add_argument_group("verification (CLIP@k on the boxes, class names in the caption)")
     v.add_argument(
         "--verify",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="check every sample: removed classes leave CLIP's top-k on their boxes, kept ones "
-        "stay, the caption names no removed class; the scores go into its json as 'verify'",
+        "stay, the caption names no removed class; the scores go into its json as 'verify'. "
+        "--no-verify: no verification and no --filter, whatever a config says (default: off)",
     )
     v.add_argument(
         "--filter",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="--verify, and drop the samples that fail (status failed:verify-removal, "
-        "verify-retention or verify-text)",
+        "verify-retention or verify-text); --no-filter: keep them (default: off)",
     )
     add_options(v, declared(VerifyConfig, "model", "k", "retention_k", "text_check"))
     add_options(v, declared(Runtime, "verify_batch_size"))
@@ -241,6 +244,9 @@ def _text_config(args: argparse.Namespace, detect: DetectConfig | None) -> TextC
 
 
 def _verify_mode(args: argparse.Namespace) -> str:
+    """``off``, ``record`` (``--verify``) or ``filter`` (``--filter``); ``--no-verify`` wins."""
+    if args.verify is False:
+        return "off"
     return "filter" if args.filter else "record" if args.verify else "off"
 
 
