@@ -7,6 +7,7 @@ import importlib.metadata
 import importlib.util
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from types import ModuleType
 
 from counterfactual import DISTRIBUTION
@@ -26,8 +27,24 @@ class MissingExtra(ImportError):
 
 
 def extra_hint(extra: str) -> str:
-    """The command that installs one of the distribution's extras."""
-    return f"pip install '{DISTRIBUTION}[{extra}]'"
+    """The command that installs one of the distribution's extras, one that works while no
+    release is on a package index (``pip install 'counterfactual-vl[models]'`` finds nothing,
+    and there is no tag or public URL for a ``git+https://...@vX.Y.Z`` line yet): from the
+    clone. Run from a checkout (an editable install, ``PYTHONPATH``), the clone's own path;
+    else ``pip install '.[EXTRA]'`` in the clone it was installed from."""
+    root = checkout_root()
+    if root is not None:
+        return f"pip install -e '{root}[{extra}]'"
+    return f"pip install '.[{extra}]' in your clone of {DISTRIBUTION} (not on a package index yet)"
+
+
+def checkout_root() -> Path | None:
+    """The source checkout this package is imported from (the folder with its
+    ``pyproject.toml`` and ``setup.py``), or ``None`` for an installed copy."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "setup.py").is_file() and (root / "pyproject.toml").is_file():
+        return root
+    return None
 
 
 def require(module: str, extra: str) -> ModuleType:

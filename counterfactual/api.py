@@ -36,7 +36,13 @@ from counterfactual.imageio import DEFAULT_MAX_PIXELS, SampleError, load_rgb, rg
 from counterfactual.method.masks import MaskConfig, plan_mask
 from counterfactual.method.selection import RemovalPlan, SelectionConfig, candidates, select
 from counterfactual.records import Caption, ImageRecord, ObjectAnnotation
-from counterfactual.text import REMOVING_METHODS, RewriteRequest, TextConfig, make_rewriter
+from counterfactual.text import (
+    CLASS_NOT_IN_VOCABULARY,
+    REMOVING_METHODS,
+    RewriteRequest,
+    TextConfig,
+    make_rewriter,
+)
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -51,7 +57,9 @@ class EditError(ValueError):
     """The picture cannot be edited as asked. ``reason``: the status reason a run would record
     (``fewer-than-two-classes``, ``nothing-kept``, ``keep-overlap``, ``too-large``, a decode or
     model output failure: the README's table), or ``unknown-class`` (``remove`` names a class
-    no box has) or ``not-one-plan`` (no single target removes every named class);
+    no box has), ``not-one-plan`` (no single target removes every named class) or
+    ``class-not-in-vocabulary`` (the caption vocabulary has no words for a removed class:
+    pass ``vocabulary=`` a word-list file that lists it);
     ``candidates``: every target the alpha rules weighed, with its evidence."""
 
     def __init__(self, message: str, reason: str, candidates: Sequence[RemovalPlan] = ()) -> None:
@@ -115,6 +123,7 @@ class Editor:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
         self.seed = seed
+        self.vocabulary = vocabulary
         self.editor = make_editor(self.image_config, device=device, dtype=dtype)
         self.rewriter = make_rewriter(self.text_config, vocabulary, device=device, dtype=dtype)
         self.check = None
@@ -144,6 +153,7 @@ class Editor:
         objects = tuple(_object(i, box) for i, box in enumerate(boxes))
         record = ImageRecord("image", "", w, h, objects, (Caption("0", caption),))
         plan = self._plan(record, remove)
+        self._check_words(plan)
         try:
             mask = plan_mask(record, plan, h, w, self.mask_config)
             request = EditRequest(pixels, mask, plan.removed, plan.kept, self.seed)
@@ -169,6 +179,20 @@ class Editor:
             removed_phrases=tuple(rewritten.removed_phrases),
             still_named=tuple(still),
         )
+
+    def _check_words(self, plan: RemovalPlan) -> None:
+        """:class:`EditError` (``class-not-in-vocabulary``) when the caption vocabulary has no
+        words for a class the plan removes: the caption would come back unchanged, a wrong
+        pair, and the check could not see the class named."""
+        if self.check is None:
+            return
+        lacking = self.check.vocabulary.lacking(plan.removed)
+        if lacking:
+            from counterfactual.vocab import lacking_line
+
+            what = "the class to remove" if len(lacking) == 1 else "the classes to remove"
+            line = lacking_line(lacking, self.vocabulary, what, "vocabulary='FILE'")
+            raise EditError(line, CLASS_NOT_IN_VOCABULARY, (plan,))
 
     def _plan(self, record: ImageRecord, remove: str | Sequence[str] | None) -> RemovalPlan:
         """The plan for ``remove`` (``None``: the rules' seeded draw), or :class:`EditError`."""
@@ -222,7 +246,10 @@ def edit(
     ``options`` are :class:`Editor`'s: ``image_method`` (``inpaint``, ``blur``, ``mean``,
     ``zero``), ``inpaint_backend`` (``opencv``, ``diffusers``, ``lama``), ``image_options``
     (flat keys such as ``model``, ``steps``), ``text_method`` (``np-removal``, ``prompt``,
-    ``captioner``...), ``repair``, ``spacy_model``, ``vocabulary``, ``selection`` (a
+    ``captioner``...), ``repair``, ``spacy_model``, ``vocabulary`` (the class word-list file
+    the caption is matched with, one class a line: ``tripod, tripods, camera stand``; default
+    COCO's 80 classes: a removed class it lacks is an :class:`EditError`, never a caption kept
+    silently), ``selection`` (a
     :class:`SelectionConfig`: alphas), ``mask_source``, ``dilate``, ``seed``, ``device``,
     ``dtype``. :class:`EditError` (a ``ValueError``) when the rules allow no such removal,
     naming the rule and holding every candidate's evidence."""

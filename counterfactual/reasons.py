@@ -143,6 +143,12 @@ REASONS: dict[str, Reason] = {
         "the classes and the caption): a wrong training pair, not written",
         "steps",
     ),
+    "class-not-in-vocabulary": Reason(
+        "failed",
+        "the caption vocabulary (--vocabulary, default COCO's) has no words for a removed "
+        "class: the caption can be neither cut nor checked (detail: the classes)",
+        "steps",
+    ),
     "nothing-kept": Reason("failed", "prompt: no kept class to name", "steps"),
     "no-image": Reason("failed", "captioner: the item has no picture", "steps"),
     "bad-image": Reason("failed", "captioner: the picture is not an RGB array", "steps"),

@@ -117,6 +117,12 @@ class ClassVocabulary:
                 words[name] = list(dict.fromkeys([*words[name], *items]))
         return cls(words)
 
+    def lacking(self, classes: Iterable[str]) -> tuple[str, ...]:
+        """The classes of ``classes`` this vocabulary has no words for, sorted, each once: a
+        caption cannot be matched for them (np-removal would keep it whole, and no check
+        would see the class named)."""
+        return tuple(sorted(set(classes) - set(self.classes)))
+
     def words(self, cls: str) -> tuple[str, ...]:
         return tuple(" ".join(k) for k, c in self._entries.items() if c == cls)
 
@@ -201,6 +207,24 @@ def coco_vocabulary(paper_words: bool = True, more_words: bool = True) -> ClassV
     ):
         extra = [paper] if paper_words else []
         return ClassVocabulary.from_file(coco, [*extra, more] if more_words else extra)
+
+
+class VocabularyWarning(UserWarning):
+    """A run's classes that its vocabulary has no words for (their samples fail as
+    ``class-not-in-vocabulary``); the command line prints it as one line before it starts."""
+
+
+def lacking_line(lacking: Sequence[str], path: str | None, what: str, option: str) -> str:
+    """One line naming ``lacking``, ``what`` they are (``"the class to remove"``), that the
+    vocabulary in ``path`` (``None``: COCO's) has no words for, and how to pass one that
+    lists them (``option``: ``--vocabulary FILE`` or ``vocabulary='FILE'``)."""
+    which = "COCO's 80 classes, the default" if path is None else path
+    named = ", ".join(lacking[:8]) + (f" and {len(lacking) - 8} more" if len(lacking) > 8 else "")
+    return (
+        f"the caption vocabulary ({which}) has no words for {what}: {named}; a caption that "
+        f"names it cannot be rewritten or checked: pass {option} that lists it, one class a "
+        "line ('tripod, tripods, camera stand')"
+    )
 
 
 @cache

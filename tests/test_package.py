@@ -166,7 +166,7 @@ def test_a_missing_extra_is_one_line_that_names_it(hidden, argv, extras, named, 
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stderr.splitlines() == [
         f"counterfactual synth: error: {named} needed here but not installed: "
-        f"pip install '{counterfactual.DISTRIBUTION}[{extras}]'"
+        f"pip install -e '{REPO}[{extras}]'"  # the clone it runs from: no index has a release
     ]
     assert not out.exists()
 
@@ -177,7 +177,7 @@ def test_require_names_the_extra_and_is_a_setup_error_wherever_it_is_raised():
     from counterfactual._lazy import MissingExtra, require
     from counterfactual.cli import setup_error
 
-    with pytest.raises(MissingExtra, match=r"pip install 'counterfactual-vl\[tools\]'") as err:
+    with pytest.raises(MissingExtra, match=r"pip install -e '.+\[tools\]'") as err:
         require("no_such_module_for_this_test", "tools")
     assert isinstance(err.value, ImportError) and setup_error(err.value) is err.value
     wrapped = RuntimeError("task failed")
@@ -206,7 +206,7 @@ def wheel(tmp_path_factory) -> Path:
     """The project's wheel, built offline from a copy of the sources (a build in the
     repository would leave build/ and *.egg-info there)."""
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "NOTICE"):
         shutil.copy(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("counterfactual", "pipelines"):

@@ -13,12 +13,13 @@ signal's number (130 for Ctrl-C)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from counterfactual import fs
 from counterfactual._lazy import MissingExtra
@@ -50,7 +51,32 @@ SUBCOMMANDS = (
 
 class CliParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line and a pointer to ``--help`` (exit 2),
-    instead of the whole usage; every subcommand's parser is one too."""
+    instead of the whole usage; every subcommand's parser is one too (``add_parser`` makes
+    the parent's class). Options are never guessed: ``allow_abbrev=False`` (``--no-verify``
+    is not ``--no-verify-text``), and an unknown option names the closest one
+    (:meth:`unknown`)."""
+
+    def __init__(self, *args: Any, allow_abbrev: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+
+    def unknown(self, extra: Sequence[str]) -> NoReturn:
+        """The error for arguments this parser does not know: each unknown option with the
+        closest of this parser's options, ``--image-methd`` -> ``did you mean
+        --image-method?``."""
+        hints = []
+        for word in extra:
+            name = word.split("=", 1)[0]
+            if not name.startswith("-"):
+                continue
+            close = difflib.get_close_matches(name, self._option_string_actions, n=1, cutoff=0.75)
+            if close:
+                hints.append((name, close[0]))
+        tail = ""
+        if len(hints) == 1:
+            tail = f"; did you mean {hints[0][1]}?"
+        elif hints:
+            tail = "; did you mean " + ", ".join(f"{b} for {a}" for a, b in hints) + "?"
+        self.error(f"unrecognized arguments: {' '.join(extra)}{tail}")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {one_line(message)}\nTry '{self.prog} --help'.\n")
@@ -202,13 +228,23 @@ def _run(parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namesp
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """``parser.parse_args``, with unknown options reported by the subcommand's parser (its
-    name in the error and in the pointer to ``--help``)."""
+    """``parser.parse_args``, with unknown options reported by the innermost subcommand's
+    parser (its name in the error, its options in the "did you mean", its ``--help``)."""
     args, extra = parser.parse_known_args(argv)
     if extra:
-        parser_ = args._subcommands[args.command]
-        parser_.error(f"unrecognized arguments: {' '.join(extra)}")
+        _innermost(args._subcommands[args.command], args).unknown(extra)
     return args
+
+
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> CliParser:
+    """The parser of the nested subcommand ``args`` chose (``models list``, ``audit MODE``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                return _innermost(chosen, args)
+    assert isinstance(parser, CliParser)
+    return parser
 
 
 if __name__ == "__main__":

@@ -18,9 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "read and its samples compared) and that status.jsonl, manifest.json and the dataset "
         "card agree with the shards. Prints one line per problem and a summary; exits 1 when "
         "there is any (rerun the synth command to make damaged shards again), else 0. Changes "
-        "nothing.",
+        "nothing. A folder of `mix --unpair` (orig-*.tar) is checked the same way, its shards "
+        "and sizes.json only.",
     )
-    p.add_argument("out_dir", metavar="OUT_DIR", help="the --out folder or URL of the run")
+    p.add_argument(
+        "out_dir", metavar="OUT_DIR", help="the --out folder or URL of the run (or --unpair's)"
+    )
     p.add_argument(
         "--sizes-only",
         action="store_true",

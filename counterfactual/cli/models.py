@@ -33,7 +33,9 @@ MODEL_OPTIONS = {
     "--verify-model": True,
     "--candidates": True,
     "--verify": False,
+    "--no-verify": False,
     "--filter": False,
+    "--no-filter": False,
 }
 """The synth options that decide which models a run loads (``True``: it takes a value)."""
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +21,7 @@ from counterfactual.cli.common import (
 )
 from counterfactual.cli.options import TYPES, add_options, build
 from counterfactual.image import ImageConfig, cli_options, flat_default
+from counterfactual.messages import one_line
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.verify import VerifyConfig
@@ -135,15 +138,18 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
     v = p.add_argument_group("verification (CLIP@k on the boxes, class names in the caption)")
     v.add_argument(
         "--verify",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="check every sample: removed classes leave CLIP's top-k on their boxes, kept ones "
-        "stay, the caption names no removed class; the scores go into its json as 'verify'",
+        "stay, the caption names no removed class; the scores go into its json as 'verify'. "
+        "--no-verify: no verification and no --filter, whatever a config says (default: off)",
     )
     v.add_argument(
         "--filter",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="--verify, and drop the samples that fail (status failed:verify-removal, "
-        "verify-retention or verify-text)",
+        "verify-retention or verify-text); --no-filter: keep them (default: off)",
     )
     add_options(v, declared(VerifyConfig, "model", "k", "retention_k", "text_check"))
     add_options(v, declared(Runtime, "verify_batch_size"))
@@ -177,7 +183,8 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="join or start Ray, load no model and print the layout the run would use as one "
         "JSON object (GPUs, CPUs, shard workers, actors and GPUs per actor of each model "
-        "stage); exit 2 with one line when the cluster cannot hold it",
+        "stage); exit 2 with one line when the cluster cannot hold it, exit 1 with one line "
+        "naming the models that are not here (as `counterfactual models list`)",
     )
     add_options(r, declared(RayOptions, "verbose", "keep_ray_logs", "dashboard"))
 
@@ -250,6 +257,9 @@ def _text_config(args: argparse.Namespace, detect: DetectConfig | None) -> TextC
 
 
 def _verify_mode(args: argparse.Namespace) -> str:
+    """``off``, ``record`` (``--verify``) or ``filter`` (``--filter``); ``--no-verify`` wins."""
+    if args.verify is False:
+        return "off"
     return "filter" if args.filter else "record" if args.verify else "off"
 
 
@@ -274,6 +284,26 @@ def check_vocabulary(records: Sequence[ImageRecord], vocabulary: str | None) -> 
         )
 
 
+def warn_vocabulary(records: Sequence[ImageRecord], config: SynthConfig) -> None:
+    """Before the run starts, one warning line naming the dataset's classes that the caption
+    vocabulary lacks, for a text method that removes words (their samples fail as
+    ``class-not-in-vocabulary``); captions with annotated phrases (Flickr30k) need none."""
+    from counterfactual.text import REMOVING_METHODS
+    from counterfactual.vocab import VocabularyWarning, lacking_line, load_vocabulary
+
+    if config.text.method not in REMOVING_METHODS:
+        return
+    classes = {
+        o.category for r in records if any(c.phrases is None for c in r.captions) for o in r.objects
+    }
+    lacking = load_vocabulary(config.vocabulary).lacking(classes)
+    if lacking:
+        what = f"{len(lacking)} of the dataset's classes"
+        line = lacking_line(lacking, config.vocabulary, what, "--vocabulary FILE")
+        line += "; their samples fail as class-not-in-vocabulary"
+        warnings.warn(line, VocabularyWarning, stacklevel=2)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         check_extras(args)
@@ -291,13 +321,21 @@ def run(args: argparse.Namespace) -> int:
         check_cuda(runtime.device)
     from counterfactual.synth.run import check_out_dir, claim_run_out
 
+    made = new_folders(args.out)
     claim_run_out(args.out, args.force_out)  # someone else's folder: refused, nothing written
     check_out_dir(args.out)  # before the input is read: a bad OUT fails in a second
+    with removed_if_empty(made):
+        return _synth(args, config, runtime)
+
+
+def _synth(args: argparse.Namespace, config: SynthConfig, runtime: Runtime) -> int:
+    """The run into its checked OUT: read the input, make the shards, print the summary."""
     spec = data_spec(args, demo_root(args))
     inputs = open_input(spec, config.images_per_shard)
     records = inputs.records if isinstance(inputs.records, Sequence) else ()
     if config.verify.enabled and records:
         check_vocabulary(records, config.vocabulary)
+    warn_vocabulary(records, config)
     print(f"{spec.kind}: {_describe(inputs, spec)} -> {args.out} ({args.runner})", file=sys.stderr)
     progress = Progress(
         inputs.image_count(), inputs.shard_count(config.images_per_shard) or 0, unit=inputs.unit
@@ -340,6 +378,36 @@ def _note_few_shards(out: str) -> None:
         print(note, file=sys.stderr)
 
 
+def new_folders(out: str) -> list[Path]:
+    """The local folders that creating ``out`` makes: ``out`` and each missing parent,
+    innermost first (none for a URL or a folder that exists)."""
+    path = fs.as_path(out)
+    if not isinstance(path, Path):
+        return []
+    made = []
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        made.append(path)
+        path = path.parent
+    return made
+
+
+@contextmanager
+def removed_if_empty(folders: Sequence[Path]) -> Iterator[None]:
+    """A run that fails (or is stopped) leaves no empty OUT: each of ``folders`` (those it
+    made, innermost first) still empty then is removed; ``rmdir`` removes nothing else, so a
+    folder that holds anything, or one the user made, stays."""
+    try:
+        yield
+    except BaseException:
+        for folder in folders:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (or gone): it and its parents stay
+                break
+        raise
+
+
 def check_extras(
     args: argparse.Namespace, config: SynthConfig | None = None, runtime: Runtime | None = None
 ) -> None:
@@ -361,13 +429,22 @@ def check_extras(
 
 def dry_run(args: argparse.Namespace) -> int:
     """``--dry-run``: the layout on the Ray a run would use, as one JSON line on stdout; reads
-    no input (``--out`` is not needed) and loads no model."""
+    no input (``--out`` is not needed) and loads no model. The models the run would refuse
+    (:func:`check_models`, as ``counterfactual models list`` finds them) are one line on
+    stderr after it, and exit code 1; 0 when every model is here."""
     import json
 
+    from counterfactual.models.hub import ModelUnavailable
     from counterfactual.pipelines.synth import dry_run as layout_of
 
-    layout = layout_of(build_config(args), ray_options(args), build_runtime(args))
-    print(json.dumps(layout.to_json()))
+    config, runtime = build_config(args), build_runtime(args)
+    layout = layout_of(config, ray_options(args), runtime)
+    print(json.dumps(layout.to_json()), flush=True)
+    try:
+        check_models(args, config, runtime)
+    except ModelUnavailable as err:
+        print(f"counterfactual synth: dry run: {one_line(str(err))}", file=sys.stderr)
+        return 1
     return 0
 
 

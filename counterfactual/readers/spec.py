@@ -277,8 +277,9 @@ def check_inputs(spec: DataSpec) -> None:
     """``ValueError`` naming the option and path of an input file or folder that is missing,
     of the wrong kind or unreadable, before anything is read (else every image would fail
     alone, as ``missing-file``). Local paths are checked whole; of a URL only that the images
-    prefix holds something (one listing)."""
-    spec = spec.resolved()
+    prefix holds something (one listing). A path the user did not give is named with where
+    it came from: ``--instances (from --root ROOT) PATH: no such file``."""
+    given, spec = spec, spec.resolved()
     checks: list[tuple[str, str | None, bool]] = []
     if spec.kind == "coco":
         checks += [
@@ -290,9 +291,13 @@ def check_inputs(spec: DataSpec) -> None:
         checks.append(("--root", spec.root, True))
     if spec.kind != "demo":  # the demo writes its own pictures
         checks.append(("--images", spec.images, True))
+    source = f"--root {given.root}" if given.root is not None else f"--instances {given.instances}"
     for option, value, folder in checks:
-        if value is not None:
-            _check_path(option, value, folder)
+        if value is None:
+            continue
+        if getattr(given, option[2:].replace("-", "_")) is None:
+            option += f" (from {source})"
+        _check_path(option, value, folder)
 
 
 def _check_path(option: str, value: str, folder: bool) -> None:
@@ -317,8 +322,8 @@ def _check_path(option: str, value: str, folder: bool) -> None:
 def read_dataset(spec: DataSpec) -> Dataset:
     """The records of an annotated dataset (demo, COCO, Flickr30k), read once; its files and
     folders are checked first (:func:`check_inputs`)."""
+    check_inputs(spec)  # as given: a path the user did not give says where it came from
     spec = spec.resolved()
-    check_inputs(spec)
     if spec.corpus:
         raise ValueError(f"{spec.kind} is a corpus: its workers read it (open_input)")
     if spec.kind == "demo":
@@ -344,12 +349,12 @@ def read_dataset(spec: DataSpec) -> Dataset:
 def open_input(spec: DataSpec, images_per_shard: int) -> RunInput:
     """What a run reads: an annotated dataset's records, or a corpus's pieces of
     ``images_per_shard`` rows (the workers read them)."""
-    spec = spec.resolved()
+    given, spec = spec, spec.resolved()
     if not spec.corpus:
-        dataset = read_dataset(spec)
+        dataset = read_dataset(given)
         records = dataset.records if spec.limit is None else dataset.records[: max(spec.limit, 0)]
         return RunInput(records, failures=dataset.failures, spec=spec.absolute().to_dict())
-    check_inputs(spec)
+    check_inputs(given)
     if spec.limit is not None:  # a few rows: the driver reads them and hands them out as records
         return _first_rows(spec)
     from counterfactual.readers.corpus import plan_pieces

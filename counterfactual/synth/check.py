@@ -8,6 +8,9 @@ its samples' keys compared), and the folder's records are compared with its shar
 shards, ``sizes.json`` and ``shardindex.json``. Shards are numbered from 0 without gaps; a tar without its stats file (a run stopped
 mid-shard) or a stats file without its tar is reported too. Nothing is changed: a rerun of the
 synth command remakes what is damaged.
+
+``mix --unpair``'s folder (``orig-NNNNNN.tar``, its stats files and ``sizes.json``: the
+originals of pair shards, no run records) is checked the same way, shards and index only.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from counterfactual.synth.card import CARD_FILE
 from counterfactual.synth.indexes import IndexedShard, index_problems
 from counterfactual.synth.run import MANIFEST_FILE, RUN_FILE, STATUS_FILE
 from counterfactual.synth.shards import (
+    ORIGINALS_PREFIX,
     ShardStats,
     file_sizes,
     shard_index,
@@ -49,6 +53,8 @@ class RunCheck:
     hashed: int = 0
     seconds: float = 0.0
     content: bool = True
+    prefix: str = "shard"
+    """The shards' prefix: ``shard`` (a synth run) or ``orig`` (``mix --unpair``)."""
 
     @property
     def ok(self) -> bool:
@@ -67,11 +73,14 @@ class RunCheck:
             f"{self.out_dir}: {self.shards:,} shards, {self.samples:,} samples, "
             f"{self.bytes / 1e6:,.1f} MB checked ({checked}) in {self.seconds:.1f} s"
         )
+        unpaired = self.prefix == ORIGINALS_PREFIX
         if self.ok:
+            if unpaired:
+                return f"{head}: intact (mix --unpair's originals), and sizes.json agrees"
             return f"{head}: intact, and status.jsonl, manifest.json and {CARD_FILE} agree"
+        command = "the mix --unpair command" if unpaired else "the synth command"
         return (
-            f"{head}: {len(self.problems)} problem(s); rerun the synth command to make damaged "
-            "shards again"
+            f"{head}: {len(self.problems)} problem(s); rerun {command} to make damaged shards again"
         )
 
 
@@ -83,21 +92,23 @@ def check_run(out_dir: fs.PathLike, content: bool = True) -> RunCheck:
     names = set(fs.listdir(out_dir))
     if not names:
         raise ValueError(f"{out_dir}: no such run folder (or an empty one)")
-    result = RunCheck(out_dir, content=content)
+    prefix = _prefix(names)
+    result = RunCheck(out_dir, content=content, prefix=prefix)
     problem = result.problems.append
     sizes = file_sizes(out_dir)
     tars = {
         i
         for n in names
-        if n.endswith(".tar") and (i := shard_index(n[: -len(".tar")] + "_stats.json")) is not None
+        if n.endswith(".tar")
+        and (i := shard_index(n[: -len(".tar")] + "_stats.json", prefix)) is not None
     }
     committed: dict[int, ShardStats] = {}
     for name in sorted(names):
-        index = shard_index(name)
+        index = shard_index(name, prefix)
         if index is None:
             continue
         if index not in tars:
-            problem(f"{name}: its tar {shard_name('shard', index)} is missing")
+            problem(f"{name}: its tar {shard_name(prefix, index)} is missing")
             continue
         try:
             committed[index] = ShardStats.from_dict(
@@ -106,9 +117,9 @@ def check_run(out_dir: fs.PathLike, content: bool = True) -> RunCheck:
         except (ValueError, KeyError, TypeError) as err:
             problem(f"{name}: not a stats file ({type(err).__name__}: {err})")
     for index in sorted(tars - set(committed)):
-        if stats_name("shard", index) not in names:
-            problem(f"{shard_name('shard', index)}: unfinished (no stats file)")
-    if committed and RUN_FILE not in names:
+        if stats_name(prefix, index) not in names:
+            problem(f"{shard_name(prefix, index)}: unfinished (no stats file)")
+    if committed and RUN_FILE not in names and prefix != ORIGINALS_PREFIX:
         problem(f"{RUN_FILE} is missing: the config the shards were made with is not recorded")
     for _, stats in sorted(committed.items()):
         damage = verify_shard(out_dir, stats, sizes.get(stats.shard), content)
@@ -127,11 +138,19 @@ def check_run(out_dir: fs.PathLike, content: bool = True) -> RunCheck:
     gaps = [i for i in range(max(committed, default=-1) + 1) if i not in committed]
     if gaps:
         problem(
-            f"{len(gaps)} shard(s) missing from the numbering ({shard_name('shard', gaps[0])}, ...)"
+            f"{len(gaps)} shard(s) missing from the numbering ({shard_name(prefix, gaps[0])}, ...)"
         )
-    _check_records(out_dir, names, committed, problem)
+    if prefix != ORIGINALS_PREFIX:  # the originals of pairs have no run records
+        _check_records(out_dir, names, committed, problem)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _prefix(names: set[str]) -> str:
+    """``orig`` for a folder of ``mix --unpair``'s originals (``orig-*`` shards and no
+    ``shard-*`` ones), else ``shard``."""
+    has = {p: any(n.startswith(f"{p}-") for n in names) for p in ("shard", ORIGINALS_PREFIX)}
+    return ORIGINALS_PREFIX if has[ORIGINALS_PREFIX] and not has["shard"] else "shard"
 
 
 def damaged_shards(out_dir: fs.PathLike, content: bool = True) -> list[str]:

@@ -59,6 +59,11 @@ class Sample:
     extra: tuple[tuple[str, bytes], ...] = ()
 
 
+ORIGINALS_PREFIX = "orig"
+"""The prefix of ``mix --unpair``'s shards (:mod:`counterfactual.train.pairs`), which
+``counterfactual check`` also reads."""
+
+
 def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}-{index:06d}.tar"
 

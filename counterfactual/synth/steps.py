@@ -47,6 +47,7 @@ from counterfactual.synth.plan import Runtime, SynthConfig, load_record_picture
 from counterfactual.synth.shards import Sample
 from counterfactual.text import (
     CAPTION_STILL_NAMES,
+    CLASS_NOT_IN_VOCABULARY,
     REMOVING_METHODS,
     REWRITERS,
     RewriteRequest,
@@ -523,6 +524,7 @@ class Rewrite(BatchStep):
         )
 
     def run(self, jobs: list[Job]) -> None:
+        jobs = [job for job in jobs if not self._unmatched(job)]
         results = model_outputs(self.rewriter, [(job, self._request(job)) for job in jobs])
         for (job, result), named in zip(results, self._still_named(results), strict=True):
             if result.text is None:
@@ -534,6 +536,20 @@ class Rewrite(BatchStep):
             else:
                 job.caption = result
                 job.methods["text_method"] = self.info
+
+    def _unmatched(self, job: Job) -> bool:
+        """Fail ``job`` as ``class-not-in-vocabulary`` when its caption would be matched by
+        words (no annotated phrases) that the vocabulary lacks for a removed class: the
+        rewrite would keep the caption and the check would not see the class named."""
+        if self.check is None or job.item.caption.phrases is not None:
+            return False
+        lacking = self.check.vocabulary.lacking(job.plan.removed)
+        if lacking:
+            job.fail(
+                CLASS_NOT_IN_VOCABULARY,
+                f"no words for {', '.join(lacking)} in the vocabulary (--vocabulary FILE)",
+            )
+        return bool(lacking)
 
     def _request(self, job: Job) -> RewriteRequest:
         if self.needs_image and job.edited is None:

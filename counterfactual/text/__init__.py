@@ -20,6 +20,9 @@ from counterfactual.records import Phrase
 CAPTION_STILL_NAMES = "caption-still-names"
 """The status reason of a rewrite that still names a removed class
 (:class:`counterfactual.text.np_removal.MentionCheck`)."""
+CLASS_NOT_IN_VOCABULARY = "class-not-in-vocabulary"
+"""The status reason of a sample whose removed class the vocabulary has no words for: its
+caption can be neither cut nor checked (:meth:`counterfactual.vocab.ClassVocabulary.lacking`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,10 +26,15 @@ from counterfactual import fs
 from counterfactual.readers.corpus import member_key_field
 from counterfactual.records import Status
 from counterfactual.synth.indexes import SIZES_FILE, IndexedShard, sizes_json
-from counterfactual.synth.shards import Sample, ShardWriter, sample_key, shard_name
+from counterfactual.synth.shards import (
+    ORIGINALS_PREFIX,
+    Sample,
+    ShardWriter,
+    sample_key,
+    shard_name,
+)
 from counterfactual.train.mix import ShardSpec, expand_shards
 
-ORIGINALS_PREFIX = "orig"
 PAIR_FIELDS = ("json", "orig.jpg")
 """The members of a pair sample :func:`iter_originals` reads (the rest are skipped)."""
 
