@@ -4,6 +4,7 @@ empty list) what happens then ("default: all", "default: not written"). Required
 on/off switches are exempt."""
 
 import argparse
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -148,3 +149,34 @@ def test_help_prints_for_every_subcommand(capsys):
         assert exit_.value.code == 0
         out = capsys.readouterr().out
         assert out.startswith("usage:"), p.prog
+
+
+def _synth_help() -> str:
+    (synth,) = (p for p in parsers(build_parser()) if p.prog == "counterfactual synth")
+    return synth.format_help()
+
+
+def test_synth_help_leads_with_the_options_most_runs_need():
+    """The first group of ``synth --help`` holds the ten options of the README's recipes, in
+    that order; each option is listed once, in one group; the usage line is short."""
+    from counterfactual.cli.synth import LEAD
+
+    text = _synth_help()
+    usage, rest = text.split("\n\n", 1)
+    assert usage.count("\n") == 0 and "--out OUT" in usage
+    first = rest.split("\n\n")[1]  # after the description
+    assert first.startswith("the options most runs need")
+    # a boolean's line names both forms (``--verify, --no-verify``): its first names it
+    shown = [
+        line.split()[0].rstrip(",") for line in first.splitlines()[1:] if line.startswith("  --")
+    ]
+    assert shown == list(LEAD) and len(LEAD) == 10
+    listed = [line.split()[0].rstrip(",") for line in text.splitlines() if line.startswith("  --")]
+    assert len(listed) == len(set(listed))  # none twice
+    assert {"--text-method", "--policy", "--pairs", "--dry-run"} <= set(listed)
+
+
+def test_no_help_cites_an_internal_document():
+    """No "SPEC 1.1" (a document the repository does not hold); SPEC as a metavar is fine."""
+    for p in parsers(build_parser()):
+        assert not re.search(r"SPEC \d", p.format_help()), p.prog

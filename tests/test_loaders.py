@@ -130,7 +130,8 @@ def test_few_shards_note_boundary(counts, noted):
 
 def test_synth_notes_fewer_shards_than_loader_workers(run):
     out, done = run
-    last = done.stderr.strip().splitlines()[-1]
+    lines = done.stderr.strip().splitlines()
+    last = lines[lines.index("next steps:") - 1]  # the note, then the next steps, last
     assert last.startswith("note: 5 shards hold samples, fewer than the 8 DataLoader workers")
     assert f"counterfactual.load.webdataset({str(out)!r})" in last
     assert "note:" not in done.stdout

@@ -1,11 +1,15 @@
 """`counterfactual mix`: shard expansion, sample counts, weights for a ratio, the mixed stream."""
 
 import collections
+import hashlib
 import inspect
 import io
 import itertools
 import json
+import os
 import random
+import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -14,6 +18,8 @@ from braceexpand import braceexpand
 from PIL import Image
 
 from counterfactual.cli import main
+from counterfactual.records import Status
+from counterfactual.synth.shards import Sample, ShardWriter
 from counterfactual.train.mix import (
     PLAN_VERSION,
     MixPlan,
@@ -25,6 +31,7 @@ from counterfactual.train.mix import (
     shard_pattern,
     stats_path,
 )
+from counterfactual.train.pairs import Unpaired, even_split, write_originals
 
 
 def _jpeg(shade: int) -> bytes:
@@ -456,3 +463,109 @@ def test_mixed_dataset_checks_its_inputs(tmp_path):
         mixed_dataset(tmp_path / "syn", tmp_path / "syn", -1.0)
     with pytest.raises(ValueError, match="no such file"):
         mixed_dataset(tmp_path / "missing.tar", tmp_path / "syn", 0.1)
+
+
+# --- mix --unpair: enough originals shards --------------------------------------------------
+
+
+def write_pairs(directory, images_per_shard):
+    """Pair shards as ``synth --pairs`` writes them: one shard per list of image ids, one
+    sample per id (an id twice: two targets of one picture, one original)."""
+    directory.mkdir(parents=True)
+    n = 0
+    for index, images in enumerate(images_per_shard):
+        writer = ShardWriter(directory, index)
+        for image in images:
+            n += 1
+            key = f"{image:04d}_0_t{n}"
+            meta = {"image_id": image, "caption_id": 0, "original_caption": f"cap {image}"}
+            orig = (("orig.jpg", _jpeg(image)),)
+            writer.add(Sample(key, _jpeg(n), f"edited {n}", meta, orig), Status(str(image),
+                       "written", None, "", key))  # fmt: skip
+        writer.commit()
+    return directory
+
+
+def _digests(directory):
+    return {p.name: hashlib.sha256(p.read_bytes()).digest() for p in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize(
+    ("total", "parts", "sizes"),
+    [
+        (10, 8, [2, 2, 1, 1, 1, 1, 1, 1]),
+        (16, 8, [2] * 8),
+        (7, 7, [1] * 7),
+        (0, 3, [0, 0, 0]),
+        (5, 1, [5]),
+    ],
+)
+def test_even_split(total, parts, sizes):
+    assert even_split(total, parts) == sizes
+
+
+@pytest.mark.parametrize(
+    ("pairs", "min_shards", "counts"),
+    [
+        # fewer pair shards than min_shards: the originals, in order, split evenly
+        ([[1, 2, 2, 3, 4], [4, 5, 6, 7, 8, 9, 10]], 8, (2, 2, 1, 1, 1, 1, 1, 1)),
+        ([[1, 2], [3]], 8, (1, 1, 1)),  # fewer originals than min_shards: one each
+        ([[1], [1], [1]], 8, (1, 0, 0)),  # never fewer shards than pair shards
+        # at least min_shards pair shards: one originals shard per pair shard, as before
+        ([[1, 2, 2], [3], [], [3, 4, 5]], 4, (2, 1, 0, 2)),
+        ([[1, 2, 2], [3], [], [3, 4, 5]], 1, (2, 1, 0, 2)),
+    ],
+)
+def test_unpair_writes_at_least_min_shards(tmp_path, pairs, min_shards, counts):
+    source = write_pairs(tmp_path / "pairs", pairs)
+    out = tmp_path / "orig"
+    written = write_originals(str(source), out, min_shards)
+    assert written.counts == counts and written.pairs == sum(map(len, pairs))
+    names = [f"orig-{i:06d}.tar" for i in range(len(counts))]
+    assert [os.path.basename(s) for s in written.shards] == names
+    assert json.loads((out / "sizes.json").read_text()) == dict(zip(names, counts, strict=True))
+    assert [count_samples(str(out / n)) for n in names] == list(counts)  # stats files agree
+    keys = [s["__key__"] for s in wds.WebDataset([str(out / n) for n in names], shardshuffle=False)]
+    first_seen = list(dict.fromkeys(i for shard in pairs for i in shard))
+    assert keys == [f"{i}_0" for i in first_seen]  # each original once, in order
+    again = write_originals(str(source), tmp_path / "again", min_shards)
+    assert again == Unpaired(tuple(s.replace("/orig/", "/again/") for s in written.shards),
+                             counts, written.pairs)  # fmt: skip
+    assert _digests(tmp_path / "again") == _digests(out)  # deterministic, byte for byte
+
+
+def test_unpair_from_enough_pair_shards_is_the_same_bytes_whatever_min_shards(tmp_path):
+    source = write_pairs(tmp_path / "pairs", [[1, 2], [2, 3], [4]])
+    write_originals(str(source), tmp_path / "a", 3)
+    write_originals(str(source), tmp_path / "b", 1)
+    assert _digests(tmp_path / "a") == _digests(tmp_path / "b")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_unpair_min_shards_must_be_a_whole_number_from_1(tmp_path, bad):
+    source = write_pairs(tmp_path / "pairs", [[1]])
+    with pytest.raises(ValueError, match="min_shards must be an integer >= 1"):
+        write_originals(str(source), tmp_path / "o", bad)
+
+
+def test_cli_unpair_writes_eight_shards_by_default_and_min_shards_says_otherwise(tmp_path, capsys):
+    source = write_pairs(tmp_path / "pairs", [list(range(1, 11)), list(range(11, 21))])
+    argv = ["mix", "--synthetic", str(source), "--ratio", "1"]
+    done = subprocess.run(  # as a user types it
+        [sys.executable, "-m", "counterfactual", *argv, "--unpair", str(tmp_path / "o8")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"20 originals of 20 pair samples written to {tmp_path}/o8 "
+                                  "in 8 shards")  # fmt: skip
+    sizes = json.loads((tmp_path / "o8" / "sizes.json").read_text())
+    assert list(sizes.values()) == [3, 3, 3, 3, 2, 2, 2, 2]
+    assert main([*argv, "--unpair", str(tmp_path / "o2"), "--min-shards", "2"]) == 0
+    assert " in 2 shards" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--unpair", str(tmp_path / "o0"), "--min-shards", "0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "counterfactual mix: error: argument --min-shards: 0 is not a whole number > 0"
+    )
+    assert not (tmp_path / "o0").exists()

@@ -290,3 +290,82 @@ def test_the_installed_package_runs_the_demo_by_name_from_another_folder(wheel, 
     assert run.returncode == 0, run.stderr[-3000:]
     assert "(ray)" in run.stderr
     assert sorted(p.name for p in (work / "out").glob("shard-*.tar")) == ["shard-000000.tar"]
+
+
+# --- python -m build, twine check, the sdist installed ------------------------------------
+
+
+def _build(src: Path, dist: Path) -> None:
+    """``python -m build --no-isolation`` (offline: this environment's setuptools); where
+    ``build`` is not installed, the same PEP 517 hooks of the project's backend it calls."""
+    try:
+        import build  # noqa: F401
+    except ImportError:
+        hooks = "from setuptools import build_meta as b; b.build_sdist({d!r}); b.build_wheel({d!r})"
+        argv = [sys.executable, "-c", hooks.format(d=str(dist))]
+    else:
+        argv = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), "."]
+    done = subprocess.run(argv, cwd=src, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory) -> dict[str, Path]:
+    """The sdist and wheel, built from the files git tracks (as a fresh clone has them)."""
+    src = tmp_path_factory.mktemp("clone")
+    tracked = (
+        subprocess.run(
+            ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60
+        )
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    dist = tmp_path_factory.mktemp("dist")
+    _build(src, dist)
+    (sdist,) = dist.glob("*.tar.gz")
+    (whl,) = dist.glob("*.whl")
+    return {"sdist": sdist, "wheel": whl}
+
+
+@pytest.mark.slow
+def test_build_makes_an_sdist_and_a_wheel_twine_passes(dists):
+    version = counterfactual.__version__
+    assert dists["sdist"].name == f"counterfactual_vl-{version}.tar.gz"
+    assert dists["wheel"].name == f"counterfactual_vl-{version}-py3-none-any.whl"
+    pytest.importorskip("twine", reason="twine (the dev extra) is not installed")
+    done = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, dists.values())],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("PASSED") == 2, done.stdout
+
+
+@pytest.mark.slow
+def test_the_sdist_installs_and_runs_the_demo(dists, tmp_path):
+    """The sdist built and installed by pip (offline, the dependencies from this environment),
+    then the demo by name from an empty folder, in-process: its next steps at the end."""
+    site = tmp_path / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+        + ["--no-build-isolation", "--target", str(site), str(dists["sdist"])],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (site / "counterfactual" / "pipelines" / "configs" / "demo.yaml").is_file()
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-m", "counterfactual", "synth", "--config", "demo", "--out", "out"]
+        + ["--runner", "local"],
+        cwd=work, env=offline_env(PYTHONPATH=str(site)), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (work / "out" / "shard-000000.tar").stat().st_size > 0
+    assert run.stderr.rstrip().splitlines()[-2] == "  counterfactual check out    # verify every " \
+        "shard against its records"  # fmt: skip

@@ -119,7 +119,7 @@ def test_mix_unpair_makes_the_original_side_from_the_pairs(runs, tmp_path, capsy
     metas = [json.loads(s["json"]) for s in pairs]
     distinct = {(m["image_id"], m["caption_id"]) for m in metas}
     assert len(distinct) == 10 < len(pairs)  # --policy all: several targets per picture
-    assert printed.startswith(f"10 originals of 48 pair samples written to {originals} in 5")
+    assert printed.startswith(f"10 originals of 48 pair samples written to {originals} in 8")
     assert "--train-data" in printed
     by_image = {(m["image_id"], m["caption_id"]): (s, m) for s, m in zip(pairs, metas, strict=True)}
     got = list(wds.WebDataset(sorted(str(p) for p in originals.glob("orig-*.tar")),
@@ -130,8 +130,9 @@ def test_mix_unpair_makes_the_original_side_from_the_pairs(runs, tmp_path, capsy
         pair, pair_meta = by_image[(meta["image_id"], meta["caption_id"])]
         assert o["jpg"] == pair["orig.jpg"]
         assert o["txt"].decode() == pair_meta["original_caption"]
+    # 5 pair shards, fewer than the 8 loader workers: the 10 originals split over 8 shards
     assert json.loads((originals / "sizes.json").read_text()) == {
-        f"orig-00000{i}.tar": n for i, n in enumerate((0, 3, 2, 3, 2))}  # fmt: skip
+        f"orig-00000{i}.tar": n for i, n in enumerate((2, 2, 1, 1, 1, 1, 1, 1))}  # fmt: skip
     plan = plan_mix([str(originals)], [str(runs[0])], 0.5)
     assert (plan.original.samples, plan.synthetic.samples) == (10, 48)
     train = plan_training(TrainConfig(model="unused", original=(str(originals),),
@@ -165,7 +166,7 @@ def test_train_reads_the_unpaired_originals_and_the_pairs(runs, tmp_path, capsys
     capsys.readouterr()
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "10 original samples in 5 shards, 48 synthetic in 5 shards" in printed
+    assert "10 original samples in 8 shards, 48 synthetic in 5 shards" in printed
     result = json.loads((out / "train.json").read_text())
     assert result["result"]["samples"] == 58 and result["result"]["synthetic"] == 48
 

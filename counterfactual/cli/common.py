@@ -78,7 +78,9 @@ def add_selection_args(parser: argparse.ArgumentParser) -> None:
     from counterfactual.options import declared
     from counterfactual.synth.plan import SynthConfig
 
-    g = parser.add_argument_group("selection (SPEC 1.1)")
+    g = parser.add_argument_group(
+        "selection (which classes are removed: the alpha rules of Kim et al.)"
+    )
     add_options(g, declared(SelectionConfig))
     add_options(g, declared(SynthConfig, "seed"))
 

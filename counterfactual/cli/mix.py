@@ -6,9 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from counterfactual.cli.common import positive_int
 from counterfactual.train.mix import MixPlan, plan_mix
+from counterfactual.train.pairs import MIN_SHARDS
 
-_PAPER_RANGE = (0.08, 0.2)  # SPEC 1.6: synthetic per original in the paper
+_PAPER_RANGE = (0.08, 0.2)  # synthetic per original in the paper (Kim et al.)
 _LONG_FLAGS = 4000  # characters; above this, with --out, the flags are left to the JSON
 
 
@@ -36,6 +38,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "written into DIR as the original side (DIR/orig-NNNNNN.tar with stats files and "
         "sizes.json): D ∪ D' without the source dataset; train reads DIR as --original",
     )
+    p.add_argument(
+        "--min-shards",
+        type=positive_int,
+        default=MIN_SHARDS,
+        metavar="N",
+        help="with --unpair: from fewer pair shards than N, split the originals evenly over N "
+        "shards (fewer when there are fewer originals), so that N DataLoader workers each "
+        "read one; from N or more, one originals shard per pair shard (default: %(default)s)",
+    )
     p.add_argument("--synthetic", nargs="+", required=True, metavar="SPEC", help="synthetic shards")
     p.add_argument(
         "--ratio",
@@ -57,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.unpair is not None:
         from counterfactual.train.pairs import write_originals
 
-        unpaired = write_originals(args.synthetic, args.unpair)
+        unpaired = write_originals(args.synthetic, args.unpair, args.min_shards)
         print(
             f"{unpaired.originals} originals of {unpaired.pairs} pair samples written to "
             f"{args.unpair} in {len(unpaired.shards)} shard"

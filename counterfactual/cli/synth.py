@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -42,9 +43,25 @@ _IMAGE = ImageConfig()
 """The image defaults the backends' options show."""
 
 
+LEAD = (
+    "--config",
+    "--dataset",
+    "--root",
+    "--out",
+    "--runner",
+    "--device",
+    "--image-method",
+    "--inpaint-backend",
+    "--verify",
+    "--images-per-shard",
+)
+"""The options most runs need (the README's recipes), shown first by ``synth --help``."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "synth",
+        usage="%(prog)s [--config FILE] [--dataset NAME] [--root DIR] --out OUT [OPTION ...]",
         help="erase objects, rewrite captions, write WebDataset shards",
         description="Select removable classes, erase them from the images, rewrite the captions "
         "and write WebDataset shards (jpg, txt, json per sample) plus status.jsonl (one row per "
@@ -80,7 +97,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_verify_args(p)
     _add_output_args(p)
     _add_ray_args(p)
+    _lead(p, "the options most runs need (the rest follow, by topic)", LEAD)
     p.set_defaults(func=run)
+
+
+def _lead(p: argparse.ArgumentParser, title: str, flags: Sequence[str]) -> None:
+    """Move the options named by ``flags`` (each one's first option string) out of their groups
+    into a group ``title`` that ``--help`` shows first, in the order given. Parsing is
+    unchanged: only where the help lists them."""
+    lead = p.add_argument_group(title)
+    p._action_groups.remove(lead)
+    p._action_groups.insert(0, lead)
+    for flag in flags:
+        action = p._option_string_actions[flag]
+        for group in p._action_groups:
+            if action in group._group_actions:
+                group._group_actions.remove(action)
+        lead._group_actions.append(action)
 
 
 def _add_box_args(p: argparse.ArgumentParser) -> None:
@@ -362,7 +395,24 @@ def _synth(args: argparse.Namespace, config: SynthConfig, runtime: Runtime) -> i
 
     print(summary_table(result))
     _note_few_shards(args.out)
+    if result.written:
+        print(next_steps(args.out), file=sys.stderr)
     return 0
+
+
+def next_steps(out: str) -> str:
+    """The lines printed last after a run that wrote samples: how to look at the shards
+    (``report``; a local folder only), check them and load them for training."""
+    quoted = shlex.quote(out)
+    lines = ["next steps:"]
+    if not fs.is_url(out):
+        report = Path(out) / "report" / "index.html"
+        lines.append(f"  counterfactual report {quoted}   # look at them: open {report}")
+    lines += [
+        f"  counterfactual check {quoted}    # verify every shard against its records",
+        f"  counterfactual.load.webdataset({out!r})   # train on them (README: Load the shards)",
+    ]
+    return "\n".join(lines)
 
 
 def _note_few_shards(out: str) -> None:

@@ -40,17 +40,24 @@ _MODIFIER_TAGS = frozenset({"DT", "PDT", "CD", "JJ", "JJR", "JJS", "PRP$", "POS"
 
 class _Chunk:
     """Characters ``start:end`` mention ``classes``; ``lead`` (<= ``start``) also takes the
-    conjunction that joins the phrase to the one conjunct before it ("a cat [and a dog]")."""
+    conjunction that joins the phrase to the one conjunct before it ("a cat [and a dog]");
+    ``tail`` (>= ``end``) also takes the prepositional phrases right after it that belong to
+    it by a possessive ("a rocket [on its launch pad]"): cut with it when repairing, as the
+    "its" would name what is gone and the phrase would attach to the noun before."""
 
-    __slots__ = ("start", "end", "classes", "lead")
+    __slots__ = ("start", "end", "classes", "lead", "tail")
 
-    def __init__(self, start: int, end: int, classes: frozenset[str], lead: int) -> None:
+    def __init__(
+        self, start: int, end: int, classes: frozenset[str], lead: int, tail: int | None = None
+    ) -> None:
         self.start, self.end, self.classes, self.lead = start, end, classes, lead
+        self.tail = end if tail is None else tail
 
     def mapped(self, folded: Folded) -> _Chunk:
         """This chunk, found in ``folded.text``, as a span of ``folded.original``."""
         start, end = folded.span(self.start, self.end)
-        return _Chunk(start, end, self.classes, folded.start(self.lead))
+        tail = folded.span(self.start, self.tail)[1]
+        return _Chunk(start, end, self.classes, folded.start(self.lead), tail)
 
 
 def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
@@ -84,9 +91,32 @@ def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
         else:
             groups.append((start, end, frozenset({mention.cls})))
     return tuple(
-        _Chunk(doc[s:e].start_char, doc[s:e].end_char, classes, doc[_lead(doc, s, e)].idx)
+        _Chunk(
+            doc[s:e].start_char,
+            doc[s:e].end_char,
+            classes,
+            doc[_lead(doc, s, e)].idx,
+            doc[s : _tail(doc, s, e)].end_char,
+        )
         for s, e, classes in groups
     )
+
+
+_POSSESSIVES = frozenset({"its", "their"})
+
+
+def _tail(doc: Any, start: int, end: int) -> int:
+    """The token after the prepositional phrases that follow tokens ``start:end`` directly,
+    hang on its head noun and hold "its" or "their" ("a rocket [on its launch pad]",
+    "frisbees [in their mouths]"); ``end`` when none does."""
+    root, tail = doc[start:end].root, end
+    for child in root.rights:
+        if child.dep_ != "prep" or child.i != tail:
+            continue
+        if not any(t.dep_ == "poss" and t.lower_ in _POSSESSIVES for t in child.subtree):
+            break
+        tail = child.right_edge.i + 1
+    return tail
 
 
 def _distinct(chunks: list[_Chunk]) -> tuple[_Chunk, ...]:
@@ -219,7 +249,8 @@ class NounPhraseRemover:
             elif req.caption in parsed:
                 removed = set(req.removed)
                 found = [c for c in parsed[req.caption][1] if c.classes & removed]
-                spans = [(c.lead if self.config.repair else c.start, c.end) for c in found]
+                repair = self.config.repair
+                spans = [(c.lead, c.tail) if repair else (c.start, c.end) for c in found]
                 shown = [(c.start, c.end) for c in found]
             else:
                 spans = []

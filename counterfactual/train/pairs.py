@@ -12,11 +12,16 @@ shards, the pair shards being the synthetic side. No source dataset is needed.
 One original is one (image, caption): several samples made from the same picture and caption
 (``--policy all``: one per removable class) share it, and it is written once; its key is
 ``sample_key(image_id, caption_id)``. Shards are written in the order of the pair shards, one
-originals shard per pair shard, so the output depends only on the input.
+originals shard per pair shard, so the output depends only on the input; from fewer pair
+shards than ``min_shards`` (:data:`MIN_SHARDS`, the DataLoader workers a trainer often runs),
+the originals are split evenly over ``min_shards`` shards (fewer when there are fewer
+originals), in the same order, so that no loader worker is left without a shard.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -25,16 +30,18 @@ from dataclasses import dataclass
 from counterfactual import fs
 from counterfactual.readers.corpus import member_key_field
 from counterfactual.records import Status
-from counterfactual.synth.indexes import SIZES_FILE, IndexedShard, sizes_json
+from counterfactual.synth.indexes import LOADER_WORKERS, SIZES_FILE, IndexedShard, sizes_json
 from counterfactual.synth.shards import (
     ORIGINALS_PREFIX,
     Sample,
+    ShardStats,
     ShardWriter,
     sample_key,
-    shard_name,
 )
 from counterfactual.train.mix import ShardSpec, expand_shards
 
+MIN_SHARDS = LOADER_WORKERS
+"""The fewest originals shards :func:`write_originals` writes when there are originals enough."""
 PAIR_FIELDS = ("json", "orig.jpg")
 """The members of a pair sample :func:`iter_originals` reads (the rest are skipped)."""
 
@@ -116,44 +123,83 @@ def _pair_samples(shard: fs.PathLike) -> Iterator[tuple[str, dict[str, bytes]]]:
         yield key, fields
 
 
-def write_originals(pairs: ShardSpec, out_dir: fs.PathLike) -> Unpaired:
+def write_originals(
+    pairs: ShardSpec, out_dir: fs.PathLike, min_shards: int = MIN_SHARDS
+) -> Unpaired:
     """Write the originals of the pair shards ``pairs`` (a run folder, brace pattern, glob...:
     :func:`~counterfactual.train.mix.expand_shards`) into ``out_dir`` as
-    ``orig-NNNNNN.tar`` shards, one per pair shard, each committed by its stats file, and
-    ``sizes.json``; the originals of one (image, caption) seen in several shards are written
-    in the first. ``ValueError`` for a shard without pairs."""
+    ``orig-NNNNNN.tar`` shards, each committed by its stats file, and ``sizes.json``; the
+    originals of one (image, caption) seen in several shards are written in the first. With
+    at least ``min_shards`` pair shards, one originals shard per pair shard; with fewer, the
+    originals in the same order split over ``max(pair shards, min(min_shards, originals))``
+    shards by :func:`even_split` (the pair shards are then read twice: once to count them).
+    ``ValueError`` for a shard without pairs, or ``min_shards`` not an integer >= 1."""
+    if isinstance(min_shards, bool) or not isinstance(min_shards, int) or min_shards < 1:
+        raise ValueError(f"min_shards must be an integer >= 1, got {min_shards!r}")
     shards = expand_shards(pairs)
     fs.makedirs(out_dir)
-    seen: set[str] = set()
-    names: list[str] = []
-    counts: list[int] = []
-    pair_count = 0
-    for index, shard in enumerate(shards):
-        writer = ShardWriter(out_dir, index, prefix=ORIGINALS_PREFIX)
-        for key, fields in _pair_samples(shard):
-            pair_count += 1
-            original = _original(shard, key, fields)
-            if original.key in seen:
-                continue
-            seen.add(original.key)
-            image_id = str(original.meta["image_id"])
-            writer.add(
-                Sample(original.key, original.jpg, original.caption, original.meta),
-                Status(image_id, "written", None, "", original.key),
-            )
-        stats = writer.commit()
-        names.append(shard_name(ORIGINALS_PREFIX, index))
-        counts.append(stats.count)
-    sizes = [IndexedShard(n, c, 0) for n, c in zip(names, counts, strict=True)]
+    ends: list[int] | None = None  # where each originals shard ends, when not one per pair shard
+    parts = len(shards)
+    if len(shards) < min_shards:
+        total = sum(1 for _ in _unique_originals(shards, []))
+        ends = list(itertools.accumulate(even_split(total, max(parts, min(min_shards, total)))))
+        parts = len(ends)
+    pair_counts: list[int] = []
+    committed: list[ShardStats] = []
+    writer = ShardWriter(out_dir, 0, prefix=ORIGINALS_PREFIX)
+    for n, (source, original) in enumerate(_unique_originals(shards, pair_counts)):
+        target = source if ends is None else bisect.bisect_right(ends, n)
+        while writer.index < target:
+            committed.append(writer.commit())
+            writer = ShardWriter(out_dir, writer.index + 1, prefix=ORIGINALS_PREFIX)
+        image_id = str(original.meta["image_id"])
+        writer.add(
+            Sample(original.key, original.jpg, original.caption, original.meta),
+            Status(image_id, "written", None, "", original.key),
+        )
+    committed.append(writer.commit())
+    while len(committed) < parts:  # the last ones hold no new original
+        committed.append(ShardWriter(out_dir, len(committed), prefix=ORIGINALS_PREFIX).commit())
+    sizes = [IndexedShard(s.shard, s.count, 0) for s in committed]
     fs.write_text(fs.join(out_dir, SIZES_FILE), json.dumps(sizes_json(sizes), indent=1) + "\n")
-    return Unpaired(tuple(str(fs.join(out_dir, n)) for n in names), tuple(counts), pair_count)
+    return Unpaired(
+        tuple(str(fs.join(out_dir, s.shard)) for s in committed),
+        tuple(s.count for s in committed),
+        sum(pair_counts),
+    )
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` items in ``parts`` shards (``parts >= 1``), sizes differing by at most one, the
+    larger first: ``even_split(10, 8) == [2, 2, 1, 1, 1, 1, 1, 1]``."""
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+def _unique_originals(
+    shards: Sequence[str], pair_counts: list[int]
+) -> Iterator[tuple[int, Original]]:
+    """``(index of its pair shard, original)`` for each (image, caption) once, in order.
+    Appends each pair shard's sample count to ``pair_counts``."""
+    seen: set[str] = set()
+    for index, shard in enumerate(shards):
+        n = 0
+        for key, fields in _pair_samples(shard):
+            n += 1
+            original = _original(shard, key, fields)
+            if original.key not in seen:
+                seen.add(original.key)
+                yield index, original
+        pair_counts.append(n)
 
 
 __all__: Sequence[str] = (
+    "MIN_SHARDS",
     "ORIGINALS_PREFIX",
     "PAIR_FIELDS",
     "Original",
     "Unpaired",
+    "even_split",
     "iter_originals",
     "write_originals",
 )
