@@ -243,5 +243,5 @@ def test_missing_scikit_image_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "skimage.data", None)
-    with pytest.raises(ImportError, match=r"counterfactual-vl\[demo\]"):
+    with pytest.raises(ImportError, match=r"skimage is needed here .*: pip install .*\[demo\]"):
         prepare_demo(tmp_path)

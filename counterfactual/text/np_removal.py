@@ -42,8 +42,8 @@ class _Chunk:
     """Characters ``start:end`` mention ``classes``; ``lead`` (<= ``start``) also takes the
     conjunction that joins the phrase to the one conjunct before it ("a cat [and a dog]");
     ``tail`` (>= ``end``) also takes the prepositional phrases right after it that belong to
-    it by a possessive ("a rocket [on its launch pad]"): cut with it when repairing, as the
-    "its" would name what is gone and the phrase would attach to the noun before."""
+    it (:func:`_tail`: "a rocket [on its launch pad]", "a cup [of coffee]"): cut with it when
+    repairing, as they would name what is gone or attach to the noun before."""
 
     __slots__ = ("start", "end", "classes", "lead", "tail")
 
@@ -96,7 +96,7 @@ def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
             doc[s:e].end_char,
             classes,
             doc[_lead(doc, s, e)].idx,
-            doc[s : _tail(doc, s, e)].end_char,
+            doc[s : _tail(doc, s, e, classes, vocabulary)].end_char,
         )
         for s, e, classes in groups
     )
@@ -104,16 +104,31 @@ def chunk_mentions(doc: Any, vocabulary: ClassVocabulary) -> tuple[_Chunk, ...]:
 
 _POSSESSIVES = frozenset({"its", "their"})
 
+CONTAINERS = frozenset({"cup", "bowl", "wine glass", "bottle"})
+"""The classes whose contents lie inside their outline: erasing one erases what it held, so
+"a cup [of coffee]" goes whole (a vase's flowers, a plate's food stand out of it and stay)."""
 
-def _tail(doc: Any, start: int, end: int) -> int:
-    """The token after the prepositional phrases that follow tokens ``start:end`` directly,
-    hang on its head noun and hold "its" or "their" ("a rocket [on its launch pad]",
-    "frisbees [in their mouths]"); ``end`` when none does."""
+
+def _tail(
+    doc: Any, start: int, end: int, classes: frozenset[str], vocabulary: ClassVocabulary
+) -> int:
+    """The token after the prepositional phrases that follow tokens ``start:end`` (naming
+    ``classes``) directly, hang on its head noun and belong to it: one that holds "its" or
+    "their" ("a rocket [on its launch pad]", "frisbees [in their mouths]"), and, after a
+    :data:`CONTAINERS` class, an "of" phrase that names no class ("a cup [of coffee]"; "a bowl
+    of bananas" keeps its bananas, annotated as a class of their own); ``end`` when none does."""
     root, tail = doc[start:end].root, end
+    container = bool(classes & CONTAINERS)
     for child in root.rights:
         if child.dep_ != "prep" or child.i != tail:
             continue
-        if not any(t.dep_ == "poss" and t.lower_ in _POSSESSIVES for t in child.subtree):
+        words = list(child.subtree)
+        held = (
+            container
+            and child.lower_ == "of"
+            and not vocabulary.mentioned(" ".join(t.text for t in words))
+        )
+        if not held and not any(t.dep_ == "poss" and t.lower_ in _POSSESSIVES for t in words):
             break
         tail = child.right_edge.i + 1
     return tail
