@@ -8,7 +8,7 @@ from pathlib import Path
 
 from counterfactual.train.mix import MixPlan, plan_mix
 
-_PAPER_RANGE = (0.08, 0.2)  # SPEC 1.6: synthetic per original in the paper
+_PAPER_RANGE = (0.08, 0.2)  # synthetic per original in the paper (Kim et al. 2023)
 _LONG_FLAGS = 4000  # characters; above this, with --out, the flags are left to the JSON
 
 
