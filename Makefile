@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 # demo and ray extras (no torch, no models); real runs, eval and models add torch and every
 # extra; the tests, lint and benchmarks add the dev extra's test stack on top.
 DEMO_STAMP := $(VENV)/.installed-demo
+DOCS_STAMP := $(VENV)/.installed-docs
 RUN_STAMP := $(VENV)/.installed-all
 STAMP := $(VENV)/.installed-dev
 # torch and a torchvision built for it, installed first so no other package picks a torch.
@@ -30,7 +31,7 @@ ARGS ?=
 MODEL ?=
 QUERIES ?=
 EVAL_OUT ?= out/$(DATASET)-eval
-# the test split the ODmAP queries are made from (SPEC 1.5); the demo uses all its images
+# the test split the ODmAP queries are made from (docs/metrics.md); the demo uses all its images
 TEST_SPLIT_coco = --coco-set val2014 --split-file $(ROOT)/dataset_coco.json --split test
 TEST_SPLIT_flickr30k = --split test
 
@@ -47,7 +48,7 @@ SEEDS ?= 3
 TO ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install models synth eval data test test-fast gpu-check lint format bench experiment clean
+.PHONY: help install models synth eval data test test-fast gpu-check lint format bench experiment docs clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -114,5 +115,14 @@ experiment: $(STAMP) ## the controlled world, D vs D ∪ D' from scratch on CPU:
 	$(OFFLINE) $(BIN)/counterfactual experiment --out $(EXP_OUT) --seeds $(SEEDS) $(ARGS)
 	@cat $(EXP_OUT)/results.md
 
+# the docs extra only (mkdocs, its theme); the options page is generated from the parsers first
+$(DOCS_STAMP): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(DOCS_STAMP) ## the documentation site into site/ (mkdocs --strict: a broken link fails); regenerates docs/reference-options.md
+	$(BIN)/python docs/gen_options.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 clean: ## remove generated output (keeps .venv)
-	rm -rf out .pytest_cache .ruff_cache
+	rm -rf out site .pytest_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""Every loader opens a run folder as the README's "Load the shards" shows it: our
+"""Every loader opens a run folder as docs/training.md's "Load the shards" shows it: our
 ``counterfactual.load.webdataset`` in DataLoaders with more workers than shards (webdataset
 0.2.x here; 1.x with an interpreter named by ``COUNTERFACTUAL_WDS1_PYTHON``), Ray Data, wids,
 Hugging Face datasets and open_clip's trainer with ``--workers 2``. One real ``counterfactual
@@ -237,7 +237,7 @@ MODEL = "ViT-S-32-alt"  # the smallest plain CLIP config in open_clip's model_co
 
 @pytest.mark.slow
 def test_open_clip_trains_with_two_workers_on_the_mix_flags(out, tmp_path):
-    """The README's recipe: ``mix --unpair`` then open_clip's trainer on the printed flags,
+    """The recipe of docs/training.md: ``mix --unpair`` then open_clip's trainer on the printed flags,
     ``--workers 2`` for a few steps on CPU, on 5+5 small shards (two of one sample)."""
     pytest.importorskip("open_clip_train")
     originals = tmp_path / "originals"

@@ -1,4 +1,4 @@
-"""The status reasons: one list (counterfactual/reasons.py), the README shows it, and every
+"""The status reasons: one list (counterfactual/reasons.py), the docs show it, and every
 reason the code writes is on it."""
 
 import ast
@@ -68,10 +68,18 @@ def _imported(name: str) -> str | None:
     return None
 
 
-def test_readme_shows_the_list():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_show_the_list():
+    """The one table of reasons, in the generated reference page (docs/gen_options.py)."""
+    text = (ROOT / "docs" / "reference-options.md").read_text()
     shown = text.split("<!-- reasons:start -->\n", 1)[1].split("\n<!-- reasons:end -->", 1)[0]
-    assert shown == markdown_table(), "run `python -m counterfactual.reasons` and paste its table"
+    assert shown == markdown_table(), "run `python docs/gen_options.py` and commit the page"
+    others = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    twice = [
+        p.name
+        for p in others
+        if p.name != "reference-options.md" and "reasons:start" in p.read_text()
+    ]
+    assert not twice, f"the reasons table belongs in docs/reference-options.md only: {twice}"
 
 
 def test_every_reason_the_code_writes_is_listed():

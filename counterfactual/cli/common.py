@@ -78,9 +78,7 @@ def add_selection_args(parser: argparse.ArgumentParser) -> None:
     from counterfactual.options import declared
     from counterfactual.synth.plan import SynthConfig
 
-    g = parser.add_argument_group(
-        "selection (which classes are removed: the alpha rules of Kim et al.)"
-    )
+    g = parser.add_argument_group("selection (the alpha rules of Kim et al. 2023)")
     add_options(g, declared(SelectionConfig))
     add_options(g, declared(SynthConfig, "seed"))
 

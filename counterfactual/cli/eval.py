@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "eval",
         help="ODmAP@k and R@K of retrieval models; report with tables, plot and examples",
-        description="Score retrieval models on counterfactual queries (ODmAP@k). Queries: the synthetic samples in "
+        description="Score retrieval models (ODmAP@k and R@K, Kim et al. 2023, Section 3.2). Queries: the synthetic samples in "
         "--queries (shards made from the test split by `counterfactual synth`). Gallery: every "
         "caption of train + val + test. A retrieved caption is correct when it mentions no "
         "removed class and at least one kept class. R@K (image->text, text->image) on the test "

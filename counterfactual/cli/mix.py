@@ -10,7 +10,7 @@ from counterfactual.cli.common import positive_int
 from counterfactual.train.mix import MixPlan, plan_mix
 from counterfactual.train.pairs import MIN_SHARDS
 
-_PAPER_RANGE = (0.08, 0.2)  # synthetic per original in the paper (Kim et al.)
+_PAPER_RANGE = (0.08, 0.2)  # synthetic per original in the paper (Kim et al. 2023)
 _LONG_FLAGS = 4000  # characters; above this, with --out, the flags are left to the JSON
 
 

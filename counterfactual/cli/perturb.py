@@ -65,7 +65,7 @@ def register(subparsers: Any) -> None:
         default=1,
         metavar="K|all",
         help="negatives: partners per line, drawn from its batch without repeats, or 'all' of "
-        "them (Sum-H over n-1; seed 003's appendix samples 64); default 1",
+        "them (Sum-H over n-1; Akula et al.'s appendix samples 64); default 1",
     )
     parser.set_defaults(func=run)
 
