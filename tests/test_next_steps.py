@@ -57,8 +57,8 @@ def test_a_run_ends_with_the_next_steps_and_each_works(coco, tmp_path):
         "next steps:",
         f"  counterfactual report {quoted}   # look at them: open {out}/report/index.html",
         f"  counterfactual check {quoted}    # verify every shard against its records",
-        f"  counterfactual.load.webdataset({str(out)!r})   # train on them (README: Load the "
-        "shards)",
+        f"  counterfactual.load.webdataset({str(out)!r})   # train on them (docs/training.md: "
+        "Load the shards)",
     ]
     # each step as printed: the shell commands, then the Python call
     for line in steps(done.stderr)[1:3]:

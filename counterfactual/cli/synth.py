@@ -410,7 +410,7 @@ def next_steps(out: str) -> str:
         lines.append(f"  counterfactual report {quoted}   # look at them: open {report}")
     lines += [
         f"  counterfactual check {quoted}    # verify every shard against its records",
-        f"  counterfactual.load.webdataset({out!r})   # train on them (README: Load the shards)",
+        f"  counterfactual.load.webdataset({out!r})   # train on them (docs/training.md: Load the shards)",
     ]
     return "\n".join(lines)
 
