@@ -76,7 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=(),
         metavar="R,R,...",
         help="the ratio sweep: one D ∪ D'_sub arm per |D'_sub| / |D| (0: D alone), D'_sub a "
-        "seeded subset of D' made with every caption rewritten, e.g. 0,0.025,0.05,0.1,0.2,0.4",
+        "seeded subset of D' made with every caption rewritten, e.g. 0,0.025,0.05,0.1,0.2,0.4 "
+        "(default: none, no sweep)",
     )
     s.add_argument(
         "--image-methods",
