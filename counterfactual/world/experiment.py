@@ -42,7 +42,7 @@ import math
 import shutil
 import tarfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -317,7 +317,7 @@ def _read_samples(shard: Path) -> dict[str, dict[str, bytes]]:
     return members
 
 
-def _write_samples(path: Path, samples: Iterator[tuple[str, dict[str, bytes]]] | Any) -> None:
+def _write_samples(path: Path, samples: Iterable[tuple[str, dict[str, bytes]]]) -> None:
     """``(key, {ext: bytes})`` samples as the tar ``path``, written whole (a ``.part`` renamed)."""
     tmp = path.with_name(path.name + ".part")
     with tarfile.open(tmp, "w") as tar:
