@@ -578,7 +578,7 @@ class Studies:
 
 
 def plan_studies(
-    command: Command, config: ExperimentConfig, data: LoopData, ratio: float, out: Path,
+    command: Command, config: ExperimentConfig, data: LoopData, out: Path,
     seconds: dict[str, float], log: Callable[[str], None],
 ) -> Studies:  # fmt: skip
     """The sweep's D'_sub and the grid's D' (synth runs and subsets, reused when done) and the
@@ -643,7 +643,7 @@ def run_experiment(
         f"D: {data.n_original} pairs, D': {data.n_synthetic} ({data.natural_ratio:.3f} per "
         f"original); drawn at {ratio:.3g}"
     )
-    studies = plan_studies(command, config, data, ratio, out, seconds, log)
+    studies = plan_studies(command, config, data, out, seconds, log)
     vocab = build_vocab(data.world.captions("train"))
     roles = class_roles(config.world)
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in (*ARMS, *studies.arms)}
