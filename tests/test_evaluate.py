@@ -291,7 +291,8 @@ def test_eval_command_end_to_end_with_a_tiny_clip(tmp_path, capsys):
     argv += ["--model", f"hf-clip:{clip}", "--model", str(clip), "--curve-k", "12"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "| Model | ODmAP@1 | ODmAP@5 | ODmAP@10 |" in out and "i→t R@1" in out
+    head = "| Model | ODmAP@1 | ODmAP@5 | ODmAP@10 | S@1 | S@5 | S@10 | top-1 hub |"
+    assert head in out and "i→t R@1" in out
     data = json.loads((report / "report.json").read_text())
     assert data["gallery_captions"] == 27 and data["query_splits"] == ["none"]
     assert data["mentioning_captions"] > 10
@@ -300,6 +301,9 @@ def test_eval_command_end_to_end_with_a_tiny_clip(tmp_path, capsys):
     for k in ("1", "5", "10"):
         assert 0.0 <= first["odmap"][k] <= 1.0
     assert len(first["odmap_curve"]) == 12
+    hub = first["hubness"]
+    assert set(hub["skewness"]) == {"1", "5", "10"} and 1 / 6 <= hub["top1_share"] <= 1
+    assert 0 <= hub["top1_caption"] < 27 and second["hubness"] == hub
     # the same weights by two specs: the same numbers
     assert first["odmap"] == second["odmap"] and first["recall"] == second["recall"]
     for name in ("odmap_at_k.png", "qualitative.png"):

@@ -28,7 +28,7 @@ def test_d_prime_lowers_the_reliance_on_co_occurring_objects(tmp_path: Path) -> 
     for arm in results["arms"].values():
         assert set(arm) == {"mean", "std", "seeds"} and len(arm["seeds"]) == 1
         assert set(arm["mean"]) == set(METRICS)
-        assert all(0 <= v <= 1 for v in arm["mean"].values())
+        assert all(0 <= v <= 1 for m, v in arm["mean"].items() if not m.startswith("hub_skew"))
     d, dd = results["arms"]["D"]["mean"], results["arms"]["D+D'"]["mean"]
     assert dd["odmap@1"] > d["odmap@1"]
     assert dd["clean_odmap@1"] > d["clean_odmap@1"]

@@ -8,8 +8,31 @@ import argparse
 from pathlib import Path
 
 from counterfactual.cli.options import add_options, build
+from counterfactual.messages import short
 from counterfactual.options import declared
 from counterfactual.world.experiment import ExperimentConfig
+
+
+def _ratios(text: str) -> tuple[float, ...]:
+    """``0,0.025,0.1``: numbers >= 0, comma-separated."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{short(text)} is not a comma-separated list of numbers"
+        ) from None
+    bad = [v for v in values if not 0 <= v < float("inf")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"ratios must be finite numbers >= 0, got {bad[0]:g}")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``inpaint,blur``: names, comma-separated (checked by the config)."""
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{short(text)} has an empty name")
+    return names
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,7 +63,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         const=None,
         help="D' drawn at its natural ratio: as many as synth made (about 0.19 per original)",
     )
-    add_options(p, declared(ExperimentConfig, "partner_contrast"))
+    add_options(p, declared(ExperimentConfig, "partner_contrast", "caption_style"))
+    s = p.add_argument_group(
+        "studies",
+        "the ratio sweep and the synthesis grid share the world, the queries and arm D; each "
+        "adds one trained arm per seed and row (one arm of the defaults: about 3 minutes on 2 "
+        "cores; reduce with --steps and --images)",
+    )
+    s.add_argument(
+        "--ratios",
+        type=_ratios,
+        default=(),
+        metavar="R,R,...",
+        help="the ratio sweep: one D ∪ D'_sub arm per |D'_sub| / |D| (0: D alone), D'_sub a "
+        "seeded subset of D' made with every caption rewritten, e.g. 0,0.025,0.05,0.1,0.2,0.4 "
+        "(default: none, no sweep)",
+    )
+    s.add_argument(
+        "--image-methods",
+        type=_names,
+        default=(),
+        metavar="M,M,...",
+        help="the grid's image methods (inpaint, blur, zero, mean; default: --image-method)",
+    )
+    s.add_argument(
+        "--text-methods",
+        type=_names,
+        default=(),
+        metavar="M,M,...",
+        help="the grid's text methods (np-removal, prompt; default: --text-method); captioner: "
+        "no trained captioning model offline",
+    )
     p.set_defaults(func=run)
 
 
@@ -49,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     from counterfactual.world.experiment import run_experiment
     from counterfactual.world.results import table
 
-    config = build(ExperimentConfig, args)
+    studies = {k: getattr(args, k) for k in ("ratios", "image_methods", "text_methods")}
+    config = build(ExperimentConfig, args, **studies)
     results = run_experiment(config, args.out, main)
     print(table(results))
     return 0

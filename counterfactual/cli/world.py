@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="how hard a class is to see: contrast in (0, 1] against the background, and a "
         "factor on its size (repeat; default: partners at contrast 0.65 and smaller)",
     )
-    add_options(p, declared(WorldConfig, "captions", "seed"))
+    add_options(p, declared(WorldConfig, "captions", "caption_style", "seed"))
     p.set_defaults(func=run)
 
 

@@ -29,7 +29,9 @@ from counterfactual.eval.evalset import Corpus, Query
 from counterfactual.eval.mentions import texts_sha256
 from counterfactual.eval.metrics import (
     RECALL_KS,
+    Hubness,
     RecallAtK,
+    hubness,
     od_relevance,
     odmap_at_k,
     recall_at_k,
@@ -90,7 +92,9 @@ class ModelResult:
     prints them (``odmap`` 0-1, shown as percent in the report). ``topk`` holds each query's
     retrieved gallery rows (for the qualitative grid); ``failures`` the test images that could
     not be read, by reason; ``odmap_by_removed`` the ``odmap`` table over the queries of each
-    removed-class set, with their count (which classes a model still sees when they are gone)."""
+    removed-class set, with their count (which classes a model still sees when they are gone);
+    ``hubness`` how unevenly the gallery captions are retrieved (k-occurrence skewness at each
+    ``odmap_ks`` k, the largest share of queries with one caption at top-1)."""
 
     model: str
     odmap: dict[int, float]
@@ -104,6 +108,7 @@ class ModelResult:
     failures: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     odmap_by_removed: dict[str, tuple[int, dict[int, float]]] = field(default_factory=dict)
+    hubness: Hubness | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +118,13 @@ class ModelResult:
             "odmap_by_removed": {
                 key: {"queries": n, "odmap": {str(k): v for k, v in table.items()}}
                 for key, (n, table) in self.odmap_by_removed.items()
+            },
+            "hubness": None
+            if self.hubness is None
+            else {
+                "skewness": {str(k): v for k, v in self.hubness.skewness.items()},
+                "top1_share": self.hubness.top1_share,
+                "top1_caption": self.hubness.top1_item,
             },
             "recall": None
             if self.recall is None
@@ -225,13 +237,15 @@ def gallery_mentions(
 class OdmapScores:
     """One model's ODmAP on a query set: ``table`` at ``config.odmap_ks``, ``curve`` at
     k = 1..``curve_k``, ``by_removed`` the table over the queries of each removed-class set
-    (``"dog"``; several classes joined by ``+`` in name order) with their count, and ``top``
-    the retrieved gallery rows of each query."""
+    (``"dog"``; several classes joined by ``+`` in name order) with their count, ``top``
+    the retrieved gallery rows of each query and ``hubness`` the gallery's, from ``top`` at
+    ``config.odmap_ks``."""
 
     table: dict[int, float]
     curve: dict[int, float]
     by_removed: dict[str, tuple[int, dict[int, float]]]
     top: np.ndarray
+    hubness: Hubness
 
 
 def removed_key(removed: Sequence[str]) -> str:
@@ -265,6 +279,7 @@ def odmap_scores(
         odmap_at_k(relevance, list(range(1, config.curve_k + 1))),
         by_removed,
         top.indices,
+        hubness(top.indices, len(gallery_emb), config.odmap_ks),
     )
 
 
@@ -328,6 +343,7 @@ def evaluate_model(
         len(gallery.captions),
         topk=scores.top,
         odmap_by_removed=scores.by_removed,
+        hubness=scores.hubness,
     )
     if test is not None:
         start = time.perf_counter()

@@ -27,16 +27,25 @@ def _pct(value: float | None) -> str:
 
 
 def markdown_tables(results: Sequence[ModelResult], dataset: str) -> str:
-    """Table 1 (ODmAP@k, percent) and Table 2 (R@K both ways, percent) as Markdown."""
+    """Table 1 (ODmAP@k, percent, with the gallery's hubness: k-occurrence skewness S@k and the
+    largest share of queries, percent, whose top-1 is one caption) and Table 2 (R@K both ways,
+    percent) as Markdown."""
     ks = sorted({k for r in results for k in r.odmap})
+    hub_ks = sorted({k for r in results if r.hubness for k in r.hubness.skewness})
+    head = [f"ODmAP@{k}" for k in ks] + [f"S@{k}" for k in hub_ks] + ["top-1 hub"] * bool(hub_ks)
     lines = [
-        f"### Object decorrelation ({dataset}): ODmAP@k, %",
+        f"### Object decorrelation ({dataset}): ODmAP@k, %; hubness: skewness S@k, top-1 hub %",
         "",
-        "| Model | " + " | ".join(f"ODmAP@{k}" for k in ks) + " |",
-        "|---|" + "---:|" * len(ks),
+        "| Model | " + " | ".join(head) + " |",
+        "|---|" + "---:|" * len(head),
     ]
     for r in results:
-        lines.append(f"| {r.model} | " + " | ".join(_pct(r.odmap.get(k)) for k in ks) + " |")
+        cells = [_pct(r.odmap.get(k)) for k in ks]
+        if hub_ks:
+            skew = r.hubness.skewness if r.hubness else {}
+            cells += [f"{skew[k]:.2f}" if k in skew else "-" for k in hub_ks]
+            cells.append(_pct(r.hubness.top1_share if r.hubness else None))
+        lines.append(f"| {r.model} | " + " | ".join(cells) + " |")
     scored = [r for r in results if r.recall is not None]
     if scored:
         rks = sorted({k for r in scored for k in r.recall.image_to_text})  # type: ignore[union-attr]

@@ -1,7 +1,8 @@
 """Captions of a scene from varied templates: every class present is named once, with its
 count ("two frisbees"), sometimes an attribute (its colour, or "small"/"big" for its size
 within its class's range), in a list, a relation ("a dog to the left of a frisbee") or a
-sentence about the place (the background)."""
+sentence about the place (the background); or, :func:`sentence`, sentences where each class is
+the subject or object of a verb ("A brown dog sits to the left of two frisbees on the grass.")."""
 
 from __future__ import annotations
 
@@ -88,3 +89,67 @@ def caption(scene: Scene, classes: dict[str, ObjectClass], rng: np.random.Genera
         if template == 5:
             text += f" {place}"
     return text[0].upper() + text[1:] + "."
+
+
+VERBS = {
+    "grass": ("sits", "sit", "lies", "lie", "rests", "rest"),
+    "sand": ("lies", "lie", "sits", "sit", "rests", "rest"),
+    "sky": ("floats", "float", "hangs", "hang", "flies", "fly"),
+    "floor": ("stands", "stand", "lies", "lie", "sits", "sit"),
+    "wall": ("stands", "stand", "sits", "sit", "rests", "rest"),
+}
+"""Per background: (singular, plural) verb pairs, flattened."""
+_GERUNDS = {"sit": "sitting", "lie": "lying", "rest": "resting", "float": "floating",
+            "hang": "hanging", "fly": "flying", "stand": "standing"}  # fmt: skip
+_BASE = {"sits": "sit", "lies": "lie", "rests": "rest", "floats": "float", "hangs": "hang",
+         "flies": "fly", "stands": "stand"}  # fmt: skip
+
+
+def _verb(background: str, plural: bool, rng: np.random.Generator) -> str:
+    pair = 2 * int(rng.integers(len(VERBS[background]) // 2))
+    return VERBS[background][pair + int(plural)]
+
+
+def sentence(scene: Scene, classes: dict[str, ObjectClass], rng: np.random.Generator) -> str:
+    """One caption naming every class in ``scene`` once, as a sentence with verbs: "A brown
+    dog sits to the left of two frisbees on the grass.", "Two frisbees lie on the grass while a
+    cat sits next to them." Each class is one noun phrase of :func:`phrase` (what np-removal
+    cuts); the place and relations are as in :func:`caption`."""
+    groups: dict[str, list[SceneObject]] = {}
+    for obj in scene.objects:
+        groups.setdefault(obj.cls, []).append(obj)
+    names = list(groups)
+    order = [names[i] for i in rng.permutation(len(names))]
+    phrases = [phrase(classes[n], groups[n], rng, scene.size) for n in order]
+    plural = [len(groups[n]) > 1 for n in order]
+    place = str(rng.choice(PLACES[scene.background]))
+    verb = _verb(scene.background, plural[0], rng)
+    if len(order) == 1:
+        template = int(rng.integers(3))
+        if template == 0:
+            text = f"{phrases[0]} {verb} {place}"
+        elif template == 1:
+            text = f"there {'are' if plural[0] else 'is'} {phrases[0]} {_gerund(verb)} {place}"
+        else:
+            text = f"{place} {verb} {phrases[0]}"
+        return text[0].upper() + text[1:] + "."
+    where = relation(groups[order[0]], groups[order[1]])
+    template = int(rng.integers(4))
+    if template == 0:
+        text = f"{phrases[0]} {verb} {where} {phrases[1]} {place}"
+    elif template == 1:
+        other = _verb(scene.background, plural[1], rng)
+        text = f"{phrases[0]} {verb} {place} while {phrases[1]} {other} nearby"
+    elif template == 2:
+        text = f"{place}, {phrases[0]} {verb} {where} {phrases[1]}"
+    else:
+        text = f"{phrases[0]} {_gerund(verb)} {where} {phrases[1]} {place}"
+    if len(phrases) > 2:
+        many = len(phrases) > 3 or plural[2]
+        text += f", and {_join(phrases[2:])} {_verb(scene.background, many, rng)} close by"
+    return text[0].upper() + text[1:] + "."
+
+
+def _gerund(verb: str) -> str:
+    """``sits``/``sit`` -> ``sitting``."""
+    return _GERUNDS[_BASE.get(verb, verb)]

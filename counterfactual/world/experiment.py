@@ -11,32 +11,49 @@
    steps and seed, on D (arm ``D``) and on D ∪ D' (arm ``D+D'``: D' drawn at ``ratio`` per
    original sample, by default 1: at D''s natural ratio, about 0.19, the gain is a third as
    large; ``ratio=None`` draws it so);
-5. ``counterfactual eval`` of both arms on both query sets (R@K on the test split).
+5. ``counterfactual eval`` of both arms on both query sets (R@K on the test split), with the
+   gallery's hubness on the pipeline's queries.
+
+Two optional studies share the world, the queries and arm D (one ``eval`` scores every model):
+
+* the ratio sweep (``ratios``, the paper's Figure 4): one arm per ratio R = |D'_sub| / |D| on
+  D ∪ D'_sub, D'_sub the first R·|D| samples of a seeded permutation of D' made with every
+  caption rewritten (``synth --captions-per-image all``, about 0.95·|D|: so nested, R = 0.2 is
+  about one caption per counterfactual picture), drawn at R per original sample; R = 0 is arm D;
+* the grid (``image_methods`` x ``text_methods``, the paper's Table 3): one D' per cell, each
+  arm trained as D+D' is; every cell scored on the same queries (the base ``image_method``'s)
+  and the same clean renders.
 
 :func:`run_experiment` writes ``OUT/results.json`` (``{"config", "arms": {"D", "D+D'"}}``, each
 arm ``{"mean", "std", "seeds"}`` of :data:`METRICS` as fractions; ``"by_role"``: ODmAP@k per arm
-over the queries of each removed-class role, :data:`ROLES`), ``OUT/results.png`` (ODmAP@k
-per arm, error bars: the std over seeds) and ``OUT/results.md``. The world, D and the synth runs
+over the queries of each removed-class role, :data:`ROLES`; ``"sweep"``: ``[{"ratio", "samples",
+"arm"}]``; ``"grid"``: ``[{"image_method", "text_method", "synthetic", "arm"}]``),
+``OUT/results.png`` (ODmAP@k per arm, error bars: the std over seeds; with a sweep,
+``OUT/sweep.png``, the curve) and ``OUT/results.md``. The world, D and the synth runs
 are made once (from ``seed``); seeds vary the model's initial weights and the data order.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import math
+import shutil
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from counterfactual.draws import keyed_int
 from counterfactual.imageio import encode_jpeg
 from counterfactual.options import declare
 from counterfactual.world.classes import PAIRS
-from counterfactual.world.scene import WorldConfig
+from counterfactual.world.scene import CAPTION_STYLES, WorldConfig
 from counterfactual.world.write import (
     COCO_SET,
     JPEG_QUALITY,
@@ -48,20 +65,31 @@ from counterfactual.world.write import (
 
 ARMS = ("D", "D+D'")
 KS = (1, 5, 10)
+HUBNESS = (*(f"hub_skew@{k}" for k in KS), "hub_top1")
+"""The gallery's hubness on the pipeline's queries: the k-occurrence skewness at k (any real
+number; 0: every caption retrieved as often) and the largest share of queries whose top-1 is
+one caption (a fraction)."""
 METRICS = (
     *(f"odmap@{k}" for k in KS),
     *(f"clean_odmap@{k}" for k in KS),
     *(f"i2t_r@{k}" for k in KS),
     *(f"t2i_r@{k}" for k in KS),
+    *HUBNESS,
 )
-"""The numbers of one arm and seed, all fractions in [0, 1]."""
+"""The numbers of one arm and seed, fractions in [0, 1] but the skewness ``hub_skew@k``."""
 TEXT_METHODS = ("np-removal", "prompt")
+NO_CAPTIONER = (
+    "the captioner text method needs a trained captioning model, which this offline world has "
+    "not (a randomly initialised one writes noise, and training one is beyond the budget)"
+)
 ROLES = ("partner", "anchor", "unpaired", "several")
 """What a query's removed class is in the world: the co-occurring partner of a pair (the
 shortcut: its anchor stays in the picture and suggests it), the anchor of a pair, a class of no
 pair; ``several``: a query that removed more than one class."""
 ROLE_METRICS = (*(f"odmap@{k}" for k in KS), *(f"clean_odmap@{k}" for k in KS))
-IMAGE_METHODS = ("inpaint", "zero", "blur")
+IMAGE_METHODS = ("inpaint", "zero", "blur", "mean")
+SWEEP_SHARD = 1000
+"""Samples per shard of a sweep's D'_sub."""
 POLICIES = ("uniform", "spurious", "all")
 
 
@@ -70,7 +98,9 @@ class ExperimentConfig:
     """The experiment's options; checked on construction. ``ratio``: D' per original sample in
     the D ∪ D' arm (None: the natural ratio). ``seeds`` runs seeds ``seed``,
     ``seed + 1``, ...; ``steps`` optimizer steps of ``batch_size`` per arm; ``world``: the world's
-    knobs (its ``cooccurrence`` and ``seed`` are this config's)."""
+    knobs (its ``cooccurrence``, ``seed`` and ``caption_style`` are this config's).
+    ``ratios``: the sweep's |D'_sub| / |D| (0: arm D), each >= 0; ``image_methods`` and
+    ``text_methods``: the grid's (either alone: the other is the base method)."""
 
     seeds: int = declare(3, help="seeds S, S+1, ... (default: %(default)s)", kind="positive_int")
     seed: int = declare(
@@ -117,6 +147,16 @@ class ExperimentConfig:
         700, help="test scenes, the queries' source (default: %(default)s)", kind="positive_int"
     )
     channels: tuple[int, ...] = (16, 32, 64)
+    ratios: tuple[float, ...] = ()
+    image_methods: tuple[str, ...] = ()
+    text_methods: tuple[str, ...] = ()
+    caption_style: str = declare(
+        "list",
+        help="the world's captions: list (classes listed, with relations and places) or "
+        "sentences (with verbs: phrases np-removal can cut) (default: %(default)s)",
+        choices=CAPTION_STYLES,
+        flags=("--caption-style",),
+    )
     threads: int = declare(1, help="torch CPU threads (default: %(default)s)", kind="positive_int")
     workers: int = declare(
         1,
@@ -132,6 +172,8 @@ class ExperimentConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise ValueError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if self.text_method == "captioner":
+            raise ValueError(f"text_method: {NO_CAPTIONER}")
         if self.text_method not in TEXT_METHODS:
             raise ValueError(f"text_method must be one of {TEXT_METHODS}, got {self.text_method!r}")
         if self.image_method not in IMAGE_METHODS:
@@ -146,7 +188,35 @@ class ExperimentConfig:
             raise ValueError(
                 f"captions_per_image must be one or all, got {self.captions_per_image!r}"
             )
+        self._check_studies()
         _ = self.world  # checks the world's knobs
+
+    def _check_studies(self) -> None:
+        for r in self.ratios:
+            if isinstance(r, bool) or not isinstance(r, int | float) or not 0 <= r < math.inf:
+                raise ValueError(f"ratios must be finite numbers >= 0, got {r!r}")
+        if len(set(self.ratios)) != len(self.ratios):
+            raise ValueError(f"ratios repeat: {list(self.ratios)}")
+        for m in self.image_methods:
+            if m not in IMAGE_METHODS:
+                raise ValueError(f"image_methods: {m!r} is not one of {IMAGE_METHODS}")
+        for m in self.text_methods:
+            if m == "captioner":
+                raise ValueError(f"text_methods: {NO_CAPTIONER}")
+            if m not in TEXT_METHODS:
+                raise ValueError(f"text_methods: {m!r} is not one of {TEXT_METHODS}")
+        for name in ("image_methods", "text_methods"):
+            if len(set(getattr(self, name))) != len(getattr(self, name)):
+                raise ValueError(f"{name} repeat: {list(getattr(self, name))}")
+
+    @property
+    def grid(self) -> list[tuple[str, str]]:
+        """The grid's cells ``(image_method, text_method)``; none without the two lists."""
+        if not self.image_methods and not self.text_methods:
+            return []
+        images = self.image_methods or (self.image_method,)
+        texts = self.text_methods or (self.text_method,)
+        return list(itertools.product(images, texts))
 
     @property
     def world(self) -> WorldConfig:
@@ -165,10 +235,13 @@ class ExperimentConfig:
             test=self.test,
             cooccurrence=self.cooccurrence,
             seed=self.seed,
+            caption_style=self.caption_style,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "channels": list(self.channels), "world": self.world.to_dict()}
+        lists = {k: list(getattr(self, k)) for k in ("channels", "ratios")}
+        lists |= {k: list(getattr(self, k)) for k in ("image_methods", "text_methods")}
+        return {**asdict(self), **lists, "world": self.world.to_dict()}
 
 
 Command = Callable[[list[str]], int]
@@ -220,28 +293,81 @@ def write_clean_queries(world: World, queries: Path, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     n = 0
     for shard in sorted(queries.glob("*.tar")):
-        members: dict[str, dict[str, bytes]] = {}
-        with tarfile.open(shard) as tar:
-            for info in tar:
-                if info.isfile():
-                    key, _, ext = info.name.partition(".")
-                    data = tar.extractfile(info)
-                    members.setdefault(key, {})[ext] = data.read() if data else b""
-        tmp = out / (shard.name + ".part")
-        with tarfile.open(tmp, "w") as tar:
-            for key, parts in members.items():
-                if "json" in parts and "jpg" in parts:
-                    meta = json.loads(parts["json"])
-                    removed = meta["plan"]["removed"]
-                    pixels = world.picture(int(meta["image_id"]), without=removed)
-                    parts = {**parts, "jpg": encode_jpeg(pixels, JPEG_QUALITY)}
-                    n += 1
-                for ext, data in parts.items():
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        tmp.replace(out / shard.name)
+        members = _read_samples(shard)
+        for key, parts in members.items():
+            if "json" in parts and "jpg" in parts:
+                meta = json.loads(parts["json"])
+                removed = meta["plan"]["removed"]
+                pixels = world.picture(int(meta["image_id"]), without=removed)
+                members[key] = {**parts, "jpg": encode_jpeg(pixels, JPEG_QUALITY)}
+                n += 1
+        _write_samples(out / shard.name, members.items())
     return n
+
+
+def _read_samples(shard: Path) -> dict[str, dict[str, bytes]]:
+    """A tar's files grouped by sample key (the name before its first dot), in tar order."""
+    members: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(shard) as tar:
+        for info in tar:
+            if info.isfile():
+                key, _, ext = info.name.partition(".")
+                data = tar.extractfile(info)
+                members.setdefault(key, {})[ext] = data.read() if data else b""
+    return members
+
+
+def _write_samples(path: Path, samples: Iterable[tuple[str, dict[str, bytes]]]) -> None:
+    """``(key, {ext: bytes})`` samples as the tar ``path``, written whole (a ``.part`` renamed)."""
+    tmp = path.with_name(path.name + ".part")
+    with tarfile.open(tmp, "w") as tar:
+        for key, parts in samples:
+            for ext, data in parts.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    tmp.replace(path)
+
+
+def subset_size(ratio: float, n_original: int) -> int:
+    """|D'_sub| for a sweep ratio: ``ratio`` · |D|, rounded (at least 1 for a ratio > 0)."""
+    return max(1, round(ratio * n_original)) if ratio > 0 else 0
+
+
+def write_subsets(
+    pool: Path, sizes: Mapping[float, int], seed: int, out: Path
+) -> dict[float, Path]:
+    """D'_sub for each ratio: the first ``sizes[ratio]`` samples of one permutation of the
+    committed samples of ``pool`` (a synth run folder), seeded by ``seed`` (so a smaller subset
+    lies inside a larger one and a rerun draws the same), as ``out/ratio-R/sub-NNNNNN.tar``
+    shards of :data:`SWEEP_SHARD` whole samples (every file of a key). A folder already
+    written (its ``done`` marker) is kept. ``ValueError`` when the pool holds too few samples."""
+    from counterfactual.train.mix import expand_shards
+
+    folders = {r: out / f"ratio-{r:g}" for r, n in sizes.items() if n > 0}
+    todo = {r: f for r, f in folders.items() if not (f / "done").exists()}
+    if not todo:
+        return folders
+    samples: list[tuple[str, dict[str, bytes]]] = []
+    for shard in expand_shards([str(pool)]):
+        samples += _read_samples(Path(shard)).items()
+    need = max(sizes[r] for r in todo)
+    if need > len(samples):
+        worst = max(todo, key=lambda r: sizes[r])
+        raise ValueError(
+            f"ratio {worst:g} needs {need} samples of D' but {pool} holds {len(samples)}"
+        )
+    order = np.random.default_rng(keyed_int(seed, "sweep")).permutation(len(samples))
+    for ratio, folder in todo.items():
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        chosen = [samples[i] for i in order[: sizes[ratio]].tolist()]
+        for start in range(0, len(chosen), SWEEP_SHARD):
+            name = f"sub-{start // SWEEP_SHARD:06d}.tar"
+            _write_samples(folder / name, chosen[start : start + SWEEP_SHARD])
+        (folder / "done").write_text(f"{len(chosen)}\n", "utf-8")
+    return folders
 
 
 def train_arm(
@@ -284,7 +410,8 @@ def evaluate(
 
 
 def arm_metrics(pipeline: dict[str, Any], clean: dict[str, Any]) -> dict[str, float]:
-    """One arm's :data:`METRICS` from its two report entries (R@K: percent -> fraction)."""
+    """One arm's :data:`METRICS` from its two report entries (R@K: percent -> fraction;
+    hubness: the pipeline's queries')."""
     metrics: dict[str, float] = {}
     for k in KS:
         metrics[f"odmap@{k}"] = float(pipeline["odmap"][str(k)])
@@ -294,6 +421,10 @@ def arm_metrics(pipeline: dict[str, Any], clean: dict[str, Any]) -> dict[str, fl
     for name, key in (("i2t", "image_to_text"), ("t2i", "text_to_image")):
         for k in KS:
             metrics[f"{name}_r@{k}"] = float(recall[key][str(k)]) / 100.0
+    hub = pipeline["hubness"]
+    for k in KS:
+        metrics[f"hub_skew@{k}"] = float(hub["skewness"][str(k)])
+    metrics["hub_top1"] = float(hub["top1_share"])
     return metrics
 
 
@@ -411,27 +542,82 @@ def make_data(
 def run_seed(
     command: Command, config: ExperimentConfig, data: LoopData, ratio: float, vocab: Any,
     seed: int, folder: Path, seconds: dict[str, float],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
-    """Steps 4-5 for one seed: both arms from the same initial weights, scored on both query
-    sets; each arm's report entries ``(pipeline, clean)``, in :data:`ARMS` order."""
+    extra: Mapping[str, tuple[Path, float]] | None = None,
+) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:  # fmt: skip
+    """Steps 4-5 for one seed: arms D, D+D' and each of ``extra`` (name: D' shards, ratio) from
+    the same initial weights, scored on both query sets by one ``eval`` each; every arm's
+    report entries ``(pipeline, clean)`` by name, :data:`ARMS` first."""
     from counterfactual.models.scratch import ScratchConfig, init_model
 
     init = init_model(folder / "init", vocab, ScratchConfig(channels=config.channels, seed=seed))
     start = time.perf_counter()
-    models = [
-        train_arm(command, init, data.originals, None, ratio, folder / "D", config, seed),
-        train_arm(command, init, data.originals, data.d_prime, ratio, folder / "D+D'", config, seed),
-    ]  # fmt: skip
+    arms = {"D": (None, ratio), "D+D'": (data.d_prime, ratio), **(extra or {})}
+    models = {
+        name: train_arm(command, init, data.originals, synthetic, r, folder / name, config, seed)
+        for name, (synthetic, r) in arms.items()
+    }
     seconds["train"] = seconds.get("train", 0.0) + time.perf_counter() - start
     start = time.perf_counter()
     cache = folder.parent / "cache"
-    world = data.world
-    pipeline = evaluate(command, world, data.queries, models, folder / "eval", cache, config, True)
-    clean = evaluate(
-        command, world, data.clean, models, folder / "eval-clean", cache, config, False
-    )
+    world, paths = data.world, list(models.values())
+    pipeline = evaluate(command, world, data.queries, paths, folder / "eval", cache, config, True)
+    clean = evaluate(command, world, data.clean, paths, folder / "eval-clean", cache, config, False)
     seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - start
-    return pipeline, clean
+    return dict(zip(models, zip(pipeline, clean, strict=True), strict=True))
+
+
+@dataclass(frozen=True)
+class Studies:
+    """The extra arms of the sweep and the grid: ``arms`` (name: D' shards, ratio), and which
+    arm each sweep ratio (``sweep``: ratio, D'_sub samples, arm) and grid cell (``grid``:
+    image method, text method, D' samples, arm) reads."""
+
+    arms: dict[str, tuple[Path, float]]
+    sweep: list[tuple[float, int, str]]
+    grid: list[tuple[str, str, int, str]]
+
+
+def plan_studies(
+    command: Command, config: ExperimentConfig, data: LoopData, out: Path,
+    seconds: dict[str, float], log: Callable[[str], None],
+) -> Studies:  # fmt: skip
+    """The sweep's D'_sub and the grid's D' (synth runs and subsets, reused when done) and the
+    arms they add; their time goes to ``seconds["studies"]``."""
+    from counterfactual.train.mix import count_samples, expand_shards
+
+    start = time.perf_counter()
+    arms: dict[str, tuple[Path, float]] = {}
+    sweep: list[tuple[float, int, str]] = []
+    if config.ratios:
+        pool = data.d_prime
+        if config.captions_per_image != "all":
+            pool = synth(
+                command, data.world, "train", out / "synth-train-all", config, "all", config.policy
+            )
+        sizes = {r: subset_size(r, data.n_original) for r in config.ratios}
+        subsets = write_subsets(pool, sizes, config.seed, out / "sweep")
+        for r in sorted(config.ratios):
+            name = "D" if r == 0 else f"sweep-{r:g}"
+            if r:
+                arms[name] = (subsets[r], r)
+            sweep.append((r, sizes[r], name))
+        log(f"sweep: D'_sub of {', '.join(str(sizes[r]) for r in sorted(sizes))} samples")
+    grid: list[tuple[str, str, int, str]] = []
+    for image, text in config.grid:
+        if (image, text) == (config.image_method, config.text_method):
+            grid.append((image, text, data.n_synthetic, "D+D'"))
+            continue
+        cell = replace(config, image_method=image, text_method=text)
+        d_prime = synth(
+            command, data.world, "train", out / "grid" / f"synth-{image}-{text}", cell,
+            config.captions_per_image, config.policy,
+        )  # fmt: skip
+        n = sum(count_samples(s) for s in expand_shards([str(d_prime)]))
+        name = f"grid-{image}-{text}"
+        arms[name] = (d_prime, config.ratio or n / data.n_original)
+        grid.append((image, text, n, name))
+    seconds["studies"] = time.perf_counter() - start
+    return Studies(arms, sweep, grid)
 
 
 def run_experiment(
@@ -445,7 +631,7 @@ def run_experiment(
     import torch
 
     from counterfactual.models.scratch import build_vocab
-    from counterfactual.world.results import plot, table
+    from counterfactual.world.results import plot, sweep_plot, table
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -457,16 +643,19 @@ def run_experiment(
         f"D: {data.n_original} pairs, D': {data.n_synthetic} ({data.natural_ratio:.3f} per "
         f"original); drawn at {ratio:.3g}"
     )
+    studies = plan_studies(command, config, data, out, seconds, log)
     vocab = build_vocab(data.world.captions("train"))
     roles = class_roles(config.world)
-    runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
+    runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in (*ARMS, *studies.arms)}
     by_role: dict[str, list[dict[str, dict[str, float]]]] = {arm: [] for arm in ARMS}
     seconds["train"] = seconds["eval"] = 0.0
     for seed in range(config.seed, config.seed + config.seeds):
-        entries = run_seed(command, config, data, ratio, vocab, seed, out / f"seed-{seed}", seconds)
-        for arm, pipeline, clean in zip(ARMS, *entries, strict=True):
+        folder = out / f"seed-{seed}"
+        entries = run_seed(command, config, data, ratio, vocab, seed, folder, seconds, studies.arms)
+        for arm, (pipeline, clean) in entries.items():
             runs[arm].append(arm_metrics(pipeline, clean))
-            by_role[arm].append(role_metrics(pipeline, clean, roles))
+            if arm in by_role:
+                by_role[arm].append(role_metrics(pipeline, clean, roles))
             shown = ", ".join(f"{m} {v:.3f}" for m, v in runs[arm][-1].items())
             log(f"seed {seed} {arm}: {shown}")
     results = {
@@ -480,9 +669,20 @@ def run_experiment(
         "arms": {arm: summarise(runs[arm]) for arm in ARMS},
         "by_role": {arm: summarise_roles(by_role[arm]) for arm in ARMS},
     }
+    if studies.sweep:
+        results["sweep"] = [
+            {"ratio": r, "samples": n, "arm": summarise(runs[arm])} for r, n, arm in studies.sweep
+        ]
+    if studies.grid:
+        results["grid"] = [
+            {"image_method": i, "text_method": t, "synthetic": n, "arm": summarise(runs[arm])}
+            for i, t, n, arm in studies.grid
+        ]
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", "utf-8")
     (out / "timings.json").write_text(json.dumps(seconds, indent=1) + "\n", "utf-8")
     plot(results, out / "results.png")
+    if studies.sweep:
+        sweep_plot(results, out / "sweep.png")
     (out / "results.md").write_text(table(results, seconds), "utf-8")
     return results
 
@@ -494,11 +694,16 @@ __all__ = [
     "ROLES",
     "TEXT_METHODS",
     "ExperimentConfig",
+    "HUBNESS",
     "LoopData",
+    "Studies",
     "arm_metrics",
     "class_roles",
     "role_metrics",
     "make_data",
+    "plan_studies",
+    "subset_size",
+    "write_subsets",
     "run_experiment",
     "run_seed",
     "summarise",

@@ -23,6 +23,7 @@ from counterfactual.world.classes import CLASSES, PAIRS, ObjectClass
 BACKGROUNDS = ("grass", "sand", "sky", "floor", "wall")
 SPLITS = ("train", "val", "test")
 BALANCED = 0.5
+CAPTION_STYLES = ("list", "sentences")
 """The test and val co-occurrence: p(partner | anchor) = 1/2, no shortcut."""
 
 
@@ -34,7 +35,10 @@ class WorldConfig:
     rest train). ``size``: picture side in pixels. ``cooccurrence``: p(partner | anchor) in
     train, in [0.5, 1) (0.5: no shortcut). ``pairs``: the (anchor, partner) class pairs;
     ``classes``: every class (unpaired ones appear alone). ``captions``: per picture.
-    ``max_count``: the most objects of one class in a scene. ``seed``: every draw."""
+    ``max_count``: the most objects of one class in a scene. ``seed``: every draw.
+    ``caption_style``: :data:`CAPTION_STYLES`, ``list`` (the classes in lists, relations and
+    places) or ``sentences`` (each class the subject or object of a verb: "a brown dog sits to
+    the left of two frisbees on the grass", phrases np-removal can cut)."""
 
     images: int = declare(6000, help="scenes in all (default: %(default)s)", kind="positive_int")
     val: int = declare(300, help="val scenes (default: %(default)s)", kind="nonnegative_int")
@@ -50,6 +54,13 @@ class WorldConfig:
     )
     max_count: int = 2
     seed: int = declare(0, help="seed of every draw (default: %(default)s)", kind="nonnegative_int")
+    caption_style: str = declare(
+        "list",
+        help="list: classes listed with relations and places; sentences: with verbs, each "
+        "class a phrase np-removal can cut (default: %(default)s)",
+        choices=("list", "sentences"),
+        flags=("--caption-style",),
+    )
 
     def __post_init__(self) -> None:
         for name in ("images", "size", "captions", "max_count"):
@@ -68,6 +79,10 @@ class WorldConfig:
             raise ValueError(f"size must be at least 24 px, got {self.size}")
         if not BALANCED <= self.cooccurrence < 1:
             raise ValueError(f"cooccurrence must be in [0.5, 1), got {self.cooccurrence!r}")
+        if self.caption_style not in CAPTION_STYLES:
+            raise ValueError(
+                f"caption_style must be one of {CAPTION_STYLES}, got {self.caption_style!r}"
+            )
         names = [c.name for c in self.classes]
         if len(set(names)) != len(names):
             raise ValueError(f"class names repeat: {names}")
@@ -119,6 +134,8 @@ class WorldConfig:
             "captions": self.captions,
             "max_count": self.max_count,
             "seed": self.seed,
+            # absent at the default: a list-captioned world's world.json is as it was
+            **({"caption_style": self.caption_style} if self.caption_style != "list" else {}),
         }
 
     @classmethod

@@ -26,7 +26,7 @@ import cv2
 import numpy as np
 
 from counterfactual.imageio import encode_jpeg
-from counterfactual.world.captions import caption
+from counterfactual.world.captions import caption, sentence
 from counterfactual.world.draw import render
 from counterfactual.world.scene import Scene, WorldConfig, sample_scene
 
@@ -100,7 +100,8 @@ def write_world(config: WorldConfig, root: str | Path) -> World:
                 }
             )
         rng = np.random.default_rng([config.seed, index, 1])
-        texts = [caption(scene, classes, rng) for _ in range(config.captions)]
+        write = sentence if config.caption_style == "sentences" else caption
+        texts = [write(scene, classes, rng) for _ in range(config.captions)]
         for text in texts:
             captions.append({"id": len(captions) + 1, "image_id": scene.image_id, "caption": text})
         karpathy.append(

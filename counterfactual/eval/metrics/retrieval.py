@@ -320,6 +320,67 @@ def odmap_at_k(relevance: ArrayLike, k: int | Sequence[int]) -> float | dict[int
     return float(average_precision_at_k(rel, k).mean())
 
 
+@dataclass(frozen=True)
+class Hubness:
+    """How unevenly a gallery is retrieved (Radovanović et al., JMLR 2010): ``skewness[k]`` is
+    the skewness of the k-occurrence ``N_k(x)`` (how many queries have gallery item ``x`` in
+    their top ``k``) over every gallery item, ``E[(N_k - mu)^3] / sigma^3`` (population
+    moments; 0 when every item occurs equally often); ``top1_share``: the largest fraction of
+    queries whose top-1 is one item, ``top1_item`` (the lowest such row)."""
+
+    skewness: dict[int, float]
+    top1_share: float
+    top1_item: int
+
+
+def k_occurrence(topk_indices: ArrayLike, gallery: int, k: int) -> np.ndarray:
+    """``N_k``: ``(gallery,)`` int64, how many queries have each gallery row in their first
+    ``k`` columns of ``topk_indices`` (``(Q, k')`` rows, best first, e.g. :attr:`TopK.indices`;
+    ``k' >= min(k, gallery)``)."""
+    k = _positive_int(k, "k")
+    indices = np.asarray(topk_indices)
+    if indices.ndim != 2 or not np.issubdtype(indices.dtype, np.integer):
+        raise ValueError(
+            f"topk_indices must be a (queries, k) integer array, got {indices.dtype} {indices.shape}"
+        )
+    if indices.shape[1] < min(k, gallery):
+        raise ValueError(f"topk_indices has {indices.shape[1]} columns, k-occurrence needs {k}")
+    if indices.size and (indices.min() < 0 or indices.max() >= gallery):
+        raise ValueError(f"topk_indices must lie in [0, {gallery})")
+    return np.bincount(indices[:, :k].ravel(), minlength=gallery).astype(np.int64)
+
+
+def skewness(values: ArrayLike) -> float:
+    """``E[(x - mu)^3] / sigma^3`` with population moments; 0 for constant ``values``."""
+    x = np.asarray(values, np.float64)
+    if x.size == 0:
+        raise ValueError("skewness of no values is undefined")
+    dev = x - x.mean()
+    var = float(np.mean(dev * dev))
+    if var <= 0.0:
+        return 0.0
+    return float(np.mean(dev**3) / var**1.5)
+
+
+def hubness(topk_indices: ArrayLike, gallery: int, ks: Sequence[int]) -> Hubness:
+    """:class:`Hubness` of a retrieval from its top-k gallery rows (``(Q, k')``, best first):
+    memory linear in the gallery and the queries, no score matrix needed."""
+    if gallery < 1:
+        raise ValueError(f"hubness needs a gallery, got {gallery} items")
+    ks = sorted({_positive_int(v, "k") for v in ks})
+    if not ks:
+        raise ValueError("hubness needs at least one k")
+    top1 = k_occurrence(topk_indices, gallery, 1)
+    queries = int(np.asarray(topk_indices).shape[0])
+    if queries == 0:
+        raise ValueError("hubness needs at least one query")
+    return Hubness(
+        {k: skewness(k_occurrence(topk_indices, gallery, k)) for k in ks},
+        float(top1.max()) / queries,
+        int(np.argmax(top1)),
+    )
+
+
 def recall_at_k(
     similarity: ArrayLike, caption_to_image: ArrayLike, ks: Sequence[int] = RECALL_KS
 ) -> RecallAtK:
