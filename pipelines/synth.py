@@ -176,10 +176,14 @@ class _ModelStep:
         self, config: SynthConfig, runtime: Runtime, stage: Stage, board: str | None = None
     ) -> None:
         _tell_started(board)
+        one_thread()
         self.chain, self.error = _build(config, runtime, stage)
 
     def ready(self) -> str | None:
         return self.error
+
+    def threads(self) -> dict[str, int]:
+        return thread_counts()
 
     def run(self, jobs: list[Job]) -> list[Job]:
         return self.chain(jobs)
@@ -266,6 +270,27 @@ class RunBoard:
         return items
 
 
+def one_thread() -> None:
+    """One OpenCV and one torch thread in this actor (it holds one CPU; with or without GPU
+    pools, a worker must not spread over the node's other CPUs). torch, when not imported yet,
+    reads ``OMP_NUM_THREADS`` at import."""
+    import cv2
+
+    cv2.setNumThreads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def thread_counts() -> dict[str, int]:
+    """OpenCV's and torch's threads in this process (torch imported to ask)."""
+    import cv2
+    import torch
+
+    return {"opencv": cv2.getNumThreads(), "torch": torch.get_num_threads()}
+
+
 def _board(name: str | None) -> Any:
     import ray
 
@@ -298,13 +323,10 @@ class ShardWorker:
         import ray
 
         _tell_started(board)
+        one_thread()
         self.board = _board(board)
         self.error: str | None = None
         self.node = ray.get_runtime_context().get_node_id()
-        if not any(pools):  # one CPU per worker: OpenCV must not spread over the others
-            import cv2
-
-            cv2.setNumThreads(1)
         parts: list[tuple[Process, int | None]] = []
         for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
             if pool and size:  # cut into the model's batches, spread over the pool
@@ -321,6 +343,9 @@ class ShardWorker:
 
     def ready(self) -> str | None:
         return self.error
+
+    def threads(self) -> dict[str, int]:
+        return thread_counts()
 
     def run(self, task: ShardTask) -> ShardDone:
         finished = 0
@@ -451,6 +476,7 @@ def layout_actors(stages: Sequence[Stage], options: RayOptions, cluster: Cluster
         model_actors=options.model_actors,
         gpus_per_actor=options.gpus_per_actor,
         cpu_actors=options.cpu_actors,
+        model_batch_size=options.model_batch_size,
     )
 
 
