@@ -54,6 +54,7 @@ from counterfactual.records import ImageRecord, Status
 from counterfactual.synth import signals
 from counterfactual.synth.job import Job
 from counterfactual.synth.layout import MODEL_CPUS, Cluster, Layout, Node, plan_layout
+from counterfactual.synth.models import absolute_models, local_model_paths
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.synth.run import RunResult, preflight, run_shards, started
 from counterfactual.synth.staging import (
@@ -467,6 +468,55 @@ def cluster_shape() -> Cluster:
     return Cluster(tuple(nodes))
 
 
+def _missing_here(paths: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """On one node: its address and which of ``paths`` (option -> path) it does not see."""
+    import ray
+
+    address = ray.util.get_node_ip_address()
+    return address, {option: p for option, p in paths.items() if not os.path.exists(p)}
+
+
+def check_model_paths(paths: dict[str, str], gpu_only: bool, timeout: float) -> list[str]:
+    """Every local model path (option -> absolute path) looked at on every alive node that may
+    load it (with ``gpu_only`` the nodes with GPUs), by a task pinned to each node; the
+    addresses of the nodes looked at, or :class:`SetupError` (one line) naming a path a node
+    lacks, or a node that did not answer within ``timeout`` seconds."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not paths:
+        return []
+    nodes = [
+        n
+        for n in ray.nodes()
+        if n.get("Alive") and (not gpu_only or (n.get("Resources") or {}).get("GPU", 0) > 0)
+    ]
+    look = ray.remote(num_cpus=0)(_missing_here)
+    refs = [
+        look.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(paths)
+        for n in nodes
+    ]
+    done, late = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    if late:
+        raise SetupError(
+            f"{len(late)} of {len(refs)} nodes did not say within {timeout:g} s "
+            "(--place-timeout) whether they see the models; is the cluster busy?"
+        )
+    answers = ray.get(done)
+    lacking = [(address, missing) for address, missing in answers if missing]
+    if lacking:
+        address, missing = lacking[0]
+        option, path = next(iter(missing.items()))
+        raise SetupError(
+            f"{option} {path}: not on node {address} ({len(lacking)} of {len(answers)} nodes "
+            "lack it); put the models on storage every node mounts at the same path (`make "
+            "models TO=/shared/models`) and pass that path"
+        )
+    return [address for address, _ in answers]
+
+
 def layout_actors(stages: Sequence[Stage], options: RayOptions, cluster: Cluster) -> Layout:
     """The run's layout (:func:`~counterfactual.synth.layout.plan_layout`) under ``options``;
     :class:`SetupError` (one line) when the cluster cannot hold it."""
@@ -765,7 +815,10 @@ def dry_run(
     temp = (_work_ray_dir(work_dir) or ray_temp_dir()) if own else None
     try:
         init_ray(None, options, temp)
-        return layout_actors(stages, options, cluster_shape())
+        layout = layout_actors(stages, options, cluster_shape())
+        gpu_only = any(g > 0 for g in layout.gpus)
+        check_model_paths(local_model_paths(config, runtime), gpu_only, options.place_timeout)
+        return layout
     finally:
         if temp is not None:
             stop_ray(temp)
@@ -820,6 +873,8 @@ def run_ray(
             info["logs"] = str(owned[0] / "session_latest" / "logs")
         signals.rearm()  # ray.init replaced the SIGTERM handler with its own
         layout = layout_actors(stages, options, cluster_shape())
+        gpu_only = any(g > 0 for g in layout.gpus)
+        check_model_paths(local_model_paths(config, runtime), gpu_only, options.place_timeout)
         info["layout"] = asdict(layout)
         info["seconds"] = {"init": round(time.perf_counter() - start, 3)}
         if on_start is not None:
@@ -832,7 +887,8 @@ def run_ray(
         )
         on_items = None if progress is None else progress.shard_items
         try:
-            models, workers = _start(config, runtime, out, stages, layout, options, board)
+            placed = absolute_models(config)  # every node loads what the driver checked
+            models, workers = _start(placed, runtime, out, stages, layout, options, board)
             actors += [*models, *workers]
             info["seconds"]["actors_ready"] = round(time.perf_counter() - start, 3)
             started(tasks)  # run.json now: a run that failed to start leaves none
