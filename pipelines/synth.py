@@ -48,6 +48,7 @@ from typing import Any
 from counterfactual import fs
 from counterfactual.messages import one_line
 from counterfactual.options import declare
+from counterfactual.pipelines.metrics import run_metrics, run_of, timed
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
@@ -179,6 +180,8 @@ class _ModelStep:
         _tell_started(board)
         one_thread()
         self.chain, self.error = _build(config, runtime, stage)
+        self.run_tag = run_of(board)
+        self.stage = stage.resources.stage if stage.resources else stage.steps[0]
 
     def ready(self) -> str | None:
         return self.error
@@ -187,7 +190,10 @@ class _ModelStep:
         return thread_counts()
 
     def run(self, jobs: list[Job]) -> list[Job]:
-        return self.chain(jobs)
+        start = time.perf_counter()
+        out = self.chain(jobs)
+        run_metrics(self.run_tag).model_batch(self.stage, time.perf_counter() - start, len(jobs))
+        return out
 
 
 @functools.cache
@@ -216,6 +222,8 @@ class _RemoteStep:
         batch_size: int,
         start: int,
         crops: SynthConfig | None = None,
+        stage: str = "",
+        run: str = "local",
     ) -> None:
         import ray
 
@@ -224,6 +232,7 @@ class _RemoteStep:
         self.actors = [ray.get_actor(name) for name in actors]
         self.batch_size, self.next = batch_size, start
         self.crops = crops  # Edit's pool: send crops, not whole pictures (crop_for_edit)
+        self.stage, self.run = stage, run
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         if self.crops is None:
@@ -244,7 +253,12 @@ class _RemoteStep:
             return []
 
         in_chunks(send, jobs, self.batch_size)
-        return [job for part in ray.get(refs) for job in part]
+        metrics = run_metrics(self.run)
+        metrics.queue_depth(self.stage, len(refs))
+        try:
+            return [job for part in ray.get(refs) for job in part]
+        finally:
+            metrics.queue_depth(self.stage, 0)
 
 
 class RunBoard:
@@ -325,19 +339,22 @@ class ShardWorker:
 
         _tell_started(board)
         one_thread()
+        self.run_tag = run_of(board)
         self.board = _board(board)
         self.error: str | None = None
         self.node = ray.get_runtime_context().get_node_id()
         parts: list[tuple[Process, int | None]] = []
         for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
+            name = stage.resources.stage if stage.resources else stage.steps[0]
             if pool and size:  # cut into the model's batches, spread over the pool
                 crops = config if "edit" in stage.steps and ships_crops(config) else None
-                parts.append((_RemoteStep(pool, size, position, crops), None))
+                remote = _RemoteStep(pool, size, position, crops, name, self.run_tag)
+                parts.append((remote, None))
                 continue
             chain, self.error = _build(config, runtime, stage)
             if self.error:
                 break
-            parts.append((chain, size))
+            parts.append((timed(chain, name, self.run_tag, model=size is not None), size))
         self.maker = ShardMaker(
             config, out_dir, Staged(parts), self.node, _stop_if_cancelled, runtime.batch_size
         )
@@ -360,7 +377,9 @@ class ShardWorker:
 
         self.maker.on_batch = on_batch
         _stop_if_cancelled(0)  # cancelled while queued: no temporary file is opened
-        return self.maker(task)
+        done = self.maker(task)
+        run_metrics(self.run_tag).shard_done(done.counts)
+        return done
 
 
 # ------------------------------------------------------------------------------ cluster
@@ -699,6 +718,7 @@ def _map_unordered(
     tries: dict[int, int] = {}
     lost: set[int] = set()
     handle = _board(board) if on_items is not None else None
+    metrics = run_metrics(run_of(board))
     exhausted = False
     try:
         while True:
@@ -717,6 +737,7 @@ def _map_unordered(
                         "command to resume"
                     )
                 return
+            metrics.queue_depth("shards", len(running))
             ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_SECONDS)
             if handle is not None and on_items is not None:
                 try:
