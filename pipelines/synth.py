@@ -50,12 +50,14 @@ from typing import Any
 from counterfactual import fs
 from counterfactual.messages import cut, one_line
 from counterfactual.options import declare
+from counterfactual.pipelines.metrics import run_metrics, run_of, timed
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
 from counterfactual.synth import signals
 from counterfactual.synth.job import Job
 from counterfactual.synth.layout import MODEL_CPUS, Cluster, Layout, Node, plan_layout
+from counterfactual.synth.models import absolute_models, local_model_paths
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.synth.run import RunResult, preflight, run_shards, started
 from counterfactual.synth.runlock import pid_running, pid_start
@@ -211,20 +213,28 @@ class _ModelStep:
         failure_window: int = 200,
     ) -> None:
         _tell_started(board)
+        one_thread()
         self.board = board
         self.chain, self.error = _build(config, runtime, stage)
         name = stage.resources.stage if stage.resources else stage.steps[0]
         self.window = FailureWindow(name, failure_window)
+        self.run_tag = run_of(board)
+        self.stage = name
 
     def ready(self) -> str | None:
         return self.error
 
+    def threads(self) -> dict[str, int]:
+        return thread_counts()
+
     def run(self, jobs: list[Job]) -> list[Job]:
         ran = [job for job in jobs if job.ok]
+        start = time.perf_counter()
         try:
             done = self.chain(jobs)
         except DeviceFailure as err:
             self._end(err)
+        run_metrics(self.run_tag).model_batch(self.stage, time.perf_counter() - start, len(jobs))
         self.window.add(ran)
         return done
 
@@ -281,6 +291,8 @@ class _RemoteStep:
         crops: SynthConfig | None = None,
         call_timeout: float = 300.0,
         board: Any = None,
+        stage: str = "",
+        run: str = "local",
     ) -> None:
         import ray
 
@@ -293,6 +305,7 @@ class _RemoteStep:
         self.crops = crops  # Edit's pool: send crops, not whole pictures (crop_for_edit)
         self.call_timeout, self.slowest, self.board = call_timeout, 0.0, board
         self.lost: list[str] = []
+        self.stage, self.run = stage, run
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
         if self.crops is None:
@@ -307,8 +320,13 @@ class _RemoteStep:
         in_chunks(lambda chunk: chunks.append(chunk) or [], jobs, self.batch_size)
         results: list[list[Job] | None] = [None] * len(chunks)
         todo = list(range(len(chunks)))
-        while todo:
-            todo = self._round(chunks, todo, results)
+        metrics = run_metrics(self.run)
+        try:
+            while todo:
+                metrics.queue_depth(self.stage, len(todo))
+                todo = self._round(chunks, todo, results)
+        finally:
+            metrics.queue_depth(self.stage, 0)
         return [job for part in results if part is not None for job in part]
 
     def _round(
@@ -403,6 +421,27 @@ class RunBoard:
         return items
 
 
+def one_thread() -> None:
+    """One OpenCV and one torch thread in this actor (it holds one CPU; with or without GPU
+    pools, a worker must not spread over the node's other CPUs). torch, when not imported yet,
+    reads ``OMP_NUM_THREADS`` at import."""
+    import cv2
+
+    cv2.setNumThreads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def thread_counts() -> dict[str, int]:
+    """OpenCV's and torch's threads in this process (torch imported to ask)."""
+    import cv2
+    import torch
+
+    return {"opencv": cv2.getNumThreads(), "torch": torch.get_num_threads()}
+
+
 def _board(name: str | None) -> Any:
     import ray
 
@@ -436,30 +475,34 @@ class ShardWorker:
         import ray
 
         _tell_started(board)
+        one_thread()
+        self.run_tag = run_of(board)
         self.board = _board(board)
         self.error: str | None = None
         self.node = ray.get_runtime_context().get_node_id()
-        if not any(pools):  # one CPU per worker: OpenCV must not spread over the others
-            import cv2
-
-            cv2.setNumThreads(1)
         parts: list[tuple[Process, int | None]] = []
         for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
+            name = stage.resources.stage if stage.resources else stage.steps[0]
             if pool and size:  # cut into the model's batches, spread over the pool
                 crops = config if "edit" in stage.steps and ships_crops(config) else None
-                remote = _RemoteStep(pool, size, position, crops, call_timeout, self.board)
+                remote = _RemoteStep(
+                    pool, size, position, crops, call_timeout, self.board, name, self.run_tag
+                )
                 parts.append((remote, None))
                 continue
             chain, self.error = _build(config, runtime, stage)
             if self.error:
                 break
-            parts.append((chain, size))
+            parts.append((timed(chain, name, self.run_tag, model=size is not None), size))
         self.maker = ShardMaker(
             config, out_dir, Staged(parts), self.node, _stop_if_cancelled, runtime.batch_size
         )
 
     def ready(self) -> str | None:
         return self.error
+
+    def threads(self) -> dict[str, int]:
+        return thread_counts()
 
     def run(self, task: ShardTask) -> ShardDone:
         finished = 0
@@ -473,7 +516,9 @@ class ShardWorker:
 
         self.maker.on_batch = on_batch
         _stop_if_cancelled(0)  # cancelled while queued: no temporary file is opened
-        return self.maker(task)
+        done = self.maker(task)
+        run_metrics(self.run_tag).shard_done(done.counts)
+        return done
 
 
 # ------------------------------------------------------------------------------ cluster
@@ -674,6 +719,55 @@ def cluster_shape() -> Cluster:
     return Cluster(tuple(nodes))
 
 
+def _missing_here(paths: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """On one node: its address and which of ``paths`` (option -> path) it does not see."""
+    import ray
+
+    address = ray.util.get_node_ip_address()
+    return address, {option: p for option, p in paths.items() if not os.path.exists(p)}
+
+
+def check_model_paths(paths: dict[str, str], gpu_only: bool, timeout: float) -> list[str]:
+    """Every local model path (option -> absolute path) looked at on every alive node that may
+    load it (with ``gpu_only`` the nodes with GPUs), by a task pinned to each node; the
+    addresses of the nodes looked at, or :class:`SetupError` (one line) naming a path a node
+    lacks, or a node that did not answer within ``timeout`` seconds."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not paths:
+        return []
+    nodes = [
+        n
+        for n in ray.nodes()
+        if n.get("Alive") and (not gpu_only or (n.get("Resources") or {}).get("GPU", 0) > 0)
+    ]
+    look = ray.remote(num_cpus=0)(_missing_here)
+    refs = [
+        look.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(paths)
+        for n in nodes
+    ]
+    done, late = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    if late:
+        raise SetupError(
+            f"{len(late)} of {len(refs)} nodes did not say within {timeout:g} s "
+            "(--place-timeout) whether they see the models; is the cluster busy?"
+        )
+    answers = ray.get(done)
+    lacking = [(address, missing) for address, missing in answers if missing]
+    if lacking:
+        address, missing = lacking[0]
+        option, path = next(iter(missing.items()))
+        raise SetupError(
+            f"{option} {path}: not on node {address} ({len(lacking)} of {len(answers)} nodes "
+            "lack it); put the models on storage every node mounts at the same path (`make "
+            "models TO=/shared/models`) and pass that path"
+        )
+    return [address for address, _ in answers]
+
+
 def layout_actors(stages: Sequence[Stage], options: RayOptions, cluster: Cluster) -> Layout:
     """The run's layout (:func:`~counterfactual.synth.layout.plan_layout`) under ``options``;
     :class:`SetupError` (one line) when the cluster cannot hold it."""
@@ -683,6 +777,7 @@ def layout_actors(stages: Sequence[Stage], options: RayOptions, cluster: Cluster
         model_actors=options.model_actors,
         gpus_per_actor=options.gpus_per_actor,
         cpu_actors=options.cpu_actors,
+        model_batch_size=options.model_batch_size,
     )
 
 
@@ -855,6 +950,7 @@ def _map_unordered(
     tries: dict[int, int] = {}
     lost: set[int] = set()
     handle = _board(board) if on_items is not None else None
+    metrics = run_metrics(run_of(board))
     exhausted = False
     try:
         while True:
@@ -873,6 +969,7 @@ def _map_unordered(
                         "command to resume"
                     )
                 return
+            metrics.queue_depth("shards", len(running))
             ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_SECONDS)
             if handle is not None and on_items is not None:
                 try:
@@ -971,7 +1068,10 @@ def dry_run(
     temp = (_work_ray_dir(work_dir) or ray_temp_dir()) if own else None
     try:
         init_ray(None, options, temp)
-        return layout_actors(stages, options, cluster_shape())
+        layout = layout_actors(stages, options, cluster_shape())
+        gpu_only = any(g > 0 for g in layout.gpus)
+        check_model_paths(local_model_paths(config, runtime), gpu_only, options.place_timeout)
+        return layout
     finally:
         if temp is not None:
             stop_ray(temp)
@@ -1026,6 +1126,8 @@ def run_ray(
             info["logs"] = str(owned[0] / "session_latest" / "logs")
         signals.rearm()  # ray.init replaced the SIGTERM handler with its own
         layout = layout_actors(stages, options, cluster_shape())
+        gpu_only = any(g > 0 for g in layout.gpus)
+        check_model_paths(local_model_paths(config, runtime), gpu_only, options.place_timeout)
         info["layout"] = asdict(layout)
         info["seconds"] = {"init": round(time.perf_counter() - start, 3)}
         if on_start is not None:
@@ -1038,7 +1140,8 @@ def run_ray(
         )
         on_items = None if progress is None else progress.shard_items
         try:
-            models, workers = _start(config, runtime, out, stages, layout, options, board)
+            placed = absolute_models(config)  # every node loads what the driver checked
+            models, workers = _start(placed, runtime, out, stages, layout, options, board)
             actors += [*models, *workers]
             info["seconds"]["actors_ready"] = round(time.perf_counter() - start, 3)
             started(tasks)  # run.json now: a run that failed to start leaves none

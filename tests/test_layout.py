@@ -19,15 +19,17 @@ VERIFY = VerifyConfig(mode="record")
 CAPTION = TextConfig(method="captioner")
 
 
-def stages(*parts: str, device: str = "cuda"):
-    """The stages of a run with the named model parts: inpaint, verify, caption, detect."""
+def stages(*parts: str, device: str = "cuda", batch: int = 16):
+    """The stages of a run with the named model parts: inpaint, verify, caption, detect; the
+    inpainter's batch of 16 feeds every worker these shapes leave (the cap on workers is
+    ``tests/test_workers_sized.py``'s)."""
     config = SynthConfig(
         image=DIFFUSERS if "inpaint" in parts else ImageConfig(method="blur"),
         verify=VERIFY if "verify" in parts else VerifyConfig(),
         text=CAPTION if "caption" in parts else TextConfig(),
         detect=DetectConfig() if "detect" in parts else None,
     )
-    return plan_stages(config, Runtime(device=device))
+    return plan_stages(config, Runtime(device=device, inpaint_batch_size=batch))
 
 
 def table(layout) -> dict[str, tuple[int, float]]:

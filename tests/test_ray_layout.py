@@ -80,6 +80,7 @@ def test_dry_run_prints_the_layout_it_would_use(one_gpu, tmp_path):
         "gpus": 1,
         "cpus": 4,
         "workers": 2,  # the 4 CPUs less one per model actor
+        "workers_rule": "min(CPUs left 2, 2 x 1 GPU actor x batch 1 = 2)",
         "stages": [
             {"stage": "Inpaint", "actors": 1, "gpus_per_actor": 0.9},
             {"stage": "Verify", "actors": 1, "gpus_per_actor": 0.1},

@@ -79,6 +79,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "prompt": ROREM_PROMPT,
         "negative_prompt": ROREM_NEGATIVE,
         "resolution": 512,
+        "grow": 20,
     },
     "sdxl": {
         "model": "diffusers/stable-diffusion-xl-1.0-inpainting-0.1",
@@ -91,7 +92,8 @@ RECIPES: dict[str, dict[str, Any]] = {
 """Published models with their authors' settings (``--inpaint-recipe``); options given
 explicitly win. ``rorem``: the RORem README's inference (fp16 variant, 512 px, 50 steps (15-30
 also work), strength 0.99 ("below 1.0"), guidance 1.0, i.e. no classifier-free guidance, so the
-negative prompt is not used; its masks are dilated by 20 px: add ``--dilate 20``). ``sdxl``:
+negative prompt is not used; its masks are dilated with a 20x20 kernel at 512 px, ``grow``,
+at the working size, not at the picture's). ``sdxl``:
 the SDXL inpainting 0.1 model card (1024 px, 20 steps, guidance 8.0, strength 0.99)."""
 
 
@@ -123,6 +125,10 @@ class DiffusersConfig:
     run keeps it from recompiling)."""
     channels_last: bool = False
     """Denoiser and VAE in channels-last memory format (often faster convolutions on GPUs)."""
+    grow: int = 0
+    """The working mask dilated by a ``grow`` x ``grow`` square kernel at the working size (RORem's
+    README: 20 at 512 px, ``cv2.dilate(mask, np.ones((20, 20)))``); the grown region is what
+    is repainted and pasted back. 0: the mask as it is."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -139,6 +145,7 @@ class DiffusersConfig:
         at_least("candidates", self.candidates, 1)
         at_least("crop_padding", self.crop_padding, 0)
         at_least("feather", self.feather, 0)
+        at_least("grow", self.grow, 0)
 
     @classmethod
     def from_recipe(cls, recipe: str, **options: Any) -> DiffusersConfig:
@@ -225,6 +232,9 @@ class _Job:
     side: int
     image: Image.Image
     mask: Image.Image
+    paste_mask: np.ndarray | None = None
+    """The crop's mask at source scale grown as the working mask was (``grow``), else
+    ``None``: the request's mask."""
 
 
 class DiffusionInpainter:
@@ -351,6 +361,12 @@ class DiffusionInpainter:
         # working mask covers every masked pixel after scaling back.
         mask = Image.fromarray(request.mask[y0:y1, x0:x1]).resize(size, Image.Resampling.BILINEAR)
         mask = np.where(np.asarray(mask) > 0, 255, 0).astype(np.uint8)
+        paste_mask = None
+        if self.config.grow:
+            mask = grow_mask(mask, self.config.grow)
+            back = Image.fromarray(mask).resize((x1 - x0, y1 - y0), Image.Resampling.BILINEAR)
+            paste_mask = np.where(np.asarray(back) > 0, 255, request.mask[y0:y1, x0:x1])
+            paste_mask = paste_mask.astype(np.uint8)
         # onto the square canvas: the picture mirrored at the bottom and right, kept (mask 0)
         rows, cols = side - size[1], side - size[0]
         image = np.pad(image, ((0, rows), (0, cols), (0, 0)), mode="symmetric")
@@ -362,6 +378,7 @@ class DiffusionInpainter:
             side=side,
             image=Image.fromarray(image),
             mask=Image.fromarray(mask),
+            paste_mask=paste_mask,
         )
 
     def _prompts(self, request: EditRequest) -> tuple[str, str]:
@@ -410,10 +427,20 @@ class DiffusionInpainter:
         paste(
             edited[y0:y1, x0:x1],
             np.ascontiguousarray(patch),
-            np.ascontiguousarray(request.mask[y0:y1, x0:x1]),
+            np.ascontiguousarray(
+                request.mask[y0:y1, x0:x1] if job.paste_mask is None else job.paste_mask
+            ),
             self.config.feather,
         )
         return edited
+
+
+def grow_mask(mask: np.ndarray, side: int) -> np.ndarray:
+    """``mask`` (``uint8``, 255 = repaint) dilated by a ``side`` x ``side`` square kernel, as
+    RORem's README grows its 512 px masks (``side`` 20)."""
+    import cv2
+
+    return cv2.dilate(mask, np.ones((side, side), np.uint8), iterations=1)
 
 
 def region(config: DiffusersConfig, mask: np.ndarray) -> tuple[int, int, int, int] | None:
@@ -440,8 +467,9 @@ def load_pipeline(model: str, dtype: str = "float32") -> tuple[Any, str]:
     ``AutoPipelineForInpainting`` loads it (an SD 1.5/2, SDXL or other checkpoint it maps to
     its inpainting pipeline); a class it does not map is loaded as the class
     ``model_index.json`` names, which must take a ``mask_image``. In float16 and bfloat16 the
-    ``fp16`` weight files are read where the model has them. Any failure is a ``ValueError``
-    naming the model."""
+    ``fp16`` weight files are read where the model has them (:func:`_variants`: the rule pull
+    follows, at the cache's pinned commit). Any failure is a ``ValueError`` naming the
+    model."""
     torch = require("torch", "models")
     diffusers = require("diffusers", "models")
     try:
@@ -456,10 +484,11 @@ def load_pipeline(model: str, dtype: str = "float32") -> tuple[Any, str]:
     kwargs: dict[str, Any] = {"torch_dtype": getattr(torch, dtype), "trust_remote_code": False}
     if "safety_checker" in index:
         kwargs["safety_checker"] = None  # the run judges its outputs itself (blank-output)
-    variants = ("fp16", "") if dtype != "float32" else ("",)
     last: Exception | None = None
-    for variant in variants:
+    for variant, revision in _variants(model, dtype):
         extra = {"variant": variant} if variant else {}
+        if revision:
+            extra["revision"] = revision
         for loader in (diffusers.AutoPipelineForInpainting, diffusers.DiffusionPipeline):
             try:
                 with warnings.catch_warnings():
@@ -494,6 +523,22 @@ def _index_file(diffusers: Any, model: str) -> str:
     from huggingface_hub import hf_hub_download
 
     return str(hf_hub_download(model, diffusers.DiffusionPipeline.config_name))
+
+
+def _variants(model: str, dtype: str) -> list[tuple[str, str | None]]:
+    """The (variant, revision) to load ``model`` with: the rule :func:`pull` downloads by
+    (:func:`~counterfactual.models.hub.weight_variant`), decided by the files of the folder or
+    cached snapshot where it has them (the variant the manifest records), at the commit the
+    cache pins (``models pull`` wrote it); a model not on this machine tries the variant, then
+    the plain files, from the Hub."""
+    from counterfactual.models.hub import ModelRef, chosen_variant, locate, weight_variant
+
+    wanted = weight_variant(dtype)
+    found = locate(ModelRef("inpainter", "--inpaint-model", "hub", model, wanted))
+    if found.files:
+        revision = found.revision if found.source == "cache" else None
+        return [(chosen_variant(found.files, wanted) or "", revision)]
+    return [(wanted, None), ("", None)] if wanted else [("", None)]
 
 
 def _build(config: DiffusersConfig, *, device: str, dtype: str, batch_size: int, **_: Any) -> Any:
@@ -574,7 +619,7 @@ def _options() -> tuple[Option, ...]:
             "recipe",
             "recipe",
             "diffusers: a published model with its authors' settings, which the options given "
-            "override: " + ", ".join(RECIPES) + " (RORem: add --dilate 20)",
+            "override: " + ", ".join(RECIPES),
             cli="--inpaint-recipe",
             choices=tuple(RECIPES),
             sparse=True,
@@ -587,6 +632,14 @@ def _options() -> tuple[Option, ...]:
             cli="--compile",
             kind="flag",
             runtime=True,
+        ),
+        Option(
+            "grow",
+            "grow",
+            "diffusers: dilate the working mask by an N x N square kernel at the working size, "
+            "and repaint that (RORem's recipe: 20 at 512 px; 0: the mask as it is)",
+            cli="--inpaint-grow",
+            kind="nonnegative_int",
         ),
         Option(
             "channels_last",

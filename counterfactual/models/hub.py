@@ -22,6 +22,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import importlib
+import json
 import os
 import re
 import shutil
@@ -106,7 +107,9 @@ class Located:
             "source": self.source,
             "revision": self.revision,
         }
-        if self.ref.variant:
+        if self.ref.variant and self.files:  # what loads: the variant where the files have it
+            out["variant"] = chosen_variant(self.files, self.ref.variant) or "plain"
+        elif self.ref.variant:  # files not here yet: the variant asked for
             out["variant"] = self.ref.variant
         if self.path:
             out["path"] = self.path
@@ -268,6 +271,23 @@ def _cached(ref: ModelRef, cache_dir: Path) -> Located:
     return Located(ref, "cache", str(snapshot), commit, problem, files)
 
 
+HALF_DTYPES = ("float16", "bfloat16")
+"""Dtypes that read the ``fp16`` weight files where a model has them (diffusers ships one half
+variant; bfloat16 loads it and casts)."""
+
+
+def weight_variant(dtype: str | None) -> str | None:
+    """The weight variant a run in ``dtype`` prefers: ``"fp16"`` in float16 and bfloat16, else
+    ``None``. The one rule :func:`pull` downloads by and the loaders load by."""
+    return "fp16" if dtype in HALF_DTYPES else None
+
+
+def chosen_variant(files: Iterable[str], variant: str | None) -> str | None:
+    """The variant that loads from ``files``: ``variant`` where they hold its safetensors
+    weights, else ``None`` (the plain files)."""
+    return variant if variant and has_variant(files, variant) else None
+
+
 def has_variant(files: Iterable[str], variant: str) -> bool:
     """Whether safetensors weights of ``variant`` are among ``files`` (a diffusers
     ``diffusion_pytorch_model.fp16.safetensors``, ``model.fp16-00001-of-00002.safetensors``):
@@ -276,12 +296,35 @@ def has_variant(files: Iterable[str], variant: str) -> bool:
     return any(pattern.search(f) for f in files)
 
 
-def select_files(files: Sequence[str], variant: str | None = None) -> list[str]:
+def pipeline_components(index: dict[str, Any]) -> tuple[str, ...]:
+    """The component folders a diffusers ``model_index.json`` names: its keys whose value is a
+    ``[library, class]`` pair (``unet``, ``vae``, ``text_encoder``...; a ``null`` component,
+    such as a removed ``safety_checker``, is none)."""
+    return tuple(
+        sorted(
+            key
+            for key, value in index.items()
+            if not key.startswith("_")
+            and isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(v, str) for v in value)
+        )
+    )
+
+
+def select_files(
+    files: Sequence[str], variant: str | None = None, components: Sequence[str] | None = None
+) -> list[str]:
     """The files of a hub repo to download: its safetensors weights (per folder the
     ``variant`` ones where that folder has them, else the plain ones), configs and tokenizer
     files; no other weight format, no single-file checkpoints at the top of a diffusers
-    pipeline (``model_index.json``), no README or images. Raises :class:`ModelUnavailable`
-    for a repo without safetensors weights."""
+    pipeline (``model_index.json``), no README or images. ``components``: of a pipeline, only
+    the top-level files and these folders (:func:`pipeline_components`: what
+    ``model_index.json`` names; a repo's other folders, such as an unused ``safety_checker``
+    or a second UNet, are not fetched). Raises :class:`ModelUnavailable` for a repo without
+    safetensors weights."""
+    if components is not None:
+        files = [f for f in files if "/" not in f or f.split("/", 1)[0] in components]
     problem = weight_problem(files)
     if problem:
         raise ModelUnavailable(problem)
@@ -411,12 +454,19 @@ def pull(
         raise ModelUnavailable(f"{_who(ref)}: {found.problem}; a local model is not fetched")
     try:
         info = (repo_info or _repo_info)(ref.name)
-        wanted = select_files(info.files, ref.variant)
-        kwargs: dict[str, Any] = {"revision": info.sha, "allow_patterns": wanted}
+        kwargs: dict[str, Any] = {"revision": info.sha}
         if dest is not None:
             kwargs["local_dir"] = str(dest)
         elif cache_dir is not None:
             kwargs["cache_dir"] = str(cache_dir)
+        components = None
+        if "model_index.json" in info.files:  # a pipeline: fetch the components it names
+            index = Path(
+                (snapshot or _snapshot)(ref.name, allow_patterns=["model_index.json"], **kwargs)
+            )
+            components = pipeline_components(_read_index(index / "model_index.json"))
+        wanted = select_files(info.files, ref.variant, components)
+        kwargs["allow_patterns"] = wanted
         path = Path((snapshot or _snapshot)(ref.name, **kwargs))
         if dest is None:  # offline loads resolve `main` through refs/main
             _write_ref(_repo_folder(cache_dir or hub_cache_dir(), ref.name), info.sha)
@@ -429,6 +479,17 @@ def pull(
             f"{_who(ref)}: the download lacks {len(missing)} file(s) ({missing[0]}, ...)"
         )
     return Located(ref, "folder" if dest is not None else "cache", str(path), info.sha, None, files)
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    """A pipeline's ``model_index.json``, or :class:`ModelUnavailable` (why, in a few words)."""
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelUnavailable(f"unreadable model_index.json ({err})") from err
+    if not isinstance(index, dict):
+        raise ModelUnavailable("model_index.json is not a JSON object")
+    return index
 
 
 def _write_ref(repo: Path, commit: str) -> None:

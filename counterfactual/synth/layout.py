@@ -14,7 +14,13 @@ cluster before anything starts; ``pipelines/synth.py`` places what it says on Ra
   heavy actors. Without a heavy stage on the GPUs, the GPU stages are all shared out as heavy.
 - ``gpus_per_actor`` sets the heavy stage's share (as many actors as fit); ``model_actors``
   sets the actors of every pooled stage. A share above one GPU is a whole number of GPUs.
-- The shard workers (one CPU each) take the CPUs left, at least one (``cpu_actors`` sets them).
+- The shard workers (one CPU each) take the CPUs left, at least one (``cpu_actors`` sets them),
+  but with model stages on GPUs no more than those can consume: ``workers <= WORKERS_PER_ITEM x
+  (GPU actors of the heavy stage) x (its model batch)``. A worker's CPU work per item (decode,
+  crop, encode: tens of ms) is some ten times a GPU's per item in a batch (LaMa: 2-4 ms), so
+  two workers per item of each actor's batch keep a batch on the GPU and the next one queued,
+  and the other CPUs stay free (a 192-CPU node with 8 GPUs at batch 8 runs 128 workers, not
+  182). On CPU the workers are the compute and take every CPU left.
 
 Ray puts a fractional GPU request on one GPU of one node, so the check packs the actors onto
 the nodes' GPUs (first fit, largest first), and a layout that does not fit is a
@@ -37,6 +43,8 @@ GPUS_PER_LIGHT_ACTOR = 4
 """One actor of each light stage per this many GPUs."""
 MODEL_CPUS = 1.0
 """CPUs each model actor holds (it feeds its GPU)."""
+WORKERS_PER_ITEM = 2
+"""Shard workers per item of a GPU actor's batch (the module doc's rule)."""
 _EPS = 1e-4  # Ray's resolution of fractional resources
 
 
@@ -106,6 +114,8 @@ class Layout:
     stages: tuple[str | None, ...] = ()
     """Per stage: the model stage's name (``None``: a CPU stage)."""
     cluster: Cluster = Cluster(())
+    rule: str = ""
+    """How ``workers`` was decided, in words (``synth --dry-run`` shows it)."""
 
     def plans(self) -> list[StagePlan]:
         return [
@@ -120,6 +130,7 @@ class Layout:
             "gpus": _num(self.cluster.gpus),
             "cpus": _num(self.cluster.cpus),
             "workers": self.workers,
+            "workers_rule": self.rule,
             "stages": [
                 {"stage": p.stage, "actors": p.actors, "gpus_per_actor": _num(p.gpus_per_actor)}
                 for p in self.plans()
@@ -144,9 +155,11 @@ def plan_layout(
     model_actors: int | None = None,
     gpus_per_actor: float | None = None,
     cpu_actors: int | None = None,
+    model_batch_size: int | None = None,
 ) -> Layout:
     """The layout of ``stages`` on ``cluster`` by the rules of the module doc, or
-    :class:`SetupError` (one line) when it does not fit."""
+    :class:`SetupError` (one line) when it does not fit. ``model_batch_size``: items per model
+    call when it overrides the stages' own (``--model-batch-size``)."""
     if gpus_per_actor is not None and (
         not 0 < gpus_per_actor <= 8
         or (gpus_per_actor > 1 and not float(gpus_per_actor).is_integer())
@@ -200,7 +213,8 @@ def plan_layout(
             "cluster"
         )
     _pack(stages, cluster, actors, shares)
-    workers = cpu_actors or max(1, int(cluster.cpus - held + _EPS))
+    free = max(1, int(cluster.cpus - held + _EPS))
+    workers, rule = _workers(stages, actors, heavy, free, cpu_actors, model_batch_size)
     if cpu_actors is not None and cpu_actors + held > cluster.cpus + _EPS:
         raise SetupError(
             f"--cpu-actors {cpu_actors} and {sum(actors)} model actors (one CPU each) ask for "
@@ -208,7 +222,35 @@ def plan_layout(
             "--cpu-actors or --model-actors"
         )
     names = tuple(s.resources.stage if s.resources is not None else None for s in stages)
-    return Layout(tuple(actors), tuple(shares), workers, names, cluster)
+    return Layout(tuple(actors), tuple(shares), workers, names, cluster, rule)
+
+
+def _workers(
+    stages: Sequence[Stage],
+    actors: Sequence[int],
+    heavy: Sequence[bool],
+    free: int,
+    cpu_actors: int | None,
+    model_batch_size: int | None,
+) -> tuple[int, str]:
+    """The shard workers and the rule that gave them (the module doc's): ``cpu_actors`` when
+    given, else the CPUs left, capped by what the heavy GPU stage consumes."""
+    if cpu_actors is not None:
+        return cpu_actors, f"--cpu-actors {cpu_actors}"
+    fed = [
+        (n, model_batch_size or stage.resources.batch_size)
+        for stage, n, h in zip(stages, actors, heavy, strict=True)
+        if h and n and stage.resources is not None
+    ]
+    if not fed:
+        return free, f"the CPUs left after the model actors ({free}); no GPU stage to feed"
+    n, batch = max(fed, key=lambda f: f[0] * f[1])
+    cap = WORKERS_PER_ITEM * n * batch
+    rule = (
+        f"min(CPUs left {free}, {WORKERS_PER_ITEM} x {n} GPU actor{'s' * (n != 1)} x "
+        f"batch {batch} = {cap})"
+    )
+    return min(free, cap), rule
 
 
 def _most_heavy(

@@ -4,11 +4,13 @@ each with its resolved revision, the hub commit or the file's sha256)."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from counterfactual.models.embed import parse_model_spec
-from counterfactual.models.hub import Located, ModelRef, locate
+from counterfactual.models.hub import Located, ModelRef, is_local, locate, weight_variant
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import text_model
 
@@ -17,9 +19,10 @@ def needed_models(config: SynthConfig, runtime: Runtime | None = None) -> tuple[
     """Every model ``config`` loads, in run order: the detector (detected boxes), the
     inpainter (``inpaint`` with the diffusers or lama backend), the captioner (``captioner``
     text), the verifier's CLIP (``--verify``/``--filter``, or best-of-n's scorer). Hub weights
-    prefer the ``fp16`` variant when the run computes in float16."""
+    prefer the ``fp16`` variant when the run computes in half precision (:func:`weight_variant`,
+    the rule the inpainter loads by)."""
     runtime = runtime or Runtime()
-    variant = "fp16" if runtime.dtype == "float16" else None
+    variant = weight_variant(runtime.dtype)
     refs: list[ModelRef] = []
     if config.detect is not None:
         refs.append(ModelRef("detector", "--detector-model", "hub", config.detect.model))
@@ -56,3 +59,46 @@ def model_records(config: SynthConfig, runtime: Runtime | None = None) -> list[d
 
 def located_models(config: SynthConfig, runtime: Runtime | None = None) -> list[Located]:
     return [locate(ref) for ref in needed_models(config, runtime)]
+
+
+_LOCAL_PREFIXES = ("hf-clip:", "blip:")
+
+
+def _absolute(name: str, file: bool = False) -> str:
+    """A local model path made absolute (``~`` expanded); a hub id or an open_clip spec as it
+    is; ``hf-clip:``/``blip:`` before a local folder kept. ``file``: a model file (LaMa's),
+    local whatever it looks like (``models/big-lama.pt`` is no hub id)."""
+    prefix = next((p for p in _LOCAL_PREFIXES if name.startswith(p)), "")
+    path = name.removeprefix(prefix)
+    if not path or path.startswith("open_clip:") or not (file or is_local(path)):
+        return name
+    return prefix + os.path.abspath(os.path.expanduser(path))
+
+
+def absolute_models(config: SynthConfig) -> SynthConfig:
+    """``config`` with every local model path absolute, as the driver resolves it: the
+    actors on any node (and in any working directory) load what the driver checked. The
+    fingerprint stays the config's as given (the path as typed decides nothing)."""
+    image = config.image
+    image = replace(
+        image,
+        lama=replace(image.lama, model=_absolute(image.lama.model, file=True)),
+        diffusers=replace(image.diffusers, model=_absolute(image.diffusers.model)),
+    )
+    out = replace(
+        config, image=image, verify=replace(config.verify, model=_absolute(config.verify.model))
+    )
+    if config.detect is not None:
+        out = replace(out, detect=replace(config.detect, model=_absolute(config.detect.model)))
+    return out
+
+
+def local_model_paths(config: SynthConfig, runtime: Runtime | None = None) -> dict[str, str]:
+    """The local files and folders ``config`` loads models from, absolute, by the option that
+    names them (what every node that loads them must see): hub ids and open_clip tags are
+    left out."""
+    out: dict[str, str] = {}
+    for ref in needed_models(absolute_models(config), runtime):
+        if ref.kind == "file" or (ref.kind == "hub" and is_local(ref.name)):
+            out[ref.option] = ref.name
+    return out

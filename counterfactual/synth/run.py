@@ -89,14 +89,18 @@ PACKAGES = (
 
 def preflight(config: SynthConfig, runtime: Runtime | None = None) -> None:
     """Cheap checks in the driver before anything starts: a model named by a path that does not
-    exist."""
+    exist (a relative one, such as ``models/big-lama.pt``, from the working directory)."""
+    from counterfactual.synth.models import local_model_paths
+
+    local = local_model_paths(config, runtime)  # option -> absolute path
     for spec in plan_steps(config, runtime):
         res = spec.resources
         if res is None:
             continue
         model = res.model
         path = model.split(":", 1)[1] if model.startswith(("hf-clip:", "blip:")) else model
-        if path.startswith(("/", "./", "../", "~")) and not os.path.exists(
+        path = local.get(res.option, path)
+        if (res.option in local or path.startswith(("/", "./", "../", "~"))) and not os.path.exists(
             os.path.expanduser(path)
         ):
             raise SetupError(

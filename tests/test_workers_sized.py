@@ -1,0 +1,159 @@
+"""Shard workers sized by what the GPU stages consume, one OpenCV and torch thread each
+(issue 35 point 5): the rule as a table (no Ray), ``synth --dry-run`` on a simulated cluster of
+two nodes with four declared GPUs each, and the thread counts inside real Ray actors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from counterfactual.image import ImageConfig
+from counterfactual.method.verify import VerifyConfig
+from counterfactual.synth.layout import WORKERS_PER_ITEM, Cluster, Node, plan_layout
+from counterfactual.synth.plan import Runtime, SynthConfig
+from counterfactual.synth.staging import plan_stages
+
+ROOT = Path(__file__).resolve().parents[1]
+LAMA_VERIFY = SynthConfig(
+    image=ImageConfig(method="inpaint", backend="lama"), verify=VerifyConfig(mode="record")
+)
+
+
+def lama_stages(batch: int, device: str = "cuda"):
+    return plan_stages(LAMA_VERIFY, Runtime(device=device, inpaint_batch_size=batch))
+
+
+CASES = [
+    # cluster, inpaint batch, --model-batch-size, shard workers, rule
+    (
+        Cluster.single(192, 8),
+        8,
+        None,
+        128,
+        "min(CPUs left 182, 2 x 8 GPU actors x batch 8 = 128)",
+    ),
+    (
+        Cluster.single(192, 8),
+        16,
+        None,
+        182,
+        "min(CPUs left 182, 2 x 8 GPU actors x batch 16 = 256)",
+    ),
+    (Cluster.single(192, 8), 8, 2, 32, "min(CPUs left 182, 2 x 8 GPU actors x batch 2 = 32)"),
+    (Cluster.single(16, 1), 8, None, 14, "min(CPUs left 14, 2 x 1 GPU actor x batch 8 = 16)"),
+    (Cluster.single(16, 1), 1, None, 2, "min(CPUs left 14, 2 x 1 GPU actor x batch 1 = 2)"),
+    (
+        Cluster((Node(8, 0), Node(32, 4), Node(32, 4))),
+        4,
+        None,
+        62,
+        "min(CPUs left 62, 2 x 8 GPU actors x batch 4 = 64)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cluster", "batch", "model_batch", "workers", "rule"), CASES)
+def test_workers_are_capped_by_what_the_gpu_actors_consume(
+    cluster, batch, model_batch, workers, rule
+):
+    layout = plan_layout(lama_stages(batch), cluster, model_batch_size=model_batch)
+    assert (layout.workers, layout.rule) == (workers, rule)
+    assert layout.to_json()["workers_rule"] == rule
+
+
+def test_the_cap_is_the_rule_at_its_boundary():
+    """Exactly at the cap, and one CPU either side of it."""
+    stages = lama_stages(4)
+    cap = WORKERS_PER_ITEM * 2 * 4  # two GPUs, one Inpaint actor each
+    for cpus, expected in ((cap + 1 + 1, cap), (cap + 1, cap), (cap, cap - 1)):
+        # the one Verify actor holds a CPU, as do the two Inpaint actors
+        layout = plan_layout(stages, Cluster.single(cpus + 2, 2))
+        assert layout.workers == expected, (cpus, layout.rule)
+
+
+def test_on_cpu_the_workers_take_every_cpu_left():
+    layout = plan_layout(lama_stages(8, device="cpu"), Cluster.single(64))
+    assert layout.workers == 64
+    assert layout.rule == "the CPUs left after the model actors (64); no GPU stage to feed"
+
+
+def test_cpu_actors_sets_the_workers_and_says_so():
+    layout = plan_layout(lama_stages(1), Cluster.single(192, 8), cpu_actors=100)
+    assert (layout.workers, layout.rule) == (100, "--cpu-actors 100")
+
+
+ray = pytest.importorskip("ray")
+
+
+def _dry_run(address: str, *argv: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    env["RAY_ADDRESS"] = address
+    cmd = [sys.executable, "-m", "counterfactual", "synth", "--dry-run", *argv]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_dry_run_on_two_nodes_of_four_gpus_shows_workers_and_rule(tmp_path):
+    """The coco config's layout on 2 x 4 declared GPUs (a head with CPUs only for the driver):
+    one Inpaint actor per GPU, Verify one per four, workers by the rule."""
+    from ray.cluster_utils import Cluster as RayCluster
+
+    lama = tmp_path / "big-lama.pt"
+    lama.write_bytes(b"not loaded by a dry run")
+    cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=12, num_gpus=4)
+        cluster.wait_for_nodes()
+        done = _dry_run(cluster.address, "--config", "coco", "--inpaint-model", str(lama))
+    finally:
+        cluster.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "gpus": 8,
+        "cpus": 26,
+        "workers": 16,
+        "workers_rule": "min(CPUs left 16, 2 x 8 GPU actors x batch 8 = 128)",
+        "stages": [
+            {"stage": "Inpaint", "actors": 8, "gpus_per_actor": 0.9},
+            {"stage": "Verify", "actors": 2, "gpus_per_actor": 0.1},
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_every_actor_runs_one_opencv_and_one_torch_thread(local_ray, tmp_path):
+    """A model actor and the shard workers, without and with a pool to call: one thread each,
+    whatever the node's cores (OpenCV's default is every core)."""
+    from counterfactual.pipelines.synth import ShardWorker, actor_class
+
+    config = SynthConfig(image=ImageConfig(method="blur"))
+    runtime = Runtime()
+    stages = plan_stages(config, runtime)
+    model = (
+        ray.remote(actor_class("Inpaint"))
+        .options(name="threads-model", num_cpus=0)
+        .remote(config, runtime, stages[0])
+    )
+    assert ray.get(model.ready.remote()) is None
+    worker = ray.remote(ShardWorker).options(num_cpus=0)
+    nones = [None] * len(stages)
+    alone = worker.remote(config, runtime, str(tmp_path), stages, nones, nones, 0)
+    pools = [["threads-model"], *nones[1:]]
+    fed = worker.remote(config, runtime, str(tmp_path), stages, pools, [4, *nones[1:]], 0)
+    for actor in (model, alone, fed):
+        assert ray.get(actor.threads.remote()) == {"opencv": 1, "torch": 1}
