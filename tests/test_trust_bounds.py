@@ -10,6 +10,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,14 +75,33 @@ def run_synth(
             resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
 
     start = time.monotonic()
-    proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit
-    )
-    stdout, stderr = proc.communicate(timeout=300)
-    seconds = time.monotonic() - start
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the largest child so far: loose
-    done = subprocess.CompletedProcess(argv, proc.returncode, stdout.decode(), stderr.decode())
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, preexec_fn=limit)
+        try:  # os.wait4: this child's own rusage (RUSAGE_CHILDREN holds every earlier child's)
+            _, status, usage = _wait4(proc.pid, timeout=300)
+        except TimeoutError:
+            proc.kill()
+            proc.wait()
+            raise
+        seconds = time.monotonic() - start
+        stdout.seek(0)
+        stderr.seek(0)
+        out, err = stdout.read().decode(), stderr.read().decode()
+    code = os.waitstatus_to_exitcode(status)
+    done = subprocess.CompletedProcess(argv, code, out, err)
     return done, seconds, usage.ru_maxrss * 1024
+
+
+def _wait4(pid: int, timeout: float) -> tuple[int, int, resource.struct_rusage]:
+    """``os.wait4`` of ``pid``, polled; ``TimeoutError`` past ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found, status, usage = os.wait4(pid, os.WNOHANG)
+        if found:
+            return found, status, usage
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"synth did not end within {timeout} s")
+        time.sleep(0.05)
 
 
 def boxes_of(files: CocoFiles, image_id: int) -> int:

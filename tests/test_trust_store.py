@@ -187,7 +187,9 @@ def test_403_on_reads_after_n_requests_names_the_object_and_the_rerun_resumes(
     line = one_error_line(text, proxy.endpoint, where, ".jpg", DENIED, RERUN)
     print(f"{seconds:.1f} s: {line}")
     before = sorted(p.name for p in out.glob("*_stats.json"))
-    assert 0 < len(before) < SHARDS, (before, proxy.seen)
+    # the refused read may come before any shard commits (pictures are read ahead): none, or
+    # some, but never all
+    assert len(before) < SHARDS, (before, proxy.seen)
     assert not (out / "status.jsonl").exists()  # nothing recorded as the pictures' fault
     proxy.heal()
     code, text, _ = synth(args, proxy.endpoint)

@@ -456,7 +456,8 @@ def test_a_model_error_is_one_status_row_not_a_crash(tmp_path):
     jobs = run_jobs(recs, config, Verifier(config.verify, VOCAB, embedder=embedder))
     reasons = {j.item.record.image_id: j.failure and j.failure.reason for j in jobs}
     assert reasons == {"0": None, "1": "model-error", "2": None}
-    assert embedder.image_calls == [9, 3, 3, 3]  # the batch, then one by one
+    # out of memory: the batch (3 jobs of 3 crops), its halves, the failing half's halves
+    assert embedder.image_calls == [9, 6, 3, 3, 3]
     detail = next(j.failure.detail for j in jobs if not j.ok)
     assert detail.startswith("verify:") and "CUDA out of memory" in detail
     assert all("verify" in j.sample.meta for j in jobs if j.ok)
