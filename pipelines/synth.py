@@ -73,8 +73,11 @@ from counterfactual.synth.steps import (
     DeviceFailure,
     FailureWindow,
     StageFailing,
+    Verify,
     crop_for_edit,
     paste_edit,
+    prepare_for_verify,
+    restore_after_verify,
     ships_crops,
 )
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
@@ -219,6 +222,14 @@ class _ModelStep:
     def ready(self) -> str | None:
         return self.error
 
+    def pixel_prep(self) -> Any:
+        """The verifier's CPU preprocessing (``None``: none, or no ``Verify`` here), so the
+        shard workers prepare its crops (:func:`prepare_for_verify`)."""
+        for step in self.chain.steps:
+            if isinstance(step, Verify) and step.verifier is not None:
+                return step.verifier.pixel_prep()
+        return None
+
     def run(self, jobs: list[Job]) -> list[Job]:
         ran = [job for job in jobs if job.ok]
         try:
@@ -281,6 +292,7 @@ class _RemoteStep:
         crops: SynthConfig | None = None,
         call_timeout: float = 300.0,
         board: Any = None,
+        verify: SynthConfig | None = None,
     ) -> None:
         import ray
 
@@ -293,13 +305,32 @@ class _RemoteStep:
         self.crops = crops  # Edit's pool: send crops, not whole pictures (crop_for_edit)
         self.call_timeout, self.slowest, self.board = call_timeout, 0.0, board
         self.lost: list[str] = []
+        self.verify = verify  # Verify's pool: preprocess its crops here (prepare_for_verify)
+        self.prep: Any = None
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
+        if self.verify is not None:
+            return self._verify(jobs, self.verify)
         if self.crops is None:
             return self._send(jobs)
         cuts = crop_for_edit(jobs, self.crops)
         done = self._send(jobs)
         paste_edit(done, cuts)
+        return done
+
+    def _verify(self, jobs: list[Job], config: SynthConfig) -> list[Job]:
+        if self.prep is None:  # asked once: the actors' processor, so no model files here
+            import ray
+
+            self.prep = ray.get(
+                self.actors[self.alive[0]].pixel_prep.remote(), timeout=self.call_timeout
+            )
+            self.prep = self.prep or False
+        if not self.prep:
+            return self._send(jobs)
+        held = prepare_for_verify(jobs, config, self.prep)
+        done = self._send(jobs)
+        restore_after_verify(done, held, config.pairs)
         return done
 
     def _send(self, jobs: list[Job]) -> list[Job]:
@@ -447,7 +478,8 @@ class ShardWorker:
         for stage, pool, size in zip(stages, pools, batch_sizes, strict=True):
             if pool and size:  # cut into the model's batches, spread over the pool
                 crops = config if "edit" in stage.steps and ships_crops(config) else None
-                remote = _RemoteStep(pool, size, position, crops, call_timeout, self.board)
+                verify = config if tuple(stage.steps) == ("verify",) else None
+                remote = _RemoteStep(pool, size, position, crops, call_timeout, self.board, verify)
                 parts.append((remote, None))
                 continue
             chain, self.error = _build(config, runtime, stage)
