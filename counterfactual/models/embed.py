@@ -315,15 +315,24 @@ class _HFEmbedder(_TorchEmbedder):
         return self._embed(list(pixels), self._prepared_features)
 
     def _prepared_features(self, pixels: list[np.ndarray]) -> torch.Tensor:
-        torch, processor = self._torch, self._image_processor
-        x = torch.from_numpy(np.stack(pixels)).to(self.device).float()
-        if getattr(processor, "do_rescale", True):
-            x = x * float(processor.rescale_factor)
-        if getattr(processor, "do_normalize", True):
-            mean = torch.tensor(processor.image_mean, device=self.device).view(1, 3, 1, 1)
-            std = torch.tensor(processor.image_std, device=self.device).view(1, 3, 1, 1)
-            x = (x - mean) / std
-        return self._features_of(x.to(self.dtype))
+        torch = self._torch
+        scale, shift = self._affine()
+        x = torch.from_numpy(np.stack(pixels)).to(self.device, non_blocking=True).float()
+        return self._features_of(torch.addcmul(shift, x, scale).to(self.dtype))
+
+    def _affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The processor's rescale and normalisation as one ``x * scale + shift`` per channel
+        (``scale = rescale_factor / std``, ``shift = -mean / std``), on the model's device."""
+        if getattr(self, "_scale_shift", None) is None:
+            p, torch = self._image_processor, self._torch
+            rescale = float(p.rescale_factor) if getattr(p, "do_rescale", True) else 1.0
+            mean, std = np.zeros(3), np.ones(3)
+            if getattr(p, "do_normalize", True):
+                mean, std = np.asarray(p.image_mean, float), np.asarray(p.image_std, float)
+            scale = torch.tensor(rescale / std, dtype=torch.float32, device=self.device)
+            shift = torch.tensor(-mean / std, dtype=torch.float32, device=self.device)
+            self._scale_shift = (scale.view(1, 3, 1, 1), shift.view(1, 3, 1, 1))
+        return self._scale_shift
 
     def _features_of(self, pixels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
