@@ -1448,7 +1448,9 @@ NOTES = {
         "CUDA) and CLIP of ViT-L/14's sizes, random weights, float32. Without CUDA it runs "
         "reduced (a narrow generator, a tiny 224 px CLIP) and the GPU rows (items/s per GPU, "
         "NVML busy fraction, ratio to the bare loop) are not measured. bare loop: the model "
-        "alone, batch 8 on 512 px canvases, inputs on the device."
+        "alone, batch 8 on 512 px canvases, inputs on the device. items/s: samples over the run's "
+        "seconds with Ray up (the actors' start and model load inside); steady: between the "
+        "first and last shard."
     ),
     "experiment": (
         "`counterfactual experiment --seeds 1` in a child process with the CLI's "
