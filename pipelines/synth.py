@@ -319,13 +319,14 @@ class _RemoteStep:
         return done
 
     def _verify(self, jobs: list[Job], config: SynthConfig) -> list[Job]:
-        if self.prep is None:  # asked once: the actors' processor, so no model files here
+        if self.prep is None and self.alive:  # the actors' processor: no model files here
             import ray
 
-            self.prep = ray.get(
-                self.actors[self.alive[0]].pixel_prep.remote(), timeout=self.call_timeout
-            )
-            self.prep = self.prep or False
+            actor = self.actors[self.alive[0]]
+            try:
+                self.prep = ray.get(actor.pixel_prep.remote(), timeout=self.call_timeout) or False
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                self.prep = None  # this batch goes whole (_send handles the lost actor)
         if not self.prep:
             return self._send(jobs)
         held = prepare_for_verify(jobs, config, self.prep)
