@@ -63,6 +63,7 @@ from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import cv2  # noqa: E402
+import gpu_bench  # noqa: E402  (benchmarks/, beside this file)
 import numpy as np  # noqa: E402
 
 from counterfactual.image import (  # noqa: E402
@@ -1423,6 +1424,9 @@ SECTIONS = (
     "fill",
     "experiment",
     "gpu-node",
+    "lama-batches",
+    "verify-cost",
+    "gpu",
 )
 NOTES = {
     "gpu-node": (
@@ -1430,6 +1434,31 @@ NOTES = {
         "1 s sleep per batch of 8 (64 items/s for the node: long enough that this machine's 2 "
         "cores are not the limit) then a blur; busy_fraction: the GPUs' sleep over the window "
         "where all 8 had work; items_per_s includes Ray's start-up"
+    ),
+    "lama-batches": (
+        "The tests' tiny TorchScript LaMa through the lama backend, batches of 8 generated "
+        "640x480 COCO-like pictures with one annotated box as the mask: forwards per batch and "
+        "items per forward with the old grouping by exact padded size (lama_work_side 0) and "
+        "with the square canvases (default 512); exact_over_canvas: their forwards' ratio."
+    ),
+    "verify-cost": (
+        "Verification on the same pictures (the removed box, two kept boxes: 4 crops an item) "
+        "with a random CLIP that takes CLIP's 224 px input but is tiny inside, one thread: the "
+        "model actor's seconds per item on the old path (the processor resizes, crops and "
+        "normalises there) and on the new one (the shard worker resized and cropped; the actor "
+        "normalises and embeds); the processor alone as the actor ran it, against the worker's "
+        "prepare_verify; next to the tiny LaMa's seconds per item (batch 8). With ViT-L/14 on a "
+        "GPU the model part grows; the sizing rule is steps.verify_gpu_share."
+    ),
+    "gpu": (
+        "synth on a local Ray (LaMa inpainting, verify record) with a LaMa-like FFC generator "
+        "(gpu_bench.lama_like, TorchScript, big-lama's inputs and outputs; 51M parameters on "
+        "CUDA) and CLIP of ViT-L/14's sizes, random weights, float32. Without CUDA it runs "
+        "reduced (a narrow generator, a tiny 224 px CLIP) and the GPU rows (items/s per GPU, "
+        "NVML busy fraction, ratio to the bare loop) are not measured. bare loop: the model "
+        "alone, batch 8 on 512 px canvases, inputs on the device. items/s: samples over the run's "
+        "seconds with Ray up (the actors' start and model load inside); steady: between the "
+        "first and last shard."
     ),
     "experiment": (
         "`counterfactual experiment --seeds 1` in a child process with the CLI's "
@@ -1544,6 +1573,12 @@ NOTES = {
 }
 
 
+def _gpu_images(n: int | None) -> int:
+    import torch
+
+    return n if n is not None else (2_000 if torch.cuda.is_available() else 16)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/latest.json"))
@@ -1594,6 +1629,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-node-images", type=int, default=1_200)
     parser.add_argument("--topk-child", type=int, nargs=4, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--inpaint-model", default=None, help="diffusers model for the GPU figure")
+    parser.add_argument("--lama-batch-images", type=int, default=48)
+    parser.add_argument("--verify-cost-images", type=int, default=24)
+    parser.add_argument(
+        "--gpu-images", type=int, default=None, help="gpu: pictures (2,000 on CUDA, 16 on CPU)"
+    )
     args = parser.parse_args(argv)
     if args.topk_child:
         _topk_child(*args.topk_child)
@@ -1638,6 +1678,12 @@ def main(argv: list[str] | None = None) -> int:
             from gpu_node import bench_gpu_node
 
             figures |= bench_gpu_node(work, args.gpu_node_images)
+        if "lama-batches" in todo:
+            figures |= gpu_bench.bench_lama_batches(work, args.lama_batch_images)
+        if "verify-cost" in todo:
+            figures |= gpu_bench.bench_verify_cost(work, args.verify_cost_images)
+        if "gpu" in todo:
+            figures |= gpu_bench.bench_gpu(work, _gpu_images(args.gpu_images), _ray_run, _generated)
         if "run_layer" in todo:
             figures |= bench_run_layer(
                 work,

@@ -75,8 +75,11 @@ from counterfactual.synth.steps import (
     DeviceFailure,
     FailureWindow,
     StageFailing,
+    Verify,
     crop_for_edit,
     paste_edit,
+    prepare_for_verify,
+    restore_after_verify,
     ships_crops,
 )
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
@@ -227,6 +230,14 @@ class _ModelStep:
     def threads(self) -> dict[str, int]:
         return thread_counts()
 
+    def pixel_prep(self) -> Any:
+        """The verifier's CPU preprocessing (``None``: none, or no ``Verify`` here), so the
+        shard workers prepare its crops (:func:`prepare_for_verify`)."""
+        for step in self.chain.steps:
+            if isinstance(step, Verify) and step.verifier is not None:
+                return step.verifier.pixel_prep()
+        return None
+
     def run(self, jobs: list[Job]) -> list[Job]:
         ran = [job for job in jobs if job.ok]
         start = time.perf_counter()
@@ -293,6 +304,7 @@ class _RemoteStep:
         board: Any = None,
         stage: str = "",
         run: str = "local",
+        verify: SynthConfig | None = None,
     ) -> None:
         import ray
 
@@ -306,13 +318,33 @@ class _RemoteStep:
         self.call_timeout, self.slowest, self.board = call_timeout, 0.0, board
         self.lost: list[str] = []
         self.stage, self.run = stage, run
+        self.verify = verify  # Verify's pool: preprocess its crops here (prepare_for_verify)
+        self.prep: Any = None
 
     def __call__(self, jobs: list[Job]) -> list[Job]:
+        if self.verify is not None:
+            return self._verify(jobs, self.verify)
         if self.crops is None:
             return self._send(jobs)
         cuts = crop_for_edit(jobs, self.crops)
         done = self._send(jobs)
         paste_edit(done, cuts)
+        return done
+
+    def _verify(self, jobs: list[Job], config: SynthConfig) -> list[Job]:
+        if self.prep is None and self.alive:  # the actors' processor: no model files here
+            import ray
+
+            actor = self.actors[self.alive[0]]
+            try:
+                self.prep = ray.get(actor.pixel_prep.remote(), timeout=self.call_timeout) or False
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                self.prep = None  # this batch goes whole (_send handles the lost actor)
+        if not self.prep:
+            return self._send(jobs)
+        held = prepare_for_verify(jobs, config, self.prep)
+        done = self._send(jobs)
+        restore_after_verify(done, held, config.pairs)
         return done
 
     def _send(self, jobs: list[Job]) -> list[Job]:
@@ -485,8 +517,17 @@ class ShardWorker:
             name = stage.resources.stage if stage.resources else stage.steps[0]
             if pool and size:  # cut into the model's batches, spread over the pool
                 crops = config if "edit" in stage.steps and ships_crops(config) else None
+                verify = config if tuple(stage.steps) == ("verify",) else None
                 remote = _RemoteStep(
-                    pool, size, position, crops, call_timeout, self.board, name, self.run_tag
+                    pool,
+                    size,
+                    position,
+                    crops,
+                    call_timeout,
+                    self.board,
+                    name,
+                    self.run_tag,
+                    verify,
                 )
                 parts.append((remote, None))
                 continue

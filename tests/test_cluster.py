@@ -91,6 +91,24 @@ def _kill_node(cluster, node) -> None:
     cluster.remove_node(node, allow_graceful=False)
 
 
+def _wait_until_dead(cluster, node, timeout: float = 60.0) -> None:
+    """Wait until the cluster has marked ``node`` dead (a run started before that would plan a
+    worker on it, which then dies while starting: a failed start, not a loss mid-run)."""
+    import time
+
+    joined = not ray.is_initialized()
+    if joined:
+        ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        deadline = time.monotonic() + timeout
+        while any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
+            assert time.monotonic() < deadline, "the killed node is still alive"
+            time.sleep(0.2)
+    finally:
+        if joined:
+            ray.shutdown()
+
+
 def _killing_progress(cluster, node, monkeypatch):
     """Progress that removes ``node`` (all its processes, SIGKILL) from inside the driver's
     loop the first time a shard is reported half made after another has committed."""
@@ -127,6 +145,7 @@ def test_a_lost_node_costs_at_most_its_shards_and_the_rerun_resumes(
     assert killing.killed_at is not None and killing.killed_at < total, "no kill mid-run"
     assert run_outputs(survived) == run_outputs(local)
     assert "a shard worker was lost" in capsys.readouterr().err
+    _wait_until_dead(cluster, second)
 
     # the only worker node dies mid-run: one line, the committed shards stay, a rerun on a
     # new node resumes from them

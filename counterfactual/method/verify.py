@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +165,23 @@ class VerifyRequest:
     edited: np.ndarray
     removed_boxes: Mapping[str, Sequence[Box]]
     kept_boxes: Mapping[str, Sequence[Box]]
+    removed: tuple[str, ...]
+    kept: tuple[str, ...]
+    caption: str | None = None
+    text_method: str = "np-removal"
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedVerify:
+    """A :class:`VerifyRequest` whose crops were cut and preprocessed where the pictures are (a
+    shard worker, :func:`prepare_verify`), so the model actor only normalises and embeds them.
+    ``pixels`` is ``uint8`` ``(N, 3, H, W)`` at the model's input size; ``removal[c]`` is the
+    row of class ``c``'s original crop (its edited crop is the next row), ``retention[c]`` the
+    row of kept class ``c``'s edited crop."""
+
+    pixels: np.ndarray
+    removal: Mapping[str, int]
+    retention: Mapping[str, int]
     removed: tuple[str, ...]
     kept: tuple[str, ...]
     caption: str | None = None
@@ -458,35 +475,49 @@ class Verifier:
         c = self.config
         return {"model": self.model, "k": c.k, "retention_k": c.retention_k, "mode": c.mode}
 
-    def __call__(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]:
-        """One result per request, in order. Raises :class:`SampleError`
+    def pixel_prep(self) -> Callable[[list[Image.Image]], np.ndarray] | None:
+        """The embedder's CPU preprocessing, for :func:`prepare_verify` in a shard worker;
+        ``None`` when the embedder has none (the actor then crops and preprocesses)."""
+        get = getattr(self.embedder, "pixel_prep", None)
+        return get() if callable(get) and hasattr(self.embedder, "embed_pixels") else None
+
+    def __call__(self, requests: Sequence[VerifyRequest | PreparedVerify]) -> list[VerifyResult]:
+        """One result per request, in order; a :class:`PreparedVerify` is embedded from its
+        pixels (rescaled and normalised on the model's device). Raises :class:`SampleError`
         (``verify-unknown-class``) when a request names a class the vocabulary lacks, and
         ``ValueError`` for images that are not ``uint8`` ``HxWx3`` of one size."""
         c = self.config
         crops: list[Image.Image] = []
-        where: list[tuple[dict[str, int], dict[str, int]]] = []
-        for r in requests:
+        prepared: list[np.ndarray] = []
+        spans: list[tuple[bool, int, Mapping[str, int], Mapping[str, int]]] = []
+        for r in requests:  # (prepared?, first row within its kind, removal, retention)
             for name in (*r.removed, *r.kept):
                 if name not in self._column:
                     raise SampleError(UNKNOWN_CLASS, _unknown(name, self.classes))
+            if isinstance(r, PreparedVerify):
+                _check_prepared(r)
+                spans.append((True, sum(len(p) for p in prepared), r.removal, r.retention))
+                prepared.append(r.pixels)
+                continue
             _check_images(r)
-            h, w = r.edited.shape[:2]
-            removal: dict[str, int] = {}
-            for name in r.removed:
-                box = crop_box(r.removed_boxes.get(name, ()), w, h, c.crop_padding, c.min_box)
-                if box is not None:
-                    removal[name] = len(crops)
-                    crops += [_crop(r.original, box), _crop(r.edited, box)]
-            retention: dict[str, int] = {}
-            for name in r.kept:
-                box = crop_box(r.kept_boxes.get(name, ()), w, h, c.crop_padding, c.min_box)
-                if box is not None:
-                    retention[name] = len(crops)
-                    crops.append(_crop(r.edited, box))
-            where.append((removal, retention))
+            cut, removal, retention = verify_crops(r, c)
+            spans.append((False, len(crops), removal, retention))
+            crops += cut
+        rows = [self.embedder.embed_images(crops)] if crops else []
+        if prepared:
+            rows.append(self.embedder.embed_pixels(np.concatenate(prepared)))  # type: ignore[attr-defined]
+        where = []
+        for is_prepared, first, removal, retention in spans:
+            offset = first + (len(crops) if is_prepared else 0)  # prepared rows come last
+            where.append(
+                (
+                    {n: offset + i for n, i in removal.items()},
+                    {n: offset + i for n, i in retention.items()},
+                )
+            )
         ranks = probs = np.empty((0, len(self.classes)))
-        if crops:
-            ranks, probs = zero_shot_ranks(self.embedder.embed_images(crops), self.class_emb)
+        if rows:
+            ranks, probs = zero_shot_ranks(np.concatenate(rows), self.class_emb)
 
         def score(row: int, name: str) -> ClassScore:
             col = self._column[name]
@@ -508,6 +539,56 @@ class Verifier:
                 )
             )
         return out
+
+
+def verify_crops(
+    request: VerifyRequest, config: VerifyConfig
+) -> tuple[list[Image.Image], dict[str, int], dict[str, int]]:
+    """The crops that score ``request`` and where each class's lie among them: per removed
+    class with a box, its original crop then its edited crop (``removal[c]`` the first of the
+    two); per kept class with a box, its edited crop (``retention[c]``)."""
+    h, w = request.edited.shape[:2]
+    crops: list[Image.Image] = []
+    removal: dict[str, int] = {}
+    for name in request.removed:
+        boxes = request.removed_boxes.get(name, ())
+        box = crop_box(boxes, w, h, config.crop_padding, config.min_box)
+        if box is not None:
+            removal[name] = len(crops)
+            crops += [_crop(request.original, box), _crop(request.edited, box)]
+    retention: dict[str, int] = {}
+    for name in request.kept:
+        box = crop_box(request.kept_boxes.get(name, ()), w, h, config.crop_padding, config.min_box)
+        if box is not None:
+            retention[name] = len(crops)
+            crops.append(_crop(request.edited, box))
+    return crops, removal, retention
+
+
+def prepare_verify(
+    request: VerifyRequest, config: VerifyConfig, prep: Callable[[list[Image.Image]], np.ndarray]
+) -> PreparedVerify:
+    """``request`` cropped (:func:`verify_crops`) and preprocessed by ``prep`` (the embedder's
+    :meth:`~counterfactual.models.embed.HFClipEmbedder.pixel_prep`), where the pictures are.
+    Raises ``ValueError`` for images that are not ``uint8`` ``HxWx3`` of one size."""
+    _check_images(request)
+    crops, removal, retention = verify_crops(request, config)
+    return PreparedVerify(
+        prep(crops),
+        removal,
+        retention,
+        request.removed,
+        request.kept,
+        request.caption,
+        request.text_method,
+    )
+
+
+def _check_prepared(r: PreparedVerify) -> None:
+    rows = max([i + 2 for i in r.removal.values()] + [i + 1 for i in r.retention.values()] + [0])
+    p = r.pixels
+    if not isinstance(p, np.ndarray) or p.dtype != np.uint8 or p.ndim != 4 or len(p) < rows:
+        raise ValueError(f"verify: prepared pixels must be uint8 (N, 3, H, W) with {rows} rows")
 
 
 def _check_images(r: VerifyRequest) -> None:

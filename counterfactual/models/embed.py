@@ -226,6 +226,28 @@ def _pooled(output: Any) -> torch.Tensor:
     return output if pooled is None else pooled
 
 
+@dataclass(frozen=True)
+class PixelPrep:
+    """The CPU half of a Hugging Face model's image preprocessing (convert to RGB, resize,
+    centre-crop), picklable so a shard worker can run it and send only the result: ``uint8``
+    ``(N, 3, H, W)`` arrays at the model's input size (224 px for CLIP ViT-L/14: 150 KB a crop).
+    The GPU half (rescale, normalise) is :meth:`HFClipEmbedder.embed_pixels`. ``processor`` is
+    the model's own image processor, run with rescaling and normalising off, so the resize is
+    the one the model was loaded with."""
+
+    processor: Any
+
+    def __call__(self, images: Sequence[Image.Image]) -> np.ndarray:
+        if not images:
+            size = getattr(self.processor, "crop_size", None) or {"height": 0, "width": 0}
+            return np.zeros((0, 3, size["height"], size["width"]), np.uint8)
+        rgb = [image if image.mode == "RGB" else image.convert("RGB") for image in images]
+        out = self.processor(images=rgb, do_rescale=False, do_normalize=False, return_tensors="np")[
+            "pixel_values"
+        ]
+        return np.asarray(out).round().clip(0, 255).astype(np.uint8)
+
+
 class _HFEmbedder(_TorchEmbedder):
     """A transformers model + processor, checked to be ``model_type`` and fully loaded."""
 
@@ -276,6 +298,45 @@ class _HFEmbedder(_TorchEmbedder):
         pixels = self._image_processor(images=images, return_tensors="pt")["pixel_values"]
         return pixels.to(self.device, dtype=self.dtype)
 
+    def pixel_prep(self) -> PixelPrep:
+        """The CPU half of this model's image preprocessing, to run where the pictures are (a
+        shard worker); :meth:`embed_pixels` does the rest where the model is."""
+        return PixelPrep(self._image_processor)
+
+    def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """``(N, dim)`` float32 unit rows from :class:`PixelPrep`'s ``uint8`` ``(N, 3, H, W)``
+        arrays: rescaled and normalised with torch on the model's device, then embedded as
+        :meth:`embed_images` embeds (equal to it within float tolerance)."""
+        pixels = np.asarray(pixels)
+        if pixels.dtype != np.uint8 or pixels.ndim != 4 or pixels.shape[1] != 3:
+            raise ValueError(
+                f"expected uint8 (N, 3, H, W) pixels, got {pixels.dtype} {pixels.shape}"
+            )
+        return self._embed(list(pixels), self._prepared_features)
+
+    def _prepared_features(self, pixels: list[np.ndarray]) -> torch.Tensor:
+        torch = self._torch
+        scale, shift = self._affine()
+        x = torch.from_numpy(np.stack(pixels)).to(self.device, non_blocking=True).float()
+        return self._features_of(torch.addcmul(shift, x, scale).to(self.dtype))
+
+    def _affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The processor's rescale and normalisation as one ``x * scale + shift`` per channel
+        (``scale = rescale_factor / std``, ``shift = -mean / std``), on the model's device."""
+        if getattr(self, "_scale_shift", None) is None:
+            p, torch = self._image_processor, self._torch
+            rescale = float(p.rescale_factor) if getattr(p, "do_rescale", True) else 1.0
+            mean, std = np.zeros(3), np.ones(3)
+            if getattr(p, "do_normalize", True):
+                mean, std = np.asarray(p.image_mean, float), np.asarray(p.image_std, float)
+            scale = torch.tensor(rescale / std, dtype=torch.float32, device=self.device)
+            shift = torch.tensor(-mean / std, dtype=torch.float32, device=self.device)
+            self._scale_shift = (scale.view(1, 3, 1, 1), shift.view(1, 3, 1, 1))
+        return self._scale_shift
+
+    def _features_of(self, pixels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
     def _tokens(self, texts: list[str]) -> dict[str, torch.Tensor]:
         tokens = self._tokenizer(
             texts,
@@ -311,7 +372,10 @@ class HFClipEmbedder(_HFEmbedder):
         return key != "logit_scale"
 
     def _image_features(self, images: list[Image.Image]) -> torch.Tensor:
-        return _pooled(self._model.get_image_features(pixel_values=self._pixels(images)))
+        return self._features_of(self._pixels(images))
+
+    def _features_of(self, pixels: torch.Tensor) -> torch.Tensor:
+        return _pooled(self._model.get_image_features(pixel_values=pixels))
 
     def _text_features(self, texts: list[str]) -> torch.Tensor:
         return _pooled(self._model.get_text_features(**self._tokens(texts)))
@@ -340,7 +404,10 @@ class BlipEmbedder(_HFEmbedder):
         return not key.startswith("itm_head.")
 
     def _image_features(self, images: list[Image.Image]) -> torch.Tensor:
-        hidden = self._model.vision_model(pixel_values=self._pixels(images)).last_hidden_state
+        return self._features_of(self._pixels(images))
+
+    def _features_of(self, pixels: torch.Tensor) -> torch.Tensor:
+        hidden = self._model.vision_model(pixel_values=pixels).last_hidden_state
         return self._model.vision_proj(hidden[:, 0, :])
 
     def _text_features(self, texts: list[str]) -> torch.Tensor:

@@ -17,7 +17,7 @@ import numpy as np
 from counterfactual import __version__
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import RemovalPlan
-from counterfactual.method.verify import VerifyResult
+from counterfactual.method.verify import PreparedVerify, VerifyResult
 from counterfactual.records import Status
 from counterfactual.synth.frames import DEFAULT_RULE, FrameRule
 from counterfactual.synth.plan import SynthConfig, WorkItem
@@ -67,6 +67,9 @@ class Job:
     failure: Status | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     exif: FrameRule = DEFAULT_RULE
+    verify_input: PreparedVerify | None = None
+    """Verify's crops, preprocessed in the shard worker (:func:`~counterfactual.synth.steps.
+    prepare_for_verify`) when the pictures stay there; ``None``: ``Verify`` crops them."""
 
     @property
     def ok(self) -> bool:

@@ -37,10 +37,12 @@ from counterfactual.method.detect import Detection, Detector, to_objects
 from counterfactual.method.masks import plan_mask
 from counterfactual.method.selection import CAPTION_UNCHANGED, select_many
 from counterfactual.method.verify import (
+    PreparedVerify,
     RemovalScorer,
     Verifier,
     VerifyRequest,
     class_boxes,
+    prepare_verify,
 )
 from counterfactual.synth.job import JOB_FIELDS, Job, sample_meta
 from counterfactual.synth.plan import Runtime, SynthConfig, load_record_picture
@@ -735,21 +737,98 @@ class Verify(BatchStep):
             if self.config.mode == "filter" and not out.passed:
                 job.fail(out.failed[0], out.detail())
 
-    def _request(self, job: Job) -> VerifyRequest:
-        if job.image is None or job.edited is None or job.caption is None:
-            raise ValueError(f"job {job.item.key} reached Verify without both images and caption")
-        record, plan = job.item.record, job.plan
-        h, w = job.edited.shape[:2]
-        return VerifyRequest(
-            original=job.image,
-            edited=job.edited,
-            removed_boxes=class_boxes(record, plan.removed, h, w),
-            kept_boxes=class_boxes(record, plan.kept, h, w),
-            removed=plan.removed,
-            kept=plan.kept,
-            caption=job.caption.text,
-            text_method=self.text_method,
-        )
+    def _request(self, job: Job) -> VerifyRequest | PreparedVerify:
+        if job.verify_input is not None:  # cropped and preprocessed by the shard worker
+            prepared, job.verify_input = job.verify_input, None
+            return prepared
+        return verify_request(job, self.text_method)
+
+
+VERIFY_HEADROOM = 2.0
+"""How much more verify capacity than the inpainter's rate :func:`verify_gpu_share` asks."""
+
+
+def verify_gpu_share(
+    verify_seconds: float, inpaint_seconds: float, headroom: float = VERIFY_HEADROOM
+) -> float:
+    """GPU share the ``Verify`` actors need per GPU of the inpainter so verification is not
+    the limit: ``headroom`` times verify's measured seconds per item over the inpainter's
+    (both on one device, as ``make bench``'s ``verify-cost`` section measures them), at most 1.
+    With the crops prepared in the shard workers (:func:`prepare_for_verify`) an actor's own
+    CPU only normalises on the device, so one CPU per actor is enough at any share. E.g. verify
+    at 0.1 of LaMa's cost per item, on 8 GPUs: ``8 * verify_gpu_share(0.1, 1) = 1.6`` GPUs of
+    verify actors (e.g. 4 actors of 0.4, or 0.2 on each GPU beside the inpainter)."""
+    for name, value in (("verify_seconds", verify_seconds), ("inpaint_seconds", inpaint_seconds)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0 seconds per item, got {value}")
+    if not headroom >= 1:
+        raise ValueError(f"headroom must be >= 1, got {headroom}")
+    return min(1.0, headroom * verify_seconds / inpaint_seconds)
+
+
+def verify_request(job: Job, text_method: str) -> VerifyRequest:
+    """The :class:`VerifyRequest` of a job that has both pictures and its new caption."""
+    if job.image is None or job.edited is None or job.caption is None:
+        raise ValueError(f"job {job.item.key} reached Verify without both images and caption")
+    record, plan = job.item.record, job.plan
+    h, w = job.edited.shape[:2]
+    return VerifyRequest(
+        original=job.image,
+        edited=job.edited,
+        removed_boxes=class_boxes(record, plan.removed, h, w),
+        kept_boxes=class_boxes(record, plan.kept, h, w),
+        removed=plan.removed,
+        kept=plan.kept,
+        caption=job.caption.text,
+        text_method=text_method,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The pictures :func:`prepare_for_verify` kept back in the shard worker."""
+
+    image: np.ndarray
+    edited: np.ndarray
+    mask: np.ndarray | None
+
+
+def prepare_for_verify(
+    jobs: Sequence[Job], config: SynthConfig, prep: Callable[[list[Any]], np.ndarray]
+) -> list[Held | None]:
+    """Before ``Verify`` runs on a model actor: each job's crops cut and preprocessed here by
+    ``prep`` (the verifier's :meth:`~counterfactual.method.verify.Verifier.pixel_prep`) into
+    ``job.verify_input``, and its pictures and mask kept back, so only the model-size crops travel and
+    the actor's CPU does no resizing. Per job what :func:`restore_after_verify` needs
+    (``None``: sent as it was, e.g. a failed job or one whose pictures are bad, which
+    ``Verify`` fails with its reason)."""
+    out: list[Held | None] = []
+    for job in jobs:
+        held = None
+        if job.ok and job.image is not None and job.edited is not None and job.caption is not None:
+            try:
+                job.verify_input = prepare_verify(
+                    verify_request(job, config.text.method), config.verify, prep
+                )
+            except ValueError:
+                job.verify_input = None
+            if job.verify_input is not None:
+                held = Held(job.image, job.edited, job.mask)
+                job.image = job.edited = job.mask = None
+        out.append(held)
+    return out
+
+
+def restore_after_verify(jobs: Sequence[Job], held: Sequence[Held | None], pairs: bool) -> None:
+    """After ``Verify`` came back (the same jobs, in order): each prepared job that still
+    stands gets its edited picture and mask back, and its original when ``--pairs`` writes
+    it."""
+    for job, kept in zip(jobs, held, strict=True):
+        job.verify_input = None
+        if kept is None or not job.ok:
+            continue
+        job.edited, job.mask = kept.edited, kept.mask
+        job.image = kept.image if pairs else None
 
 
 class Encode(BatchStep):

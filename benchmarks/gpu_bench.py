@@ -1,0 +1,533 @@
+"""The model-size sections of ``make bench`` (issue 35 points 1, 2 and 7):
+
+- ``lama-batches``: LaMa forwards per batch of 8 COCO-like crops, the old grouping by exact
+  padded size (``work_side=0``) against the square canvases, counted on the tests' tiny
+  TorchScript LaMa loaded through the real backend;
+- ``verify-cost``: verification's seconds per item (the model actor's part: preprocessing and
+  model on the old path, normalising and model on the new one) and its preprocessing alone
+  (the processor as the actor ran it, against the shard worker's resize-and-crop), next to the
+  inpainter's seconds per item on the same pictures, as ratios;
+- ``gpu``: the real ``synth`` path on Ray (LaMa inpainting, verification on) with a LaMa-size
+  FFC generator of this module exported to TorchScript (big-lama's inputs and outputs) and a
+  CLIP of ViT-L/14's sizes, random weights; items/s per GPU, the GPU's busy fraction (NVML) and
+  the ratio to a bare loop of the same model at the same batch and precision. Without CUDA it
+  runs reduced (a narrow generator, a tiny CLIP, a few pictures) and the GPU rows say "not
+  measured".
+
+bench.py calls these with its own helpers (``ray_run``, ``generated``), so this module does not
+import it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------------------------------- LaMa-like generator
+
+BIG_LAMA = {"ngf": 64, "n_downsampling": 3, "n_blocks": 18, "ratio": 0.75}
+"""big-lama's generator (LaMa's ``configs/training/big-lama.yaml``: ``ffc_resnet``, ngf 64, 3
+downsamplings to 512 channels, 18 FFC resnet blocks, global ratio 0.75, no LFU)."""
+REDUCED_LAMA = {"ngf": 8, "n_downsampling": 3, "n_blocks": 2, "ratio": 0.75}
+
+
+def lama_like(ngf: int, n_downsampling: int, n_blocks: int, ratio: float) -> Any:
+    """A LaMa-like FFC generator with big-lama's contract: ``forward(image, mask)``, ``image``
+    ``(N, 3, H, W)`` RGB in [0, 1], ``mask`` ``(N, 1, H, W)`` 1 = hole, H and W multiples of 8;
+    returns ``(N, 3, H, W)`` in [0, 1] with the known pixels copied. Convolutional head and
+    tail as LaMa's; the body is ``n_blocks`` residual blocks of two fast Fourier convolutions
+    (local 3x3 paths and a spectral transform on the global ``ratio`` of the channels). With
+    :data:`BIG_LAMA` it has about 51M parameters, as big-lama."""
+    import torch
+    from torch import nn
+
+    class FourierUnit(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(2 * channels, 2 * channels, 1, bias=False)
+            self.bn = nn.BatchNorm2d(2 * channels)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            freq = torch.fft.rfft2(x, norm="ortho")
+            y = torch.relu(self.bn(self.conv(torch.cat([freq.real, freq.imag], dim=1))))
+            real, imag = y.chunk(2, dim=1)
+            return torch.fft.irfft2(
+                torch.complex(real, imag), s=(x.shape[2], x.shape[3]), norm="ortho"
+            )
+
+    class SpectralTransform(nn.Module):
+        def __init__(self, cin: int, cout: int) -> None:
+            super().__init__()
+            half = cout // 2
+            self.conv1 = nn.Sequential(
+                nn.Conv2d(cin, half, 1, bias=False), nn.BatchNorm2d(half), nn.ReLU()
+            )
+            self.fu = FourierUnit(half)
+            self.conv2 = nn.Conv2d(half, cout, 1, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.conv1(x)
+            return self.conv2(x + self.fu(x))
+
+    class FFC(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.g = int(channels * ratio)
+            self.l = channels - self.g
+            self.l2l = nn.Conv2d(self.l, self.l, 3, padding=1, padding_mode="reflect", bias=False)
+            self.l2g = nn.Conv2d(self.l, self.g, 3, padding=1, padding_mode="reflect", bias=False)
+            self.g2l = nn.Conv2d(self.g, self.l, 3, padding=1, padding_mode="reflect", bias=False)
+            self.g2g = SpectralTransform(self.g, self.g)
+            self.bn_l, self.bn_g = nn.BatchNorm2d(self.l), nn.BatchNorm2d(self.g)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            xl, xg = x[:, : self.l], x[:, self.l :]
+            yl = torch.relu(self.bn_l(self.l2l(xl) + self.g2l(xg)))
+            yg = torch.relu(self.bn_g(self.l2g(xl) + self.g2g(xg)))
+            return torch.cat([yl, yg], dim=1)
+
+    class Block(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.a, self.b = FFC(channels), FFC(channels)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.b(self.a(x))
+
+    def conv_bn(cin: int, cout: int, **kw: Any) -> nn.Module:
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, bias=False, **kw), nn.BatchNorm2d(cout), nn.ReLU()
+        )
+
+    layers: list[nn.Module] = [conv_bn(4, ngf, kernel_size=7, padding=3, padding_mode="reflect")]
+    ch = ngf
+    for _ in range(n_downsampling):
+        layers.append(conv_bn(ch, ch * 2, kernel_size=3, stride=2, padding=1))
+        ch *= 2
+    layers += [Block(ch) for _ in range(n_blocks)]
+    for _ in range(n_downsampling):
+        layers += [
+            nn.ConvTranspose2d(ch, ch // 2, 3, stride=2, padding=1, output_padding=1, bias=False),
+            nn.BatchNorm2d(ch // 2),
+            nn.ReLU(),
+        ]
+        ch //= 2
+    layers += [nn.Conv2d(ch, 3, 7, padding=3, padding_mode="reflect"), nn.Sigmoid()]
+
+    class Generator(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(*layers)
+
+        def forward(self, image: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            known = image * (1 - mask)
+            fill = self.net(torch.cat([known, mask], dim=1))
+            return known + fill * mask
+
+    return Generator().eval()
+
+
+def save_lama_like(path: Path, sizes: dict[str, Any], seed: int = 0) -> tuple[Path, int]:
+    """:func:`lama_like` with ``sizes``, random weights seeded ``seed``, scripted and saved to
+    ``path`` (what the ``lama`` backend loads); returns the path and the parameter count."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = lama_like(**sizes)
+    params = sum(p.numel() for p in model.parameters())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*torch.jit", DeprecationWarning)
+        torch.jit.save(torch.jit.script(model), str(path))
+    return path, params
+
+
+# ------------------------------------------------------------------------- CLIP
+
+CLIP_VIT_L14 = {
+    "vision": {
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "patch_size": 14,
+        "image_size": 224,
+    },
+    "text": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 12,
+    },
+    "projection_dim": 768,
+}
+"""openai/clip-vit-large-patch14's ``config.json`` sizes (the coco config's verifier)."""
+CLIP_224_TINY = {
+    "vision": {
+        "hidden_size": 32,
+        "intermediate_size": 37,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "patch_size": 32,
+        "image_size": 224,
+    },
+    "text": {
+        "hidden_size": 32,
+        "intermediate_size": 37,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+    },
+    "projection_dim": 16,
+}
+"""A tiny CLIP that still takes CLIP's 224 px input, so its preprocessing costs what ViT-L/14's
+does (resize, crop and normalise to 224 px) while its model costs little."""
+
+
+def save_clip(path: Path, sizes: dict[str, Any], seed: int = 0) -> str:
+    """A random CLIP of ``sizes`` with CLIP's image processor (224 px, bicubic, centre crop)
+    and the tests' offline BPE tokenizer, saved to ``path``; returns its ``hf-clip:`` spec."""
+    import torch
+    from transformers import (
+        CLIPConfig,
+        CLIPImageProcessor,
+        CLIPModel,
+        CLIPProcessor,
+        CLIPTokenizer,
+    )
+
+    from counterfactual.testing import write_clip_tokenizer_files
+
+    write_clip_tokenizer_files(path.parent / f"{path.name}-tok")
+    tokenizer = CLIPTokenizer.from_pretrained(str(path.parent / f"{path.name}-tok"))
+    text = dict(sizes["text"], vocab_size=len(tokenizer), max_position_embeddings=77)
+    text |= {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    text["pad_token_id"] = tokenizer.eos_token_id
+    config = CLIPConfig(
+        text_config=text, vision_config=sizes["vision"], projection_dim=sizes["projection_dim"]
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        CLIPModel(config).save_pretrained(str(path))
+    CLIPProcessor(image_processor=CLIPImageProcessor(), tokenizer=tokenizer).save_pretrained(
+        str(path)
+    )
+    return f"hf-clip:{path}"
+
+
+# ------------------------------------------------------------------------- shared inputs
+
+
+def coco_requests(work: Path, n: int, seed: int = 3) -> list[Any]:
+    """One ``EditRequest`` per generated 640x480 COCO-like picture: one annotated object's box
+    as the mask, and the picture's boxes (``xywh``) for verification."""
+    from counterfactual.image import EditRequest
+    from counterfactual.imageio import load_rgb
+    from counterfactual.method.masks import box_mask
+    from counterfactual.readers.coco import read_coco
+    from counterfactual.readers.generate import generate_coco
+
+    files = generate_coco(work / f"model-coco-{n}", n, seed=seed)
+    records = read_coco(files.instances, files.captions, files.images).records
+    rng = np.random.default_rng(0)
+    out = []
+    for i, record in enumerate(records):
+        objects = [o for o in record.objects if o.bbox[2] >= 1 and o.bbox[3] >= 1]
+        if not objects:
+            continue
+        obj = objects[int(rng.integers(len(objects)))]
+        mask = box_mask(record.height, record.width, [obj.bbox])
+        if not mask.any():
+            continue
+        image = load_rgb(str(Path(str(record.root)) / record.file))
+        out.append(EditRequest(image, mask, (obj.category,), (), i))
+    return out
+
+
+def _tiny_lama(work: Path) -> Path:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_lama import build_tiny_lama
+
+    return build_tiny_lama(work / "tiny-lama.pt")
+
+
+def _counted(editor: Any) -> list[int]:
+    """Count the forwards (and their batch sizes) of a LaMa editor's model."""
+    sizes: list[int] = []
+    model = editor._model
+
+    def counting(image: Any, mask: Any) -> Any:
+        sizes.append(int(image.shape[0]))
+        return model(image, mask)
+
+    editor._model = counting
+    return sizes
+
+
+def _per_item(fn: Callable[[], object], items: int, repeat: int = 2) -> float:
+    return _alternated({"": fn}, items, repeat)[""]
+
+
+def _alternated(
+    fns: dict[str, Callable[[], object]], items: int, repeat: int = 7
+) -> dict[str, float]:
+    """Seconds per item of each of ``fns``, run in turn ``repeat`` times (best of them), so a
+    shared machine's load falls on all of them alike."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: seconds / items for name, seconds in best.items()}
+
+
+# ------------------------------------------------------------------------- sections
+
+
+def bench_lama_batches(work: Path, n: int, batch: int = 8) -> dict[str, float]:
+    """LaMa forwards per batch of ``batch`` COCO-like crops, old grouping against canvases."""
+    import torch
+
+    from counterfactual.image import ImageConfig, make_editor
+    from counterfactual.image.lama import WORK_SIDE, LamaConfig
+
+    torch.set_num_threads(1)
+    model = _tiny_lama(work)
+    requests = coco_requests(work, n)
+    figures: dict[str, float] = {"lama_batches_items": float(len(requests))}
+    for name, side in (("exact", 0), ("canvas", WORK_SIDE)):
+        config = ImageConfig(
+            method="inpaint", backend="lama", lama=LamaConfig(str(model), work_side=side)
+        )
+        editor = make_editor(config, batch_size=batch)
+        sizes = _counted(editor)
+        per_batch = []
+        start = time.perf_counter()
+        for first in range(0, len(requests) - batch + 1, batch):
+            before = len(sizes)
+            editor(requests[first : first + batch])
+            per_batch.append(len(sizes) - before)
+        seconds = time.perf_counter() - start
+        figures[f"lama_batches_{name}_forwards_per_batch"] = float(np.mean(per_batch))
+        figures[f"lama_batches_{name}_items_per_forward"] = float(np.mean(sizes))
+        figures[f"lama_batches_{name}_tiny_cpu_ms_per_item"] = (
+            1000 * seconds / (batch * len(per_batch))
+        )
+    figures["lama_batches_forwards_exact_over_canvas"] = (
+        figures["lama_batches_exact_forwards_per_batch"]
+        / figures["lama_batches_canvas_forwards_per_batch"]
+    )
+    return figures
+
+
+def verify_requests(requests: list[Any]) -> list[Any]:
+    """A :class:`VerifyRequest` per edit request: its removed box against two kept boxes."""
+    from counterfactual.method.verify import VerifyRequest
+
+    out = []
+    for r in requests:
+        ys, xs = np.nonzero(r.mask)
+        box = (float(xs.min()), float(ys.min()), float(np.ptp(xs) + 1), float(np.ptp(ys) + 1))
+        out.append(
+            VerifyRequest(
+                r.image,
+                r.image,
+                {"dog": [box]},
+                {"person": [(200, 60, 140, 300)], "chair": [(420, 250, 150, 180)]},
+                ("dog",),
+                ("person", "chair"),
+                "a person on a chair",
+            )  # fmt: skip
+        )
+    return out
+
+
+def bench_verify_cost(work: Path, n: int, batch: int = 8) -> dict[str, float]:
+    """Verify's cost per item on the model actor, old path against new, and its preprocessing
+    alone, next to the tiny LaMa's cost per item on the same pictures (one thread)."""
+    import torch
+
+    from counterfactual.image import ImageConfig, make_editor
+    from counterfactual.image.lama import LamaConfig
+    from counterfactual.method.verify import Verifier, VerifyConfig, prepare_verify, verify_crops
+    from counterfactual.vocab import coco_vocabulary
+
+    torch.set_num_threads(1)
+    requests = coco_requests(work, n)
+    checks = verify_requests(requests)
+    clip = save_clip(work / "clip-224-tiny", CLIP_224_TINY)
+    verifier = Verifier(VerifyConfig(mode="record", model=clip), coco_vocabulary(), batch_size=16)
+    prep = verifier.pixel_prep()
+    assert prep is not None
+    crops = [c for r in checks for c in verify_crops(r, verifier.config)[0]]
+    processor = verifier.embedder._image_processor  # type: ignore[attr-defined]
+    prepared = [prepare_verify(r, verifier.config, prep) for r in checks]
+    verifier(checks[:2])
+    verifier(prepared[:2])  # warm-up
+    items = len(checks)
+    cost = _alternated(
+        {
+            "old": lambda: verifier(checks),
+            "new": lambda: verifier(prepared),
+            "old_prep": lambda: processor(images=crops, return_tensors="pt"),
+            "worker_prep": lambda: [prepare_verify(r, verifier.config, prep) for r in checks],
+        },
+        items,
+    )
+    old_item, new_item = cost["old"], cost["new"]
+    old_prep, worker_prep = cost["old_prep"], cost["worker_prep"]
+    lama = make_editor(
+        ImageConfig(method="inpaint", backend="lama", lama=LamaConfig(str(_tiny_lama(work)))),
+        batch_size=batch,
+    )
+    lama(requests[:batch])
+    inpaint = _per_item(lambda: lama(requests), items)
+    return {
+        "verify_cost_items": float(items),
+        "verify_cost_crops_per_item": len(crops) / items,
+        "verify_cost_actor_ms_per_item_old": 1000 * old_item,
+        "verify_cost_actor_ms_per_item_new": 1000 * new_item,
+        "verify_cost_actor_new_over_old": new_item / old_item,
+        "verify_cost_prep_ms_per_item_old_on_actor": 1000 * old_prep,
+        "verify_cost_prep_ms_per_item_in_worker": 1000 * worker_prep,
+        "verify_cost_prep_share_of_old_actor": old_prep / old_item,
+        "verify_cost_inpaint_tiny_lama_ms_per_item": 1000 * inpaint,
+        "verify_cost_old_over_inpaint": old_item / inpaint,
+        "verify_cost_new_over_inpaint": new_item / inpaint,
+    }
+
+
+class _Busy:
+    """Samples every GPU's utilisation through NVML (``pynvml``) every 0.1 s while running;
+    ``fraction()`` is the mean busy share, ``None`` when NVML cannot be read."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.stop = threading.Event()
+        self.handles: list[Any] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        try:
+            import pynvml
+        except ImportError:
+            print("GPU busy fraction: not measured (pynvml is not installed)")
+            return
+        self._nvml: Any = pynvml
+        try:
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except pynvml.NVMLError as err:
+            print(f"GPU busy fraction: not measured (NVML: {err})")
+
+    def __enter__(self) -> _Busy:
+        if self.handles:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.handles:
+            self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            rates = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self.handles]
+            self.samples.append(float(np.mean(rates)) / 100)
+
+    def fraction(self) -> float | None:
+        return float(np.mean(self.samples)) if self.samples else None
+
+
+def bare_loop(model_path: Path, device: str, items: int, batch: int, side: int = 512) -> float:
+    """Items/s of the TorchScript model alone on ``device``: batches of ``batch`` random
+    pictures with a box mask on a ``side`` px canvas (the default ``lama_work_side``), float32,
+    inputs already on the device: the floor a pipeline of this model can reach."""
+    import torch
+
+    model = torch.jit.load(str(model_path), map_location=device).eval()
+    image = torch.rand(batch, 3, side, side, device=device)
+    mask = torch.zeros(batch, 1, side, side, device=device)
+    mask[:, :, side // 4 : side // 2, side // 4 : side // 2] = 1
+    rounds = max(1, items // batch)
+    with torch.inference_mode():
+        model(image, mask)  # warm-up
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            model(image, mask)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    return rounds * batch / (time.perf_counter() - start)
+
+
+def bench_gpu(
+    work: Path, n: int, ray_run: Callable[..., Any], generated: Callable[..., list[Any]]
+) -> dict[str, float]:
+    """The real ``synth`` path on Ray with LaMa (verify on) at model size on CUDA, reduced on
+    CPU; see the module doc. ``ray_run`` and ``generated`` are bench.py's helpers."""
+    import torch
+
+    from counterfactual.image import ImageConfig
+    from counterfactual.image.lama import LamaConfig
+    from counterfactual.method.verify import VerifyConfig
+    from counterfactual.synth.plan import SynthConfig
+
+    cuda = torch.cuda.is_available()
+    sizes, clip_sizes = (BIG_LAMA, CLIP_VIT_L14) if cuda else (REDUCED_LAMA, CLIP_224_TINY)
+    model, params = save_lama_like(work / "lama-like.pt", sizes)
+    clip = save_clip(work / "clip-bench", clip_sizes)
+    records = generated(work, n, (640, 480))
+    config = SynthConfig(
+        image=ImageConfig(method="inpaint", backend="lama", lama=LamaConfig(str(model))),
+        verify=VerifyConfig(mode="record", model=clip, k=5, retention_k=5),
+        images_per_shard=max(8, n // 8),
+    )
+    with _Busy() if cuda else _NoBusy() as busy:
+        seconds, _, written, _, clock = ray_run(records, work / "gpu-run", config)
+    gpus = max(1, torch.cuda.device_count()) if cuda else 1
+    figures = {
+        "gpu_lama_params_millions": params / 1e6,
+        "gpu_pictures": float(n),
+        "gpu_samples": float(written),
+        "gpu_pipeline_items_per_s": written / seconds,
+        "gpu_pipeline_steady_items_per_s": clock.steady_rate(),
+    }
+    device = "cuda" if cuda else "cpu"
+    bare = bare_loop(model, device, min(written, 512) or 8, 8)
+    rate = written / seconds  # Ray up, workers and model actors starting inside the timing
+    if not cuda:
+        figures["gpu_cpu_reduced_vs_bare_loop"] = rate / bare
+        print("GPU rows: not measured (no CUDA device)")
+        return figures
+    figures["gpu_lama_items_per_s_per_gpu"] = rate / gpus
+    figures["gpu_lama_vs_bare_loop"] = rate / (bare * gpus)
+    figures["gpu_lama_steady_vs_bare_loop"] = clock.steady_rate() / (bare * gpus)
+    if (fraction := busy.fraction()) is not None:
+        figures["gpu_busy_fraction"] = fraction
+    print(
+        f"GPU: {torch.cuda.get_device_name(0)} x{gpus}, torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}"
+    )
+    return figures
+
+
+class _NoBusy:
+    def __enter__(self) -> _NoBusy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def fraction(self) -> None:
+        return None

@@ -1,0 +1,72 @@
+"""The model-size sections of `make bench` (benchmarks/gpu_bench.py) in a reduced mode: LaMa
+forwards per batch, verify's cost per item, and the LaMa-like generator's contract and size."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+gpu_bench = pytest.importorskip("gpu_bench")
+
+
+def test_lama_batches_counts_fewer_forwards_on_canvases(tmp_path):
+    figures = gpu_bench.bench_lama_batches(tmp_path, 16)
+    exact = figures["lama_batches_exact_forwards_per_batch"]
+    canvas = figures["lama_batches_canvas_forwards_per_batch"]
+    assert 1 <= canvas < exact <= 8  # 16 COCO-like crops: two batches of 8
+    assert figures["lama_batches_forwards_exact_over_canvas"] == pytest.approx(exact / canvas)
+    assert figures["lama_batches_canvas_items_per_forward"] == pytest.approx(8 / canvas)
+
+
+def test_verify_cost_reports_both_paths_against_the_inpainter(tmp_path):
+    figures = gpu_bench.bench_verify_cost(tmp_path, 4)
+    assert (
+        figures["verify_cost_items"] == 4 and figures["verify_cost_crops_per_item"] == 4
+    )  # dog before and after, 2 kept
+    for name in ("old", "new"):
+        ms = figures[f"verify_cost_actor_ms_per_item_{name}"]
+        assert ms > 0
+        ratio = figures[f"verify_cost_{name}_over_inpaint"]
+        assert ratio == pytest.approx(ms / figures["verify_cost_inpaint_tiny_lama_ms_per_item"])
+
+
+def test_the_lama_like_generator_keeps_big_lamas_contract_and_size(tmp_path):
+    import torch
+
+    from counterfactual.image import EditRequest, ImageConfig, make_editor
+    from counterfactual.image.lama import LamaConfig
+
+    path, params = gpu_bench.save_lama_like(tmp_path / "lama.pt", gpu_bench.REDUCED_LAMA)
+    model = torch.jit.load(str(path))
+    image = torch.rand(2, 3, 64, 96)
+    mask = torch.zeros(2, 1, 64, 96)
+    mask[:, :, 8:24, 16:40] = 1
+    with torch.inference_mode():
+        out = model(image, mask)
+    assert out.shape == image.shape and 0 <= float(out.min()) and float(out.max()) <= 1
+    assert torch.equal(out * (1 - mask), image * (1 - mask))  # known pixels copied
+    editor = make_editor(ImageConfig(method="inpaint", backend="lama", lama=LamaConfig(str(path))))
+    picture = np.random.default_rng(0).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    box = np.zeros((120, 160), np.uint8)
+    box[30:60, 40:90] = 255
+    (edited,) = editor([EditRequest(picture, box, ("dog",), (), 0)])
+    assert edited.shape == picture.shape and np.array_equal(edited[box == 0], picture[box == 0])
+    assert params < 1e6
+    big = gpu_bench.lama_like(**gpu_bench.BIG_LAMA)
+    assert 49e6 < sum(p.numel() for p in big.parameters()) < 53e6  # big-lama: about 51M
+
+
+@pytest.mark.slow
+def test_gpu_section_runs_reduced_on_cpu(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on CUDA the section runs at full size")
+    import bench
+
+    figures = gpu_bench.bench_gpu(tmp_path, 8, bench._ray_run, bench._generated)
+    assert "GPU rows: not measured (no CUDA device)" in capsys.readouterr().out
+    assert figures["gpu_samples"] > 0 and figures["gpu_pipeline_items_per_s"] > 0
+    assert "gpu_lama_items_per_s_per_gpu" not in figures
