@@ -281,3 +281,20 @@ def test_the_grown_region_is_what_is_repainted(tiny_sd):
     assert ring.any()
     rows, cols = np.nonzero(ring)
     assert rows.min() >= 48 - 8 * 2 and rows.max() < 80 + 8 * 2
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [
+        ("/models/clip", True),
+        ("./clip", True),
+        ("~/clip", True),
+        ("gpt2", False),  # a hub id without an org, or a test's scripted backend
+        ("scripted", False),
+        ("openai/clip-vit-large-patch14", False),
+    ],
+)
+def test_only_a_certain_path_is_made_absolute_and_checked(name, path):
+    from counterfactual.synth.models import names_a_path
+
+    assert names_a_path(name) is path

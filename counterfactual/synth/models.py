@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactual.models.embed import parse_model_spec
-from counterfactual.models.hub import Located, ModelRef, is_local, locate, weight_variant
+from counterfactual.models.hub import Located, ModelRef, locate, weight_variant
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import text_model
 
@@ -64,13 +64,20 @@ def located_models(config: SynthConfig, runtime: Runtime | None = None) -> list[
 _LOCAL_PREFIXES = ("hf-clip:", "blip:")
 
 
+def names_a_path(name: str) -> bool:
+    """Whether a model name is a local path for certain: it starts like one (``/``, ``.``,
+    ``~``) or is on this disk. A bare word (``gpt2``, a test's scripted backend) or ``ORG/NAME``
+    that is not on disk may be a hub id, so it is left as it is and not checked as a path."""
+    return name.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(name))
+
+
 def _absolute(name: str, file: bool = False) -> str:
     """A local model path made absolute (``~`` expanded); a hub id or an open_clip spec as it
     is; ``hf-clip:``/``blip:`` before a local folder kept. ``file``: a model file (LaMa's),
     local whatever it looks like (``models/big-lama.pt`` is no hub id)."""
     prefix = next((p for p in _LOCAL_PREFIXES if name.startswith(p)), "")
     path = name.removeprefix(prefix)
-    if not path or path.startswith("open_clip:") or not (file or is_local(path)):
+    if not path or path.startswith("open_clip:") or not (file or names_a_path(path)):
         return name
     return prefix + os.path.abspath(os.path.expanduser(path))
 
@@ -99,6 +106,6 @@ def local_model_paths(config: SynthConfig, runtime: Runtime | None = None) -> di
     left out."""
     out: dict[str, str] = {}
     for ref in needed_models(absolute_models(config), runtime):
-        if ref.kind == "file" or (ref.kind == "hub" and is_local(ref.name)):
+        if ref.kind == "file" or (ref.kind == "hub" and names_a_path(ref.name)):
             out[ref.option] = ref.name
     return out
