@@ -1097,21 +1097,25 @@ def dry_run(
     options: RayOptions | None = None,
     runtime: Runtime | None = None,
     work_dir: fs.PathLike | None = None,
+    check_paths: bool = True,
 ) -> Layout:
     """The layout a run would use: joins or starts Ray as :func:`run_ray` does (``work_dir``:
     where a local Ray keeps its files, ``WORK/.ray``, default a fresh :func:`ray_temp_dir`;
     a local Ray it starts is stopped and its folder removed before it returns), starts no
-    actor and loads no model; :class:`SetupError` (one line) when the cluster cannot hold it."""
+    actor and loads no model; :class:`SetupError` (one line) when the cluster cannot hold it,
+    or (``check_paths``) a local model path is missing here or on a node that loads it."""
     options, runtime = options or RayOptions(), runtime or Runtime()
-    preflight(config, runtime)
+    if check_paths:
+        preflight(config, runtime)
     stages = plan_stages(config, runtime)
     own = owns_ray(options)
     temp = (_work_ray_dir(work_dir) or ray_temp_dir()) if own else None
     try:
         init_ray(None, options, temp)
         layout = layout_actors(stages, options, cluster_shape())
-        gpu_only = any(g > 0 for g in layout.gpus)
-        check_model_paths(local_model_paths(config, runtime), gpu_only, options.place_timeout)
+        if check_paths:
+            gpu_only = any(g > 0 for g in layout.gpus)
+            check_model_paths(local_model_paths(config, runtime), gpu_only, options.place_timeout)
         return layout
     finally:
         if temp is not None:

@@ -488,13 +488,15 @@ def dry_run(args: argparse.Namespace) -> int:
     from counterfactual.pipelines.synth import dry_run as layout_of
 
     config, runtime = build_config(args), build_runtime(args)
-    layout = layout_of(config, ray_options(args), runtime)
-    print(json.dumps(layout.to_json()), flush=True)
     try:
         check_models(args, config, runtime)
-    except ModelUnavailable as err:
+    except ModelUnavailable as err:  # the layout still, then every missing model in one line
+        layout = layout_of(config, ray_options(args), runtime, check_paths=False)
+        print(json.dumps(layout.to_json()), flush=True)
         print(f"counterfactual synth: dry run: {one_line(str(err))}", file=sys.stderr)
         return 1
+    layout = layout_of(config, ray_options(args), runtime)
+    print(json.dumps(layout.to_json()), flush=True)
     return 0
 
 

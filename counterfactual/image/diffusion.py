@@ -640,6 +640,7 @@ def _options() -> tuple[Option, ...]:
             "and repaint that (RORem's recipe: 20 at 512 px; 0: the mask as it is)",
             cli="--inpaint-grow",
             kind="nonnegative_int",
+            sparse=True,
         ),
         Option(
             "channels_last",
