@@ -206,15 +206,17 @@ def test_local_model_paths_are_absolute_in_the_driver(tmp_path, monkeypatch):
 
 
 def test_a_relative_model_missing_here_ends_dry_run_in_one_line(tmp_path):
-    """The coco config names ``models/big-lama.pt``: run from a folder without it, the dry
-    run says so before it starts Ray."""
+    """A relative model file of the user's (no published one, so no pull can fetch it), run
+    from a folder without it: the dry run says so before it starts Ray. (A missing
+    ``models/big-lama.pt`` is named with the pull command instead: test_first_hour.)"""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [sys.executable, "-m", "counterfactual", "synth", "--config", "coco", "--dry-run"]
+    cmd += ["--inpaint-model", "models/mine.pt", "--no-verify"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (
-        f"counterfactual synth: error: Inpaint: the model {tmp_path}/models/big-lama.pt does not "
+        f"counterfactual synth: error: Inpaint: the model {tmp_path}/models/mine.pt does not "
         "exist; pass --inpaint-model a hub id or an existing folder or file\n"
     )
 
