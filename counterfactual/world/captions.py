@@ -62,14 +62,22 @@ def _join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def caption(scene: Scene, classes: dict[str, ObjectClass], rng: np.random.Generator) -> str:
-    """One caption naming every class in ``scene`` once."""
+def _phrases(
+    scene: Scene, classes: dict[str, ObjectClass], rng: np.random.Generator
+) -> tuple[dict[str, list[SceneObject]], list[str], list[str]]:
+    """The scene's objects by class, the classes in a drawn order, and each class's noun
+    phrase (:func:`phrase`) in that order: what :func:`caption` and :func:`sentence` name."""
     groups: dict[str, list[SceneObject]] = {}
     for obj in scene.objects:
         groups.setdefault(obj.cls, []).append(obj)
     names = list(groups)
     order = [names[i] for i in rng.permutation(len(names))]
-    phrases = [phrase(classes[n], groups[n], rng, scene.size) for n in order]
+    return groups, order, [phrase(classes[n], groups[n], rng, scene.size) for n in order]
+
+
+def caption(scene: Scene, classes: dict[str, ObjectClass], rng: np.random.Generator) -> str:
+    """One caption naming every class in ``scene`` once."""
+    groups, order, phrases = _phrases(scene, classes, rng)
     place = str(rng.choice(PLACES[scene.background]))
     template = int(rng.integers(6 if len(order) > 1 else 4))
     if template == 0:
@@ -115,12 +123,7 @@ def sentence(scene: Scene, classes: dict[str, ObjectClass], rng: np.random.Gener
     dog sits to the left of two frisbees on the grass.", "Two frisbees lie on the grass while a
     cat sits next to them." Each class is one noun phrase of :func:`phrase` (what np-removal
     cuts); the place and relations are as in :func:`caption`."""
-    groups: dict[str, list[SceneObject]] = {}
-    for obj in scene.objects:
-        groups.setdefault(obj.cls, []).append(obj)
-    names = list(groups)
-    order = [names[i] for i in rng.permutation(len(names))]
-    phrases = [phrase(classes[n], groups[n], rng, scene.size) for n in order]
+    groups, order, phrases = _phrases(scene, classes, rng)
     plural = [len(groups[n]) > 1 for n in order]
     place = str(rng.choice(PLACES[scene.background]))
     verb = _verb(scene.background, plural[0], rng)
