@@ -178,7 +178,9 @@ def error_message(err: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; a setup error ends it with one line on stderr and exit code 2
     (``--debug``: the traceback instead)."""
-    parser = build_parser()
+    with warnings.catch_warnings():  # a plugin skipped while the commands are imported
+        warnings.formatwarning = _one_line_warning("", warnings.formatwarning)
+        parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parse(parser, argv)
     with warnings.catch_warnings():
@@ -195,7 +197,8 @@ def _one_line_warning(command: str, default: Callable[..., str]) -> Callable[...
     def format_(message, category, filename, lineno, line=None):  # type: ignore[no-untyped-def]
         if not str(getattr(category, "__module__", "")).startswith("counterfactual"):
             return default(message, category, filename, lineno, line)
-        return f"counterfactual {command}: warning: {one_line(str(message))}\n"
+        prefix = f"counterfactual {command}" if command else "counterfactual"
+        return f"{prefix}: warning: {one_line(str(message))}\n"
 
     return format_
 

@@ -33,7 +33,7 @@ from counterfactual.readers import CORPORA
 from counterfactual.readers.spec import open_input
 from counterfactual.records import ImageRecord
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.text import TextConfig
+from counterfactual.text import CUTTING_METHODS, TextConfig
 
 if TYPE_CHECKING:
     from counterfactual.pipelines.synth import RayOptions
@@ -143,7 +143,7 @@ def _add_eraser_args(group: argparse._ArgumentGroup) -> None:
     defaults to ``None`` (not given), so that a recipe's values hold where the user gave none;
     the help shows the backend's default."""
     for flag, key, option in cli_options():
-        default = flat_default(key, "diffusers" if key == "model" else _IMAGE.backend)
+        default = flat_default(key, _IMAGE.backend)
         if option.kind == "flag":
             group.add_argument(flag, action="store_true", default=None, help=option.help)
             continue
@@ -285,7 +285,7 @@ def _image_config(args: argparse.Namespace) -> ImageConfig:
 def _text_config(args: argparse.Namespace, detect: DetectConfig | None) -> TextConfig:
     skip_unchanged = args.skip_unchanged_captions
     if skip_unchanged is None:  # on for corpora, whose caption is the only text
-        skip_unchanged = detect is not None and args.text_method == "np-removal"
+        skip_unchanged = detect is not None and args.text_method in CUTTING_METHODS
     return build(TextConfig, args, skip_unchanged=skip_unchanged)
 
 

@@ -6,7 +6,8 @@ of shape ``(H, W, 3)``; masks are ``uint8`` arrays of shape ``(H, W)`` with 255 
 paste changes the ``feather`` pixels next to the mask too, nothing farther).
 
 A backend is one module that declares itself (:class:`~counterfactual.image.base.Eraser`: its
-name, config, options and model) and one line in :data:`ERASERS`; :class:`ImageConfig` (one
+name, config, options and model) and one line in :data:`BUILT_IN`, or a package's entry point in
+the group ``counterfactual.erasers`` (:mod:`counterfactual.plugins`); :class:`ImageConfig` (one
 part per backend), the flat layout runs record (:data:`FLAT_KEYS`), :func:`make_editor` and the
 command line's image options (:func:`cli_options`) all follow from the declarations.
 """
@@ -14,11 +15,12 @@ command line's image options (:func:`cli_options`) all follow from the declarati
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from counterfactual import plugins
 from counterfactual.image import diffusion, exemplar, fills, lama, opencv_inpaint
 from counterfactual.image.base import Edited, EditRequest, Eraser, ImageEditor, Option
 from counterfactual.image.diffusion import RECIPES, DiffusersConfig
@@ -28,13 +30,60 @@ from counterfactual.image.lama import LamaConfig
 from counterfactual.image.opencv_inpaint import OPENCV_ALGORITHMS, OpenCVConfig
 from counterfactual.options import option as cli_option
 
-ERASERS: dict[str, Eraser] = {
-    e.name: e
-    for e in (fills.ERASER, opencv_inpaint.ERASER, diffusion.ERASER, lama.ERASER, exemplar.ERASER)
-}
-"""Every backend, by name, in registration order: the order of :class:`ImageConfig`'s parts
-and of the choices on the command line; a shared flat key the chosen backend lacks is read
-from the first backend that declares it (:func:`flat_owner`)."""
+BUILT_IN: tuple[Eraser, ...] = (
+    fills.ERASER,
+    opencv_inpaint.ERASER,
+    diffusion.ERASER,
+    lama.ERASER,
+    exemplar.ERASER,
+)
+"""The erasers this package ships, in registration order."""
+_RESERVED = ("method", "backend", "flat", "from_flat")
+"""Names an eraser's part of :class:`ImageConfig` cannot have."""
+
+
+def _plugin_problem(
+    erasers: Mapping[str, Eraser], plugin: plugins.Plugin, eraser: Any
+) -> str | None:
+    """Why a plugin's object cannot join ``erasers`` (``None``: it can)."""
+    if not isinstance(eraser, Eraser):
+        return f"{type(eraser).__name__} is not a counterfactual.image.Eraser"
+    if eraser.name != plugin.name:
+        return f"the eraser is named {eraser.name!r}, its entry point {plugin.name!r}"
+    if not eraser.name.isidentifier() or eraser.name in _RESERVED:
+        return f"{eraser.name!r} cannot name a part of ImageConfig"
+    served = {m for e in erasers.values() for m in e.methods if m != "inpaint"}
+    clash = sorted(served.intersection(eraser.methods))
+    if clash:
+        return f"image method(s) {clash} are served already"
+    fields_of = {o.flat: o.field for e in erasers.values() for o in e.options}
+    flags = {o.cli: o.flat for e in erasers.values() for o in e.options if o.cli}
+    for option in eraser.options:
+        if option.flat in ("method", "backend") or fields_of.get(option.flat, option.field) != (
+            option.field
+        ):
+            return f"option {option.flat!r} is another eraser's, for another field"
+        if option.cli and flags.get(option.cli, option.flat) != option.flat:
+            return f"flag {option.cli} is another eraser's option"
+    return None
+
+
+def _registered() -> dict[str, Eraser]:
+    """The built-ins, then every plugin (:mod:`counterfactual.plugins`): a plugin's options
+    recorded only when set (``sparse``), so installing one changes no other run's record."""
+    erasers = {e.name: e for e in BUILT_IN}
+    found = plugins.load(plugins.ERASERS, erasers, lambda p, e: _plugin_problem(erasers, p, e))
+    for _, eraser in found:
+        sparse = tuple(replace(o, sparse=True) for o in eraser.options)
+        erasers[eraser.name] = replace(eraser, options=sparse)
+    return erasers
+
+
+ERASERS: dict[str, Eraser] = _registered()
+"""Every backend, by name, in registration order (:data:`BUILT_IN`, then the plugins of the
+``counterfactual.erasers`` entry points): the order of :class:`ImageConfig`'s parts and of the
+choices on the command line; a shared flat key the chosen backend lacks is read from the first
+backend that declares it (:func:`flat_owner`)."""
 
 INPAINT_BACKENDS = tuple(name for name, e in ERASERS.items() if "inpaint" in e.methods)
 IMAGE_METHODS = ("inpaint", *(m for e in ERASERS.values() for m in e.methods if m != "inpaint"))
@@ -140,13 +189,15 @@ def _check(self: Any) -> None:
             raise ValueError(f"ImageConfig.{eraser.name} must be a {eraser.config.__name__}")
     chosen = eraser_of(self.method, self.backend)
     for eraser in ERASERS.values():
-        if getattr(getattr(self, eraser.name), "candidates", 1) > 1 and (
-            eraser is not chosen or not eraser.seeded
-        ):
+        if _candidates(self, eraser) > 1 and eraser is not chosen:
             raise ValueError(
                 f"candidates > 1 (best-of-n) needs --image-method inpaint --inpaint-backend "
                 f"{eraser.name}: the other methods draw the same picture every time"
             )
+
+
+def _candidates(config: Any, eraser: Eraser) -> int:
+    return getattr(getattr(config, eraser.name), eraser.candidates) if eraser.candidates else 1
 
 
 def _flat(self: Any) -> dict[str, Any]:
@@ -220,6 +271,17 @@ def image_model(config: ImageConfig) -> str | None:
     return getattr(getattr(config, eraser.name), eraser.model) if eraser.model else None
 
 
+def chosen_eraser(config: ImageConfig) -> Eraser:
+    """The backend ``config`` erases with."""
+    return eraser_of(config.method, config.backend)
+
+
+def candidate_count(config: ImageConfig) -> int:
+    """How many candidates the chosen backend draws per picture (best-of-n; 1: one, no
+    scorer)."""
+    return _candidates(config, chosen_eraser(config))
+
+
 def make_editor(
     config: ImageConfig, *, device: str = "cpu", dtype: str = "float32", batch_size: int = 1
 ) -> ImageEditor:
@@ -269,6 +331,7 @@ def flat_default(key: str, backend: str = "opencv") -> Any:
 
 
 __all__ = [
+    "BUILT_IN",
     "ERASERS",
     "FILL_METHODS",
     "FLAT_KEYS",
@@ -288,6 +351,8 @@ __all__ = [
     "LamaConfig",
     "OpenCVConfig",
     "Option",
+    "candidate_count",
+    "chosen_eraser",
     "cli_options",
     "edit_region",
     "eraser_of",

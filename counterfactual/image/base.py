@@ -99,7 +99,9 @@ class Eraser:
     loads (``""``: none, a CPU backend); ``seeded``: its output depends on the request's seed
     (best-of-n draws candidates from it); ``build`` makes the editor; ``summary`` is the
     command line's one phrase about it; ``region`` (:data:`Region`, optional) lets a runner send
-    the model only the crop it edits."""
+    the model only the crop it edits. ``model_file``: its model is one local file (LaMa's
+    TorchScript), not a hub id or folder; ``candidates`` the field holding best-of-n's count
+    (``""``: no best-of-n)."""
 
     name: str
     config: type
@@ -110,6 +112,8 @@ class Eraser:
     model: str = ""
     seeded: bool = False
     region: Region | None = None
+    model_file: bool = False
+    candidates: str = ""
 
     def __post_init__(self) -> None:
         names = [f.name for f in fields(self.config)]
@@ -124,8 +128,16 @@ class Eraser:
                 raise ValueError(
                     f"eraser {self.name!r}: option {option.flat!r} kind {option.kind!r}"
                 )
-        if self.model and self.model not in names:
-            raise ValueError(f"eraser {self.name!r}: model field {self.model!r} is not a field")
+        for role in ("model", "candidates"):
+            named = getattr(self, role)
+            if named and named not in names:
+                raise ValueError(f"eraser {self.name!r}: {role} field {named!r} is not a field")
+        if self.candidates and not self.seeded:
+            raise ValueError(f"eraser {self.name!r}: candidates (best-of-n) needs seeded")
+
+    def model_option(self) -> Option | None:
+        """The option naming the model it loads (``None``: it loads none)."""
+        return next((o for o in self.options if self.model and o.field == self.model), None)
 
     def default(self, field_name: str) -> Any:
         """The config's default for ``field_name``."""

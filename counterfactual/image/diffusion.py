@@ -662,4 +662,5 @@ ERASER = Eraser(
     model="model",
     seeded=True,
     region=region,
+    candidates="candidates",
 )

@@ -402,4 +402,5 @@ ERASER = Eraser(
     summary="lama (a TorchScript LaMa)",
     model="model",
     region=region,
+    model_file=True,
 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,12 +47,15 @@ REMOVAL, RETENTION, TEXT = "verify-removal", "verify-retention", "verify-text"
 """Status reasons of a sample that fails a check, in the order the checks are reported."""
 UNKNOWN_CLASS = "verify-unknown-class"
 TEXT_CHECKED = ("np-removal", "prompt", "captioner")
-"""Text methods whose caption must name no removed class (``shuffle`` and ``nouns-adj`` perturb
-the original caption on purpose and are not checked): the methods that declare ``removes``
-(:data:`counterfactual.text.REWRITERS`, a later folder this one does not import;
-``tests/test_rewriters.py`` checks the two agree)."""
+"""The built-in text methods whose caption must name no removed class (``shuffle`` and
+``nouns-adj`` perturb the original caption on purpose and are not checked): those that declare
+``removes`` (:data:`counterfactual.text.REWRITERS`, a later folder this one does not import;
+``tests/test_rewriters.py`` checks the two agree). The default of :class:`Verifier`'s
+``text_checked``; a synthesis run passes the registry's own
+(:data:`counterfactual.text.REMOVING_METHODS`, plugins included)."""
 KEPT_NAMED = ("np-removal", "prompt")
-"""Text methods whose caption must also name a kept class: those that declare ``names_kept``."""
+"""The built-in text methods whose caption must also name a kept class: those that declare
+``names_kept`` (:data:`counterfactual.text.KEEPING_METHODS`); :class:`Verifier`'s default."""
 CLIP_LOGIT_SCALE = 100.0
 """CLIP's learned temperature (``exp(4.6052)``): probabilities are ``softmax(100 * cosine)``."""
 
@@ -357,13 +360,16 @@ def text_check(
     removed: Sequence[str],
     kept: Sequence[str],
     method: str,
+    checked: Collection[str] = TEXT_CHECKED,
+    kept_named: Collection[str] = KEPT_NAMED,
 ) -> TextCheck | None:
     """The text check of a caption written by ``method``; ``None`` when there is no caption or
-    the method is not checked (see :data:`TEXT_CHECKED`, :data:`KEPT_NAMED`)."""
-    if caption is None or method not in TEXT_CHECKED:
+    the method is not in ``checked`` (default :data:`TEXT_CHECKED`); whether it names a kept
+    class is checked for the methods of ``kept_named`` (default :data:`KEPT_NAMED`)."""
+    if caption is None or method not in checked:
         return None
     named = mentioned_classes(vocabulary, caption)
-    names_kept = any(c in named for c in kept) if method in KEPT_NAMED and kept else None
+    names_kept = any(c in named for c in kept) if method in kept_named and kept else None
     return TextCheck(tuple(c for c in removed if c in named), names_kept)
 
 
@@ -444,11 +450,14 @@ class Verifier:
         embedder: Embedder | None = None,
         device: str = "cpu",
         batch_size: int = 32,
+        text_checked: Collection[str] = TEXT_CHECKED,
+        kept_named: Collection[str] = KEPT_NAMED,
     ) -> None:
         from counterfactual.models.runtime import ModelRuntime
 
         runtime = ModelRuntime.of(device, None, batch_size, "verify batch_size")
         self.config = config
+        self.text_rules = (tuple(text_checked), tuple(kept_named))
         self.vocabulary = vocabulary
         self.classes = vocabulary.classes
         n = len(self.classes)
@@ -527,7 +536,9 @@ class Verifier:
         for r, (removal, retention) in zip(requests, where, strict=True):
             text = None
             if c.text_check:
-                text = text_check(self.vocabulary, r.caption, r.removed, r.kept, r.text_method)
+                text = text_check(
+                    self.vocabulary, r.caption, r.removed, r.kept, r.text_method, *self.text_rules
+                )
             out.append(
                 judge(
                     {n: (score(i, n), score(i + 1, n)) for n, i in removal.items()},

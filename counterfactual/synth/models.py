@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from counterfactual.image import ERASERS, candidate_count, chosen_eraser, image_model
 from counterfactual.models.embed import parse_model_spec
 from counterfactual.models.hub import Located, ModelRef, locate, weight_variant
 from counterfactual.synth.plan import Runtime, SynthConfig
@@ -17,7 +18,8 @@ from counterfactual.text import text_model
 
 def needed_models(config: SynthConfig, runtime: Runtime | None = None) -> tuple[ModelRef, ...]:
     """Every model ``config`` loads, in run order: the detector (detected boxes), the
-    inpainter (``inpaint`` with the diffusers or lama backend), the captioner (``captioner``
+    inpainter (the chosen eraser's model: a hub id or folder, or a file for one that declares
+    ``model_file``, as LaMa), the captioner (``captioner``
     text), the verifier's CLIP (``--verify``/``--filter``, or best-of-n's scorer). Hub weights
     prefer the ``fp16`` variant when the run computes in half precision (:func:`weight_variant`,
     the rule the inpainter loads by)."""
@@ -27,14 +29,17 @@ def needed_models(config: SynthConfig, runtime: Runtime | None = None) -> tuple[
     if config.detect is not None:
         refs.append(ModelRef("detector", "--detector-model", "hub", config.detect.model))
     image = config.image
-    if image.method == "inpaint" and image.backend == "diffusers":
-        refs.append(ModelRef("inpainter", "--inpaint-model", "hub", image.diffusers.model, variant))
-    elif image.method == "inpaint" and image.backend == "lama":
-        refs.append(ModelRef("inpainter", "--inpaint-model", "file", image.lama.model))
+    eraser, inpainter = chosen_eraser(image), image_model(image)
+    option = eraser.model_option()
+    if inpainter is not None and option is not None:
+        if eraser.model_file:
+            refs.append(ModelRef("inpainter", option.cli or option.flat, "file", inpainter))
+        else:
+            refs.append(ModelRef("inpainter", option.cli or option.flat, "hub", inpainter, variant))
     captioner = text_model(config.text)
     if captioner is not None:
         refs.append(ModelRef("captioner", "--captioner-model", "hub", captioner))
-    if config.verify.enabled or image.diffusers.candidates > 1:
+    if config.verify.enabled or candidate_count(image) > 1:
         refs.append(_embedder_ref("verifier", "--verify-model", config.verify.model))
     return tuple(refs)
 
@@ -87,13 +92,16 @@ def absolute_models(config: SynthConfig) -> SynthConfig:
     actors on any node (and in any working directory) load what the driver checked. The
     fingerprint stays the config's as given (the path as typed decides nothing)."""
     image = config.image
-    image = replace(
-        image,
-        lama=replace(image.lama, model=_absolute(image.lama.model, file=True)),
-        diffusers=replace(image.diffusers, model=_absolute(image.diffusers.model)),
-    )
+    parts = {}
+    for eraser in ERASERS.values():
+        if eraser.model:
+            part = getattr(image, eraser.name)
+            path = _absolute(getattr(part, eraser.model), file=eraser.model_file)
+            parts[eraser.name] = replace(part, **{eraser.model: path})
     out = replace(
-        config, image=image, verify=replace(config.verify, model=_absolute(config.verify.model))
+        config,
+        image=replace(image, **parts),
+        verify=replace(config.verify, model=_absolute(config.verify.model)),
     )
     if config.detect is not None:
         out = replace(out, detect=replace(config.detect, model=_absolute(config.detect.model)))

@@ -47,7 +47,7 @@ from counterfactual.options import declare
 from counterfactual.records import Caption, ImageRecord, Status
 from counterfactual.synth.frames import DEFAULT_RULE, EXIF_FRAMES, Framed, FrameRule, choose_frame
 from counterfactual.synth.shards import sample_key
-from counterfactual.text import TextConfig
+from counterfactual.text import CUTTING_METHODS, TextConfig
 
 CAPTION_CHOICES = ("one", "all")
 DEFAULT_MAX_BOXES = 1000
@@ -564,7 +564,7 @@ def _captions(record: ImageRecord, config: SynthConfig) -> Sequence[Caption] | S
     """The captions a record's plans are paired with, or why it has none to pair."""
     captions: Sequence[Caption] = record.captions
     if not captions:
-        needs_caption = config.text.method == "np-removal" or (
+        needs_caption = config.text.method in CUTTING_METHODS or (
             config.detect is not None and config.detect.queries != "vocabulary"
         )
         if needs_caption:

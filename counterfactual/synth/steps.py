@@ -26,6 +26,7 @@ import numpy as np
 from counterfactual.image import (
     EditRequest,
     ImageEditor,
+    candidate_count,
     edit_region,
     image_model,
     make_editor,
@@ -50,6 +51,7 @@ from counterfactual.synth.shards import Sample
 from counterfactual.text import (
     CAPTION_STILL_NAMES,
     CLASS_NOT_IN_VOCABULARY,
+    KEEPING_METHODS,
     REMOVING_METHODS,
     REWRITERS,
     RewriteRequest,
@@ -60,6 +62,9 @@ from counterfactual.text import (
 )
 from counterfactual.text.np_removal import MentionCheck
 from counterfactual.vocab import load_vocabulary
+
+_TEXT_RULES = {"text_checked": REMOVING_METHODS, "kept_named": KEEPING_METHODS}
+"""The verifier's text check by the rewriters' declarations (plugins included)."""
 
 MODEL_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
 """What a learned model may raise on a batch (CUDA out of memory is a ``RuntimeError``). The
@@ -384,10 +389,10 @@ class Edit(BatchStep):
         self.spec = self.declare(config, runtime)
         self.config = config
         self.editor = editor or make_editor(config.image, **runtime.part("image"))
-        candidates = config.image.diffusers.candidates
+        candidates = candidate_count(config.image)
         if candidates > 1 and not isinstance(self.editor, BestOfN):
             vocabulary = load_vocabulary(config.vocabulary)
-            verifier = Verifier(config.verify, vocabulary, **runtime.part("verify"))
+            verifier = Verifier(config.verify, vocabulary, **runtime.part("verify"), **_TEXT_RULES)
             self.editor = BestOfN(self.editor, candidates, RemovalScorer(verifier))
         self.info = self.editor.describe()
         self.keep_original = "image" not in self.spec.drops  # Verify compares it with the edit
@@ -442,9 +447,7 @@ def ships_crops(config: SynthConfig) -> bool:
     backend declares its region, and no best-of-n (whose scorer looks around the mask)."""
     image = config.image
     return (
-        image.method == "inpaint"
-        and image_model(image) is not None
-        and (getattr(getattr(image, image.backend), "candidates", 1) == 1)
+        image.method == "inpaint" and image_model(image) is not None and candidate_count(image) == 1
     )
 
 
@@ -721,7 +724,10 @@ class Verify(BatchStep):
         self.verifier: Verifier | None = None
         if self.config.enabled:
             self.verifier = verifier or Verifier(
-                self.config, load_vocabulary(config.vocabulary), **runtime.part("verify")
+                self.config,
+                load_vocabulary(config.vocabulary),
+                **runtime.part("verify"),
+                **_TEXT_RULES,
             )
 
     def __call__(self, jobs: list[Job]) -> list[Job]:

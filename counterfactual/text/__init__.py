@@ -2,18 +2,21 @@
 
 Every backend is a small callable behind :class:`TextRewriter`. A method declares itself with a
 :class:`Rewriter` (its names, one phrase for the help, what its captions promise, a builder that
-imports its module only when chosen) and one entry in :data:`REWRITERS`; :data:`TEXT_METHODS`,
+imports its module only when chosen) and one entry in :data:`BUILT_IN`, or a package's entry
+point in the group ``counterfactual.rewriters`` (:mod:`counterfactual.plugins`); :data:`TEXT_METHODS`,
 :data:`REMOVING_METHODS`, ``--text-method``'s help and :func:`make_rewriter` follow from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from counterfactual import plugins
 from counterfactual.options import declare
 from counterfactual.records import Phrase
 
@@ -68,7 +71,9 @@ class Rewriter:
     must also name a kept class (the verifier checks it). The perturbations do neither: they
     keep the caption's words on purpose. ``reads_image``: it reads the edited picture, so the
     rewrite runs after the edit; ``model``: the :class:`TextConfig` field naming the model it
-    loads (``""``: none; see :func:`text_model`)."""
+    loads (``""``: none; see :func:`text_model`). ``cuts``: its caption is the original one
+    with words cut, so it needs a caption (a record without one fails, ``no-caption``) and
+    ``skip_unchanged`` applies to it."""
 
     names: tuple[str, ...]
     summary: str
@@ -77,6 +82,7 @@ class Rewriter:
     names_kept: bool = False
     reads_image: bool = False
     model: str = ""
+    cuts: bool = False
 
     def __post_init__(self) -> None:
         if not self.names:
@@ -118,13 +124,14 @@ def _perturb(
     return PerturbRewriter(config, batch_size=batch_size)
 
 
-_DECLARED = (
+BUILT_IN = (
     Rewriter(
         ("np-removal",),
         "cut the noun phrases naming removed classes",
         _np_removal,
         removes=True,
         names_kept=True,
+        cuts=True,
     ),
     Rewriter(
         ("prompt",), "a CLIP template of the kept classes", _prompt, removes=True, names_kept=True
@@ -139,15 +146,51 @@ _DECLARED = (
     ),
     Rewriter(("shuffle", "nouns-adj"), "perturbed captions", _perturb),
 )
+"""The text methods this package ships, in declaration order."""
+
+
+def _plugin_problem(
+    taken: Mapping[str, Rewriter], plugin: plugins.Plugin, found: Any
+) -> str | None:
+    """Why a plugin's object cannot join the rewriters ``taken`` (``None``: it can)."""
+    if not isinstance(found, Rewriter):
+        return f"{type(found).__name__} is not a counterfactual.text.Rewriter"
+    if plugin.name not in found.names:
+        return f"the rewriter serves {list(found.names)}, not its entry point's {plugin.name!r}"
+    clash = [name for name in found.names if name in taken]
+    if clash:
+        return f"text method(s) {clash} are served already"
+    return None
+
+
+def _registered() -> tuple[Rewriter, ...]:
+    """The built-ins, then every plugin (:mod:`counterfactual.plugins`)."""
+    by_name: dict[str, Rewriter] = {name: r for r in BUILT_IN for name in r.names}
+    if len(by_name) != sum(len(r.names) for r in BUILT_IN):
+        raise ValueError(
+            f"two rewriters serve one --text-method name: {[r.names for r in BUILT_IN]}"
+        )
+    declared = list(BUILT_IN)
+    check = functools.partial(_plugin_problem, by_name)
+    for _, rewriter in plugins.load(plugins.REWRITERS, by_name, check):
+        declared.append(rewriter)
+        by_name.update((name, rewriter) for name in rewriter.names)
+    return tuple(declared)
+
+
+_DECLARED = _registered()
 REWRITERS: dict[str, Rewriter] = {name: r for r in _DECLARED for name in r.names}
-if len(REWRITERS) != sum(len(r.names) for r in _DECLARED):
-    raise ValueError(f"two rewriters serve one --text-method name: {[r.names for r in _DECLARED]}")
-"""Every text method, by ``--text-method`` value, in declaration order: the order of the
-command line's choices and of its help."""
+"""Every text method, by ``--text-method`` value, in declaration order (:data:`BUILT_IN`, then
+the plugins of the ``counterfactual.rewriters`` entry points): the order of the command line's
+choices and of its help."""
 TEXT_METHODS = tuple(REWRITERS)
 REMOVING_METHODS = tuple(name for name, r in REWRITERS.items() if r.removes)
 """The methods whose caption must not name a removed class (the perturbations keep the words of
 the caption on purpose)."""
+KEEPING_METHODS = tuple(name for name, r in REWRITERS.items() if r.names_kept)
+"""The methods whose caption must also name a kept class."""
+CUTTING_METHODS = tuple(name for name, r in REWRITERS.items() if r.cuts)
+"""The methods that cut the original caption (:attr:`Rewriter.cuts`)."""
 _METHOD_HELP = "; ".join(f"{', '.join(r.names)}: {r.summary}" for r in _DECLARED)
 
 
@@ -212,8 +255,11 @@ class TextConfig:
             raise ValueError(f"repair must be True or False, got {self.repair!r}")
         if not isinstance(self.skip_unchanged, bool):
             raise ValueError(f"skip_unchanged must be True or False, got {self.skip_unchanged!r}")
-        if self.skip_unchanged and self.method != "np-removal":
-            raise ValueError(f"skip_unchanged applies to np-removal only, not to {self.method!r}")
+        if self.skip_unchanged and self.method not in CUTTING_METHODS:
+            raise ValueError(
+                f"skip_unchanged applies to {', '.join(CUTTING_METHODS)} only, "
+                f"not to {self.method!r}"
+            )
 
 
 class TextRewriter(Protocol):
