@@ -1,7 +1,8 @@
-"""The whole loop on the controlled world, reduced: world, synth, clean renders,
-the scratch dual encoder trained on D and on D ∪ D' by ``counterfactual train``, both scored by
-``counterfactual eval``. Training on D ∪ D' must lower the model's reliance on co-occurring
-objects: ODmAP@1 up on the pipeline's queries and on the clean renders."""
+"""The whole loop on the controlled world, reduced, through the library's API
+(:func:`run_experiment` with an :class:`ExperimentConfig`): world, synth, clean renders, the
+scratch dual encoder trained on D and on D ∪ D' (``fine_tune``), both scored (``run_eval``).
+Training on D ∪ D' must lower the model's reliance on co-occurring objects: ODmAP@1 up on the
+pipeline's queries and on the clean renders."""
 
 from __future__ import annotations
 
@@ -10,19 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from counterfactual.cli import main
-from counterfactual.world.experiment import ARMS, METRICS, ROLES, ExperimentConfig
-
-pytestmark = pytest.mark.slow
+from counterfactual.world.experiment import ARMS, METRICS, ROLES, ExperimentConfig, run_experiment
 
 
+@pytest.mark.slow
 def test_d_prime_lowers_the_reliance_on_co_occurring_objects(tmp_path: Path) -> None:
     out = tmp_path / "exp"
-    argv = [
-        "experiment", "--out", str(out), "--seeds", "1", "--images", "1000", "--test", "250",
-        "--steps", "100", "--cooccurrence", "0.95",
-    ]  # fmt: skip
-    assert main(argv) == 0
+    config = ExperimentConfig(seeds=1, images=1000, test=250, steps=100, cooccurrence=0.95)
+    lines: list[str] = []
+    run_experiment(config, out, log=lines.append)
+    assert lines[0].startswith("D: ") and any(line.startswith("seed 0 D+D': ") for line in lines)
     results = json.loads((out / "results.json").read_text())
     assert set(results) == {"config", "arms", "by_role"} and set(results["arms"]) == set(ARMS)
     for arm in results["arms"].values():

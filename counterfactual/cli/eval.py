@@ -7,15 +7,12 @@ import argparse
 import functools
 import json
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 from counterfactual.cli.common import nonnegative_int, positive_int
 from counterfactual.cli.options import add_options, build
-from counterfactual.eval.evalset import Corpus, corpus_from_records, read_karpathy, read_queries
-from counterfactual.eval.evaluate import EvalConfig, evaluate_model, gallery_mentions
+from counterfactual.eval.evaluate import EvalConfig
+from counterfactual.eval.run import EvalRun, run_eval
 from counterfactual.options import declared
 from counterfactual.readers import DATASETS
 
@@ -98,63 +95,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_corpus(args: argparse.Namespace) -> tuple[Corpus, str | None]:
-    """The gallery (every caption of every split) and the split to use for R@K."""
-    if args.dataset == "demo":
-        from counterfactual.readers.demo import demo_cache_dir, read_demo
-
-        old = _queries_dir(args.queries) / "demo-data"  # where earlier versions made them
-        root = args.root or (old if old.is_dir() else demo_cache_dir())
-        return corpus_from_records(read_demo(root).records), None
-    if args.root is None and args.split_file is None:
-        raise ValueError(f"--dataset {args.dataset} needs --root or --split-file")
-    split_file = args.split_file
-    if split_file is None:
-        candidate = args.root / f"dataset_{args.dataset}.json"
-        split_file = candidate if candidate.exists() else None
-    if split_file is not None:
-        image_root = args.root
-        if image_root is not None and args.dataset == "flickr30k":
-            image_root = image_root / "flickr30k-images"
-        return read_karpathy(split_file, image_root), args.test_split
-    if args.dataset == "flickr30k":
-        from counterfactual.readers.flickr30k import read_flickr30k
-
-        return corpus_from_records(read_flickr30k(args.root, split=None).records), args.test_split
-    raise ValueError(
-        f"COCO needs Karpathy's split file: --split-file or {args.root}/dataset_coco.json"
+def eval_run(args: argparse.Namespace) -> EvalRun:
+    """The evaluation the options describe (:class:`~counterfactual.eval.run.EvalRun`)."""
+    return EvalRun(
+        queries=args.queries,
+        models=tuple(args.model),
+        out=args.out,
+        dataset=args.dataset,
+        root=args.root,
+        split_file=args.split_file,
+        test_split=args.test_split,
+        recall=args.recall,
+        cache=args.cache,
+        vocabulary=args.vocabulary,
+        spacy_model=args.spacy_model,
+        device=args.device,
+        batch_size=args.batch_size,
+        grid=args.grid,
+        config=build(EvalConfig, args),
     )
-
-
-def _queries_dir(spec: str) -> Path:
-    path = Path(spec)
-    return path if path.is_dir() else path.parent
-
-
-def parse_mentions(
-    args: argparse.Namespace, cache: Path
-) -> Callable[[Sequence[str]], list[frozenset[str]]]:
-    """A ``parse`` for :func:`~counterfactual.eval.evaluate.gallery_mentions`: the mention index,
-    cached, on Ray with ``--runner ray``, saying where the answer came from."""
-    from counterfactual.cli.synth import default_vocabulary
-    from counterfactual.eval.mentions import MentionIndexer, cached_mentions
-    from counterfactual.vocab import load_vocabulary
-
-    def parse(texts: Sequence[str]) -> list[frozenset[str]]:
-        # the word lists synth matched the captions with
-        indexer = MentionIndexer(load_vocabulary(default_vocabulary(args)), args.spacy_model)
-        compute = None
-        if args.runner == "ray":
-            from counterfactual.pipelines.mentions import index_mentions_ray
-
-            compute = functools.partial(index_mentions_ray, indexer=indexer, work_dir=args.out)
-        start = time.perf_counter()
-        found, hit = cached_mentions(texts, indexer, cache, compute)
-        where = "from the cache" if hit else f"in {time.perf_counter() - start:.1f} s"
-        print(f"mentions of {len(texts)} captions {where}", file=sys.stderr)
-        return found
-
-    return parse
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,45 +121,17 @@ def run(args: argparse.Namespace) -> int:
         from counterfactual._lazy import require_extras
 
         require_extras({"ray": "ray"})
-    from counterfactual.eval.report import markdown_tables, write_report
-    from counterfactual.models import load_embedder
+    from counterfactual.eval.report import markdown_tables
     from counterfactual.train.mix import expand_shards
 
-    config = build(EvalConfig, args)
-    cache = args.cache or args.out / "cache"
-    queries, problems = read_queries(expand_shards(args.queries))
-    if not queries:
-        raise ValueError(f"no usable query in {args.queries} ({len(problems)} unusable samples)")
-    gallery, test_split = load_corpus(args)
-    test = gallery.split(test_split) if args.recall else None
-    splits = sorted({q.split or "none" for q in queries})
-    if test_split is not None and splits != [test_split]:
-        print(f"warning: queries come from splits {splits}, not {test_split}", file=sys.stderr)
-    print(
-        f"{len(queries)} queries, gallery of {len(gallery.captions)} captions "
-        f"({gallery.splits}), {len(problems)} unusable samples",
-        file=sys.stderr,
-    )
-    mentions = gallery_mentions(gallery, parse_mentions(args, cache))
-    results = []
-    for spec in args.model:
-        embedder = load_embedder(spec, device=args.device, batch_size=args.batch_size)
-        log = functools.partial(print, file=sys.stderr)
-        results.append(
-            evaluate_model(embedder, spec, queries, gallery, mentions, test, config, cache, log)
-        )
-    context = {
-        "dataset": args.dataset,
-        "queries": str(args.queries),
-        "query_splits": splits,
-        "unusable_samples": [asdict(p) for p in problems],
-        "gallery_captions": len(gallery.captions),
-        "gallery_splits": gallery.splits,
-        "test_split": test_split,
-        "mentioning_captions": sum(1 for m in mentions if m),
-        "config": {"odmap_ks": list(config.odmap_ks), "curve_k": config.curve_k},
-    }
-    paths = write_report(args.out, results, queries, gallery.captions, mentions, context, args.grid)
-    print(markdown_tables(results, args.dataset))
-    print(json.dumps({k: str(v) for k, v in paths.items()}), file=sys.stderr)
+    evaluation = eval_run(args)
+    compute = None
+    if args.runner == "ray":
+        from counterfactual.pipelines.mentions import index_mentions_ray
+
+        compute = functools.partial(index_mentions_ray, work_dir=args.out)
+    log = functools.partial(print, file=sys.stderr)
+    outcome = run_eval(evaluation, expand_shards(args.queries), compute, log)
+    print(markdown_tables(outcome.results, args.dataset))
+    print(json.dumps({k: str(v) for k, v in outcome.paths.items()}), file=sys.stderr)
     return 0

@@ -98,12 +98,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from counterfactual.cli import main
     from counterfactual.world.experiment import run_experiment
     from counterfactual.world.results import table
 
     studies = {k: getattr(args, k) for k in ("ratios", "image_methods", "text_methods")}
     config = build(ExperimentConfig, args, **studies)
-    results = run_experiment(config, args.out, main)
+    results = run_experiment(config, args.out)
     print(table(results))
     return 0

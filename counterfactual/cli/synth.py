@@ -531,12 +531,10 @@ def _describe(inputs: RunInput, spec: DataSpec) -> str:
 
 
 def _write_contact_sheet(out: str, records: Sequence[ImageRecord], rows: int) -> None:
-    from counterfactual.report import contact_sheet, sheet_rows
+    from counterfactual.report import run_contact_sheet
 
-    by_id = {r.image_id: r for r in records}
-    found = sheet_rows(out, by_id, rows)
-    if found:
-        sheet = contact_sheet(found, fs.join(out, "contact_sheet.png"))
+    sheet = run_contact_sheet(out, records, rows)
+    if sheet is not None:
         print(f"contact sheet: {sheet}", file=sys.stderr)
 
 

@@ -17,6 +17,7 @@ from counterfactual.report.sheets import (
     SheetRow,
     contact_sheet,
     draw_sheet,
+    run_contact_sheet,
     sheet_rows,
 )
 from counterfactual.report.write import REPORT_DIR, Report, write_report
@@ -37,6 +38,7 @@ __all__ = [
     "draw_sheet",
     "method_label",
     "read_run",
+    "run_contact_sheet",
     "sheet_rows",
     "stratify",
     "verdict_lines",

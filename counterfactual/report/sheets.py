@@ -321,3 +321,14 @@ def contact_sheet(rows: Sequence[SheetRow], path: fs.PathLike) -> str | Path:
     if not rows:
         raise ValueError("contact_sheet needs at least one row")
     return write_png(draw_sheet(rows), path)
+
+
+def run_contact_sheet(
+    out_dir: fs.PathLike, records: Sequence[ImageRecord], n: int
+) -> str | Path | None:
+    """``OUT/contact_sheet.png`` of a finished synth run: its first ``n`` samples whose
+    original picture is in ``records`` (:func:`sheet_rows`); its path, ``None`` when no sample
+    could be drawn (nothing written)."""
+    by_id = {r.image_id: r for r in records}
+    found = sheet_rows(out_dir, by_id, n)
+    return contact_sheet(found, fs.join(out_dir, "contact_sheet.png")) if found else None

@@ -1,17 +1,19 @@
-"""The whole loop on the controlled world, with the project's own commands:
+"""The whole loop on the controlled world, through the library functions the project's commands
+call (each step's config a dataclass, so a renamed option fails where the config is built):
 
 1. ``counterfactual world``: the dataset (train co-occurrence ``cooccurrence``, balanced test);
    the train split's image-caption pairs as WebDataset shards (D, shuffled);
-2. ``counterfactual synth`` on the train split (the paper's alpha rules, an eraser without
+2. ``counterfactual synth`` (:func:`~counterfactual.synth.runner.run_local`) on the train split (the paper's alpha rules, an eraser without
    weights, ``np-removal``): D'; and on the test split: the ODmAP@k queries;
 3. the clean queries: each query's scene drawn again without its removed classes, in the same
    shards with the picture swapped (a gain that only the pipeline's queries show would be the
    model reading the eraser's traces);
-4. per seed, ``counterfactual train --recipe scratch`` from the same initial weights, the same
+4. per seed, ``counterfactual train --recipe scratch``
+   (:func:`~counterfactual.train.trainer.fine_tune`) from the same initial weights, the same
    steps and seed, on D (arm ``D``) and on D ∪ D' (arm ``D+D'``: D' drawn at ``ratio`` per
    original sample, by default 1: at D''s natural ratio, about 0.19, the gain is a third as
    large; ``ratio=None`` draws it so);
-5. ``counterfactual eval`` of both arms on both query sets (R@K on the test split), with the
+5. ``counterfactual eval`` (:func:`~counterfactual.eval.run.run_eval`) of both arms on both query sets (R@K on the test split), with the
    gallery's hubness on the pipeline's queries.
 
 Two optional studies share the world, the queries and arm D (one ``eval`` scores every model):
@@ -45,13 +47,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from counterfactual.draws import keyed_int
+from counterfactual.eval.run import EvalRun
 from counterfactual.imageio import encode_jpeg
 from counterfactual.options import declare
+from counterfactual.readers.spec import DataSpec
+from counterfactual.synth.plan import SynthConfig
 from counterfactual.world.classes import PAIRS
 from counterfactual.world.scene import CAPTION_STYLES, WorldConfig
 from counterfactual.world.write import (
@@ -62,6 +67,9 @@ from counterfactual.world.write import (
     write_original_shards,
     write_world,
 )
+
+if TYPE_CHECKING:
+    from counterfactual.train.config import TrainConfig
 
 ARMS = ("D", "D+D'")
 KS = (1, 5, 10)
@@ -91,6 +99,8 @@ IMAGE_METHODS = ("inpaint", "zero", "blur", "mean")
 SWEEP_SHARD = 1000
 """Samples per shard of a sweep's D'_sub."""
 POLICIES = ("uniform", "spurious", "all")
+CONTACT_SHEET = 4
+"""Rows of each synth run's ``contact_sheet.png``."""
 
 
 @dataclass(frozen=True)
@@ -244,18 +254,6 @@ class ExperimentConfig:
         return {**asdict(self), **lists, "world": self.world.to_dict()}
 
 
-Command = Callable[[list[str]], int]
-"""Runs one project command line (``["synth", "--out", ...]``) and returns its exit code: the
-CLI's ``main`` (the entry point hands it in, so the library does not import the CLI)."""
-
-
-def _call(command: Command, argv: Sequence[Any]) -> None:
-    """``command`` on ``argv``; ``RuntimeError`` when it fails."""
-    code = command([str(a) for a in argv])
-    if code != 0:
-        raise RuntimeError(f"`counterfactual {' '.join(map(str, argv))}` exited with {code}")
-
-
 def prepare_world(config: ExperimentConfig, out: Path) -> World:
     """The world in ``out/world``, reused when it was written with the same knobs."""
     root = out / "world"
@@ -266,24 +264,56 @@ def prepare_world(config: ExperimentConfig, out: Path) -> World:
     return write_world(config.world, root)
 
 
-def synth(
-    command: Command, world: World, split: str, out: Path, config: ExperimentConfig,
-    captions: str, policy: str,
-) -> Path:  # fmt: skip
-    """``counterfactual synth`` on one split of the world (resumes a finished run)."""
-    image = ["--image-method", config.image_method, "--policy", policy]
+def synth_config(world: World, config: ExperimentConfig, captions: str, policy: str) -> SynthConfig:
+    """The synth options of a run on the world: ``config``'s image and text methods (OpenCV's
+    inpainting for ``inpaint``), ``policy``, ``captions`` (``one`` or ``all``) and seed, the
+    world's vocabulary; every other option synth's default."""
+    from counterfactual.image import ImageConfig
+    from counterfactual.method.selection import SelectionConfig
+    from counterfactual.text import TextConfig
+
+    image = {"method": config.image_method}
     if config.image_method == "inpaint":
-        image += ["--inpaint-backend", "opencv"]
-    _call(
-        command,
-        [
-            "synth", "--runner", "local", "--dataset", "coco", "--root", world.root,
-            "--coco-set", COCO_SET, "--split-file", world.split_file, "--split", split,
-            "--vocabulary", world.vocabulary, "--text-method", config.text_method,
-            "--captions-per-image", captions, "--seed", config.seed, "--contact-sheet", 4,
-            "--out", out, *image,
-        ]
-    )  # fmt: skip
+        image["backend"] = "opencv"
+    return SynthConfig(
+        selection=SelectionConfig(policy=policy),
+        image=ImageConfig.from_flat(image),
+        text=TextConfig(method=config.text_method),
+        vocabulary=str(world.vocabulary),
+        captions=captions,
+        seed=config.seed,
+    )
+
+
+def synth_spec(world: World, split: str) -> DataSpec:
+    """The world's ``split`` as synth reads it: a COCO dataset with Karpathy's split file."""
+    return DataSpec(
+        kind="coco",
+        root=str(world.root),
+        coco_set=COCO_SET,
+        split_file=str(world.split_file),
+        split=split,
+    )
+
+
+def synth(
+    world: World, split: str, out: Path, config: ExperimentConfig, captions: str, policy: str
+) -> Path:
+    """A local synth run (:func:`~counterfactual.synth.runner.run_local`) on one split of the
+    world into ``out`` (resumes a finished run: nothing to do), and its contact sheet of
+    :data:`CONTACT_SHEET` rows, as ``counterfactual synth --runner local`` makes them."""
+    from counterfactual.progress import Progress
+    from counterfactual.readers.spec import open_input
+    from counterfactual.report import run_contact_sheet
+    from counterfactual.synth.runner import run_local
+
+    options = synth_config(world, config, captions, policy)
+    inputs = open_input(synth_spec(world, split), options.images_per_shard)
+    shards = inputs.shard_count(options.images_per_shard) or 0
+    progress = Progress(inputs.image_count(), shards, unit=inputs.unit)
+    run_local(inputs, str(out), options, progress=progress)
+    records = inputs.records if isinstance(inputs.records, Sequence) else ()
+    run_contact_sheet(str(out), records, CONTACT_SHEET)
     return out
 
 
@@ -370,42 +400,80 @@ def write_subsets(
     return folders
 
 
+def train_config(
+    init: Path, original: Path, synthetic: Path | None, ratio: float, config: ExperimentConfig,
+    seed: int,
+) -> TrainConfig:  # fmt: skip
+    """``train --recipe scratch``'s options for one arm: one epoch of ``steps`` batches from
+    ``init``; with ``synthetic``, D' drawn at ``ratio`` per original sample (rounded to 6
+    significant digits, as the arms trained so far recorded it; without, the recipe's)."""
+    from counterfactual.train.config import TrainConfig
+
+    mix: dict[str, Any] = {}
+    if synthetic is not None:
+        mix = {"synthetic": (str(synthetic),), "ratio": float(f"{ratio:.6g}")}
+    return TrainConfig(
+        recipe="scratch",
+        model=str(init),
+        original=(str(original),),
+        mix="ratio",
+        epochs=1,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        samples_per_epoch=config.steps * config.batch_size,
+        seed=seed,
+        device=config.device,
+        log_every=100,
+        num_workers=config.workers,
+        **mix,
+    )
+
+
 def train_arm(
-    command: Command, init: Path, original: Path, synthetic: Path | None, ratio: float, out: Path,
+    init: Path, original: Path, synthetic: Path | None, ratio: float, out: Path,
     config: ExperimentConfig, seed: int,
 ) -> Path:  # fmt: skip
-    """``counterfactual train --recipe scratch``: ``steps`` steps from ``init``; with
-    ``synthetic``, D' drawn at ``ratio`` per original sample."""
-    argv: list[Any] = [
-        "train", "--recipe", "scratch", "--model", init, "--original", original,
-        "--mix", "ratio", "--epochs", 1, "--batch-size", config.batch_size, "--lr", config.lr,
-        "--samples-per-epoch", config.steps * config.batch_size, "--seed", seed,
-        "--device", config.device, "--out", out, "--log-every", 100,
-        "--num-workers", config.workers,
-    ]  # fmt: skip
-    if synthetic is not None:
-        argv += ["--synthetic", synthetic, "--ratio", f"{ratio:.6g}"]
-    _call(
-        command, argv
-    )  # a finished arm is resumed after its last epoch: nothing to do, config checked
-    return out / "final"
+    """:func:`~counterfactual.train.trainer.fine_tune` of one arm (:func:`train_config`) into
+    ``out``; a finished arm is resumed after its last epoch: nothing to do, its config
+    checked. Returns the trained model's folder."""
+    from counterfactual.train.trainer import fine_tune
+
+    return fine_tune(train_config(init, original, synthetic, ratio, config, seed), out).final_dir
+
+
+def eval_run(
+    world: World, queries: Path, models: Sequence[Path], out: Path, cache: Path,
+    config: ExperimentConfig, recall: bool,
+) -> EvalRun:  # fmt: skip
+    """``eval``'s options: ``models`` (scratch folders) on ``queries``, the world's every
+    caption the gallery, R@K on its test split when ``recall``; no qualitative grid."""
+    return EvalRun(
+        queries=str(queries),
+        models=tuple(f"scratch:{model}" for model in models),
+        out=out,
+        dataset="coco",
+        root=world.root,
+        split_file=world.split_file,
+        recall=recall,
+        cache=cache,
+        vocabulary=str(world.vocabulary),
+        device=config.device,
+        batch_size=256,
+        grid=0,
+    )
 
 
 def evaluate(
-    command: Command, world: World, queries: Path, models: Sequence[Path], out: Path, cache: Path,
+    world: World, queries: Path, models: Sequence[Path], out: Path, cache: Path,
     config: ExperimentConfig, recall: bool,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """``counterfactual eval`` of ``models`` on ``queries``; each model's report entry."""
-    argv: list[Any] = [
-        "eval", "--dataset", "coco", "--root", world.root, "--split-file", world.split_file,
-        "--queries", queries, "--vocabulary", world.vocabulary, "--out", out, "--cache", cache,
-        "--device", config.device, "--grid", 0, "--batch-size", 256,
-    ]  # fmt: skip
-    for model in models:
-        argv += ["--model", f"scratch:{model}"]
-    if not recall:
-        argv.append("--no-recall")
-    _call(command, argv)
+    """:func:`~counterfactual.eval.run.run_eval` of ``models`` on ``queries``
+    (:func:`eval_run`); each model's ``report.json`` entry."""
+    from counterfactual.eval.run import run_eval
+    from counterfactual.train.mix import expand_shards
+
+    evaluation = eval_run(world, queries, models, out, cache, config, recall)
+    run_eval(evaluation, expand_shards(evaluation.queries))
     return json.loads((out / "report.json").read_text("utf-8"))["models"]
 
 
@@ -506,9 +574,7 @@ class LoopData:
         return self.n_synthetic / self.n_original
 
 
-def make_data(
-    command: Command, config: ExperimentConfig, out: Path, seconds: dict[str, float]
-) -> LoopData:
+def make_data(config: ExperimentConfig, out: Path, seconds: dict[str, float]) -> LoopData:
     """Steps 1-3 of the loop (module docstring), each reused when already done; their times
     go to ``seconds`` (``world``, ``synth``)."""
     from counterfactual.train.mix import count_samples, expand_shards
@@ -521,10 +587,8 @@ def make_data(
     seconds["world"] = time.perf_counter() - start
     start = time.perf_counter()
     train = out / "synth-train"
-    d_prime = synth(
-        command, world, "train", train, config, config.captions_per_image, config.policy
-    )
-    queries = synth(command, world, "test", out / "synth-test", config, "one", "uniform")
+    d_prime = synth(world, "train", train, config, config.captions_per_image, config.policy)
+    queries = synth(world, "test", out / "synth-test", config, "one", "uniform")
     seconds["synth"] = time.perf_counter() - start
     clean = out / "queries-clean"
     write_clean_queries(world, queries, clean)
@@ -540,7 +604,7 @@ def make_data(
 
 
 def run_seed(
-    command: Command, config: ExperimentConfig, data: LoopData, ratio: float, vocab: Any,
+    config: ExperimentConfig, data: LoopData, ratio: float, vocab: Any,
     seed: int, folder: Path, seconds: dict[str, float],
     extra: Mapping[str, tuple[Path, float]] | None = None,
 ) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:  # fmt: skip
@@ -553,15 +617,15 @@ def run_seed(
     start = time.perf_counter()
     arms = {"D": (None, ratio), "D+D'": (data.d_prime, ratio), **(extra or {})}
     models = {
-        name: train_arm(command, init, data.originals, synthetic, r, folder / name, config, seed)
+        name: train_arm(init, data.originals, synthetic, r, folder / name, config, seed)
         for name, (synthetic, r) in arms.items()
     }
     seconds["train"] = seconds.get("train", 0.0) + time.perf_counter() - start
     start = time.perf_counter()
     cache = folder.parent / "cache"
     world, paths = data.world, list(models.values())
-    pipeline = evaluate(command, world, data.queries, paths, folder / "eval", cache, config, True)
-    clean = evaluate(command, world, data.clean, paths, folder / "eval-clean", cache, config, False)
+    pipeline = evaluate(world, data.queries, paths, folder / "eval", cache, config, True)
+    clean = evaluate(world, data.clean, paths, folder / "eval-clean", cache, config, False)
     seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - start
     return dict(zip(models, zip(pipeline, clean, strict=True), strict=True))
 
@@ -578,7 +642,7 @@ class Studies:
 
 
 def plan_studies(
-    command: Command, config: ExperimentConfig, data: LoopData, out: Path,
+    config: ExperimentConfig, data: LoopData, out: Path,
     seconds: dict[str, float], log: Callable[[str], None],
 ) -> Studies:  # fmt: skip
     """The sweep's D'_sub and the grid's D' (synth runs and subsets, reused when done) and the
@@ -591,9 +655,7 @@ def plan_studies(
     if config.ratios:
         pool = data.d_prime
         if config.captions_per_image != "all":
-            pool = synth(
-                command, data.world, "train", out / "synth-train-all", config, "all", config.policy
-            )
+            pool = synth(data.world, "train", out / "synth-train-all", config, "all", config.policy)
         sizes = {r: subset_size(r, data.n_original) for r in config.ratios}
         subsets = write_subsets(pool, sizes, config.seed, out / "sweep")
         for r in sorted(config.ratios):
@@ -609,7 +671,7 @@ def plan_studies(
             continue
         cell = replace(config, image_method=image, text_method=text)
         d_prime = synth(
-            command, data.world, "train", out / "grid" / f"synth-{image}-{text}", cell,
+            data.world, "train", out / "grid" / f"synth-{image}-{text}", cell,
             config.captions_per_image, config.policy,
         )  # fmt: skip
         n = sum(count_samples(s) for s in expand_shards([str(d_prime)]))
@@ -621,13 +683,10 @@ def plan_studies(
 
 
 def run_experiment(
-    config: ExperimentConfig,
-    out: str | Path,
-    command: Command,
-    log: Callable[[str], None] = print,
+    config: ExperimentConfig, out: str | Path, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """The loop (module docstring), each step one of the project's commands run by
-    ``command``; returns what ``OUT/results.json`` holds."""
+    """The loop (module docstring), each step the library function its command calls; returns
+    what ``OUT/results.json`` holds."""
     import torch
 
     from counterfactual.models.scratch import build_vocab
@@ -637,13 +696,13 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.threads)  # fixed: CPU sums depend on the thread count
     seconds: dict[str, float] = {}
-    data = make_data(command, config, out, seconds)
+    data = make_data(config, out, seconds)
     ratio = config.ratio or data.natural_ratio
     log(
         f"D: {data.n_original} pairs, D': {data.n_synthetic} ({data.natural_ratio:.3f} per "
         f"original); drawn at {ratio:.3g}"
     )
-    studies = plan_studies(command, config, data, out, seconds, log)
+    studies = plan_studies(config, data, out, seconds, log)
     vocab = build_vocab(data.world.captions("train"))
     roles = class_roles(config.world)
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in (*ARMS, *studies.arms)}
@@ -651,7 +710,7 @@ def run_experiment(
     seconds["train"] = seconds["eval"] = 0.0
     for seed in range(config.seed, config.seed + config.seeds):
         folder = out / f"seed-{seed}"
-        entries = run_seed(command, config, data, ratio, vocab, seed, folder, seconds, studies.arms)
+        entries = run_seed(config, data, ratio, vocab, seed, folder, seconds, studies.arms)
         for arm, (pipeline, clean) in entries.items():
             runs[arm].append(arm_metrics(pipeline, clean))
             if arm in by_role:
@@ -697,8 +756,10 @@ __all__ = [
     "HUBNESS",
     "LoopData",
     "Studies",
+    "CONTACT_SHEET",
     "arm_metrics",
     "class_roles",
+    "eval_run",
     "role_metrics",
     "make_data",
     "plan_studies",
@@ -708,5 +769,9 @@ __all__ = [
     "run_seed",
     "summarise",
     "summarise_roles",
+    "synth_config",
+    "synth_spec",
+    "train_arm",
+    "train_config",
     "write_clean_queries",
 ]
