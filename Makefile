@@ -101,12 +101,12 @@ gpu-check: $(STAMP) ## every model path on CUDA with tiny models [CF_GPU_INPAINT
 	$(BIN)/python -m pytest -q -s -m gpu tests/test_gpu.py
 
 lint: $(STAMP) ## check style (ruff)
-	$(BIN)/ruff check counterfactual pipelines tests benchmarks setup.py
-	$(BIN)/ruff format --check counterfactual pipelines tests benchmarks setup.py
+	$(BIN)/ruff check counterfactual tests benchmarks setup.py
+	$(BIN)/ruff format --check counterfactual tests benchmarks setup.py
 
 format: $(STAMP) ## fix style (ruff)
-	$(BIN)/ruff check --fix counterfactual pipelines tests benchmarks setup.py
-	$(BIN)/ruff format counterfactual pipelines tests benchmarks setup.py
+	$(BIN)/ruff check --fix counterfactual tests benchmarks setup.py
+	$(BIN)/ruff format counterfactual tests benchmarks setup.py
 
 bench: $(STAMP) ## speed figures as ratios; writes benchmarks/latest.json
 	$(OFFLINE) $(BIN)/python benchmarks/bench.py --out benchmarks/latest.json $(ARGS)

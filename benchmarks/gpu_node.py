@@ -38,12 +38,12 @@ class SleepingGpu:
 
     def __init__(self, config: Any, runtime: Any, stage: Any, board: str | None = None) -> None:
         from counterfactual.image import ImageConfig
-        from counterfactual.pipelines.synth import _build, _tell_started
+        from counterfactual.pipelines.actors import build_chain, tell_started
         from counterfactual.synth.plan import Runtime
 
-        _tell_started(board)
+        tell_started(board)
         blur = dataclasses.replace(config, image=ImageConfig(method="blur"))
-        self.chain, self.error = _build(blur, Runtime(), stage)
+        self.chain, self.error = build_chain(blur, Runtime(), stage)
         self.log = Path(self.LOG) / f"{os.getpid()}.jsonl"
 
     def ready(self) -> str | None:
@@ -111,8 +111,10 @@ def bench_gpu_node(work: Path, n: int, cpus: int = 8 + 12) -> dict[str, float]:
     logs.mkdir(exist_ok=True)
     SleepingGpu.LOG = str(logs)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers lack this file
-    real = pipeline.actor_class
-    pipeline.actor_class = lambda stage: type(stage, (SleepingGpu,), {})  # type: ignore[assignment]
+    from counterfactual.pipelines import loop
+
+    real = loop.actor_class
+    loop.actor_class = lambda stage: type(stage, (SleepingGpu,), {})  # type: ignore[assignment]
     ray.init(
         address="local", num_cpus=cpus, num_gpus=GPUS, include_dashboard=False, log_to_driver=False
     )
@@ -126,7 +128,7 @@ def bench_gpu_node(work: Path, n: int, cpus: int = 8 + 12) -> dict[str, float]:
         )
         seconds = time.perf_counter() - start
     finally:
-        pipeline.actor_class = real
+        loop.actor_class = real
         ray.shutdown()
     figures = busy_fractions(logs)
     return {

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-import counterfactual.pipelines.synth as ray_synth
+import counterfactual.pipelines.synth as ray_synth  # the runner calls its map_unordered
 from counterfactual.cli import main
 
 
@@ -47,7 +47,7 @@ def _kill_a_worker() -> None:
 
 
 def _hook(target: str, n: int, out: Path):
-    run = ray_synth._map_unordered
+    run = ray_synth.map_unordered
 
     def hooked(workers, tasks, in_flight, *rest):
         for seen, done in enumerate(run(workers, tasks, in_flight, *rest), 1):
@@ -110,5 +110,5 @@ if __name__ == "__main__":
     if target in ("local", "block", "slow"):
         _hook_local(target, n)
     else:
-        ray_synth._map_unordered = _hook(target, n, Path(argv[argv.index("--out") + 1]))
+        ray_synth.map_unordered = _hook(target, n, Path(argv[argv.index("--out") + 1]))
     sys.exit(main(argv))

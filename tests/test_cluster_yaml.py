@@ -1,5 +1,5 @@
-"""The Ray cluster-launcher config users stand a cluster up with (``pipelines/cluster/gpu.yaml``,
-issue 35 point 9): valid against the schema the installed Ray ships, set up by the project's own
+"""The Ray cluster-launcher config users stand a cluster up with
+(``counterfactual/pipelines/cluster/gpu.yaml``, issue 35 point 9): valid against the schema the installed Ray ships, set up by the project's own
 install and model pull, with every placeholder explained in docs/cluster.md."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ jsonschema = pytest.importorskip("jsonschema")
 ray = pytest.importorskip("ray")
 
 ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = ROOT / "pipelines" / "cluster" / "gpu.yaml"
+CLUSTER = ROOT / "counterfactual" / "pipelines" / "cluster" / "gpu.yaml"
 
 
 def ray_schema() -> dict:
@@ -66,5 +66,9 @@ def test_every_placeholder_is_explained_in_the_docs():
     }
     for name in placeholders:
         assert f"`{name}`" in table, name
-    for step in ("ray up pipelines/cluster/gpu.yaml", "make synth DATASET=coco", "ray down"):
+    for step in (
+        "ray up counterfactual/pipelines/cluster/gpu.yaml",
+        "make synth DATASET=coco",
+        "ray down",
+    ):
         assert step in table

@@ -270,7 +270,9 @@ def workspaces(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Workspace
 
 def prepare(snippet: Snippet, folder: Path) -> None:
     if "demo" in snippet.options and not (folder / "out" / "demo" / "manifest.json").exists():
-        config = REPO / "pipelines" / "configs" / "demo.yaml"  # or the bundled config's name
+        config = (
+            REPO / "counterfactual" / "pipelines" / "configs" / "demo.yaml"
+        )  # or the bundled config's name
         name = str(config) if config.is_file() else "demo"
         command = [sys.executable, "-m", "counterfactual", "synth", "--config", name]
         result = run([*command, "--runner", "local", "--out", "out/demo"], folder)

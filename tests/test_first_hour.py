@@ -23,7 +23,7 @@ import counterfactual
 from counterfactual.readers.generate import generate_coco
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "pipelines" / "configs"
+CONFIGS = REPO / "counterfactual" / "pipelines" / "configs"
 TRIPOD = "tripod"
 """A class outside COCO's 80 (one of the demo's own)."""
 
@@ -286,8 +286,7 @@ def test_the_sdist_and_the_wheel_ship_license_and_notice(tmp_path):
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "NOTICE"):
         shutil.copy(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("counterfactual", "pipelines"):
-        shutil.copytree(REPO / name, src / name, ignore=ignore)
+    shutil.copytree(REPO / "counterfactual", src / "counterfactual", ignore=ignore)
     dist = tmp_path / "dist"
     code = (
         "import sys; from setuptools import build_meta as b; "

@@ -328,12 +328,12 @@ def test_synth_on_img2dataset_output_carries_its_origin(
 
 
 def test_shipped_files_config_is_valid() -> None:
-    """``make synth DATASET=files`` reads pipelines/configs/files.yaml."""
+    """``make synth DATASET=files`` reads counterfactual/pipelines/configs/files.yaml."""
     from counterfactual.cli import build_parser
     from counterfactual.cli.config import load_config
     from counterfactual.cli.synth import build_config
 
-    path = Path(__file__).parent.parent / "pipelines" / "configs" / "files.yaml"
+    path = Path(__file__).parent.parent / "counterfactual" / "pipelines" / "configs" / "files.yaml"
     sub = build_parser().parse_args(["synth"]).__dict__["_subcommands"]["synth"]
     values = load_config(path, sub)
     assert values["dataset"] == "files" and values["runner"] == "ray"

@@ -360,7 +360,9 @@ def test_each_config_names_its_models():
 
 
 def test_no_config_names_a_deleted_model():
-    texts = [p.read_text() for p in (REPO / "pipelines" / "configs").glob("*.yaml")]
+    texts = [
+        p.read_text() for p in (REPO / "counterfactual" / "pipelines" / "configs").glob("*.yaml")
+    ]
     code = [p.read_text() for p in (REPO / "counterfactual").rglob("*.py")]
     assert not any("stabilityai/stable-diffusion-2-inpainting" in t for t in texts)
     deleted = [t for t in code if '"stabilityai/stable-diffusion-2-inpainting"' in t]
@@ -408,7 +410,7 @@ def test_synth_coco_without_weights_ends_in_one_line(tmp_path):
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": str(REPO),
     }
-    config = REPO / "pipelines" / "configs" / "coco.yaml"
+    config = REPO / "counterfactual" / "pipelines" / "configs" / "coco.yaml"
     args = synth_args(files, tmp_path / "out", "--config", str(config), "--runner", "ray")
     proc = subprocess.run(
         [sys.executable, "-m", "counterfactual", *args],
@@ -493,7 +495,8 @@ def test_models_pull_fetches_what_it_can_and_names_the_rest(
 
 
 @pytest.mark.parametrize(
-    "name", sorted(p.stem for p in (REPO / "pipelines" / "configs").glob("*.yaml"))
+    "name",
+    sorted(p.stem for p in (REPO / "counterfactual" / "pipelines" / "configs").glob("*.yaml")),
 )
 def test_every_bundled_config_loads_and_names_existing_kinds(name):
     for ref in config_models(name):

@@ -1,7 +1,7 @@
 """The package as users install it: configs by name, the bundled configs' list, a missing extra
-as one line, ``--version``, and a wheel that installs ``pipelines/`` as
-``counterfactual.pipelines`` (nothing else at the top of site-packages) and runs the demo from
-another folder."""
+as one line, ``--version``, and a wheel that installs ``counterfactual`` with its subpackage
+``counterfactual.pipelines`` and its configs (nothing else at the top of site-packages) and runs
+the demo from another folder."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from counterfactual.cli import main
 from counterfactual.cli.config import bundled_configs, config_path, describe
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIGS = REPO / "pipelines" / "configs"
+CONFIGS = REPO / "counterfactual" / "pipelines" / "configs"
 
 BLOCK = """
 import sys
@@ -209,8 +209,7 @@ def wheel(tmp_path_factory) -> Path:
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "NOTICE"):
         shutil.copy(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("counterfactual", "pipelines"):
-        shutil.copytree(REPO / name, src / name, ignore=ignore)
+    shutil.copytree(REPO / "counterfactual", src / "counterfactual", ignore=ignore)
     dist = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]

@@ -282,7 +282,9 @@ def test_shipped_configs_are_valid(name):
     from counterfactual.cli.config import load_config
     from counterfactual.cli.synth import build_config, build_runtime
 
-    path = Path(__file__).parent.parent / "pipelines" / "configs" / f"{name}.yaml"
+    path = (
+        Path(__file__).parent.parent / "counterfactual" / "pipelines" / "configs" / f"{name}.yaml"
+    )
     sub = build_parser().parse_args(["synth"]).__dict__["_subcommands"]["synth"]
     values = load_config(path, sub)
     # the demo runs in-process (`make synth RUNNER=ray` shows Ray); the real configs on Ray

@@ -11,10 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KEBAB = re.compile(r"^[a-z]+(-[a-z0-9]+)*$")
 # the trainer's reasons (train/batches.py) are for skipped training samples, not status.jsonl rows
 SOURCES = sorted(
-    p
-    for folder in ("counterfactual", "pipelines")
-    for p in (ROOT / folder).rglob("*.py")
-    if p.name not in ("reasons.py", "batches.py")
+    p for p in (ROOT / "counterfactual").rglob("*.py") if p.name not in ("reasons.py", "batches.py")
 )
 
 

@@ -1,8 +1,8 @@
 """YAML configs for subcommands: a mapping of long option names to values.
 
 A config is a file, or the name of one bundled with the package (``coco`` or ``coco.yaml``:
-``counterfactual/pipelines/configs/coco.yaml`` once installed, the repository's
-``pipelines/configs/`` in a checkout); ``counterfactual configs`` lists them. A bundled
+``counterfactual/pipelines/configs/coco.yaml``, package data); ``counterfactual configs`` lists
+them. A bundled
 config's first line is a comment that says what it is for, in one line.
 
 Keys may be written with ``_`` or ``-`` (``image_method`` or ``image-method``). A config sets

@@ -346,17 +346,12 @@ def run(args: argparse.Namespace) -> int:
     config, runtime = build_config(args), build_runtime(args)
     check_extras(args, config, runtime)
     check_models(args, config, runtime)
-    if runtime.device.startswith("cuda") and args.runner == "local":
-        from counterfactual.models.embed import check_cuda
-
-        # a torch that cannot see the GPU: why, in one line (on Ray each model actor checks
-        # its own node: the driver's may have no GPU)
-        check_cuda(runtime.device)
-    from counterfactual.synth.run import check_out_dir, claim_run_out
+    from counterfactual.synth.run import claim_run_out
 
     made = new_folders(args.out)
     claim_run_out(args.out, args.force_out)  # someone else's folder: refused, nothing written
-    check_out_dir(args.out)  # before the input is read: a bad OUT fails in a second
+    # OUT writable, local model paths, the device: run_shards's entry checks and the runner's
+    # start (each model step checks its device, on Ray on its own node)
     with removed_if_empty(made):
         return _synth(args, config, runtime)
 

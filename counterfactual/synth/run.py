@@ -2,8 +2,9 @@
 
 The input is cut into shard tasks (:mod:`counterfactual.synth.tasks`); workers make and commit the
 shards. The driver only streams tasks out and counts back, so it holds O(shards), not
-O(samples). :func:`run_shards` is the driver's loop, shared by both runners, which differ only
-in how they execute tasks: :func:`prepare_run` takes the run's lock (one run per OUT), has
+O(samples). :func:`run_shards` is the driver's loop, shared by both runners (a :class:`Runner`:
+start the workers, make the shards, stop), which differ only in how they execute tasks:
+:func:`prepare_run` takes the run's lock (one run per OUT), has
 ``run.json`` (the format and the config's fingerprint: the options that decide the output,
 :func:`~counterfactual.synth.plan.fingerprint_of`) written when the first shard starts
 (:meth:`RunPlan.begin`: a run that fails to start leaves none) and refuses a rerun with another
@@ -25,6 +26,7 @@ and wids (:mod:`counterfactual.synth.indexes`).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import platform
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from counterfactual import __version__, fs
 from counterfactual.json_types import check_type
@@ -384,62 +386,73 @@ def _shard_file_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-Execute = Callable[[Iterator[ShardTask]], Iterable[ShardDone]]
-"""How a runner executes tasks: takes them lazily, yields each shard's counts when it is done
-(in any order). The iterator is a :class:`Tasks`: a runner calls its :meth:`Tasks.started`
-once its models are loaded, right before it makes the first shard."""
+@dataclass(frozen=True)
+class RunConfig:
+    """One run: what it reads, where it writes, how; and who hears of its shards."""
+
+    inputs: RunInput
+    out_dir: fs.PathLike
+    config: SynthConfig
+    runtime: Runtime = field(default_factory=Runtime)
+    on_shard: Callable[[ShardDone], None] | None = None
+    """Hears of every shard made by this run."""
+    progress: Progress | None = None
+    """Counts every shard, resumed ones included."""
 
 
-class Tasks(Iterator[ShardTask]):
-    """The tasks a runner executes, and :meth:`started`, which it calls when the first shard
-    starts (``run.json`` is written then, :meth:`RunPlan.begin`)."""
+class Runner(Protocol):
+    """How shards are made: in this process (:class:`~counterfactual.synth.runner.LocalRunner`)
+    or on Ray (``counterfactual.pipelines.synth.RayRunner``). :func:`run_shards` calls
+    :meth:`start` once, only when a shard is left to make, then :meth:`run`, and :meth:`stop`
+    whenever :meth:`start` was called, also when the run fails or is interrupted."""
 
-    def __init__(self, tasks: Iterator[ShardTask], started: Callable[[], None]) -> None:
-        self._tasks, self._started = tasks, started
+    name: str
+    """The runner named in ``manifest.json`` (``local``, ``ray``)."""
 
-    def __next__(self) -> ShardTask:
-        return next(self._tasks)
+    def start(self) -> None:
+        """Start the workers (load the models); when it returns, the first shard starts
+        (``run.json`` is written then: a run that fails to start leaves none)."""
 
-    def started(self) -> None:
-        self._started()
+    def run(self, tasks: Iterator[ShardTask]) -> Iterator[ShardDone]:
+        """Make each task's shard, taking the tasks lazily; yield each shard's counts when it
+        is committed, in any order."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the workers: abandon the shards in flight (their temporary files removed or
+        left to the driver) and free what :meth:`start` took."""
+
+    def record(self) -> dict[str, Any]:
+        """What ``manifest.json`` records about this runner at the end (``{}``: nothing)."""
+        ...
 
 
-def started(tasks: Iterator[ShardTask]) -> None:
-    """Tell the driver the first shard starts (``tasks`` is a :class:`Tasks`; any other
-    iterator: nothing to tell)."""
-    if isinstance(tasks, Tasks):
-        tasks.started()
+def check_run(out_dir: fs.PathLike, config: SynthConfig, runtime: Runtime) -> None:
+    """The entry checks of every run, in one place, before the lock is taken: OUT can be
+    written (:func:`check_out_dir`) and every local model path exists (:func:`preflight`)."""
+    check_out_dir(out_dir)
+    preflight(config, runtime)
 
 
-def run_shards(
-    inputs: RunInput,
-    out_dir: fs.PathLike,
-    config: SynthConfig,
-    execute: Execute,
-    runner: str,
-    on_shard: Callable[[ShardDone], None] | None = None,
-    progress: Progress | None = None,
-    extra: Callable[[], dict[str, Any]] | None = None,
-    runtime: Runtime | None = None,
-) -> RunResult:
+def run_shards(run: RunConfig, runner: Runner) -> RunResult:
     """The driver's loop: tasks out, counts back, records at the end (see the module doc).
 
-    Holds ``OUT/run.lock`` for the length of the run (:class:`~counterfactual.synth.runlock.RunLock`,
-    its heartbeat rewritten by a timer thread: a second run into the same OUT is refused while
-    this one lives). SIGINT, SIGTERM and SIGHUP end it gracefully
-    (:mod:`counterfactual.synth.signals`): the runner abandons its in-flight shards, their
-    temporary files and unfinished uploads are removed, ``manifest.json`` records the run as
-    interrupted, the lock is released and :class:`~counterfactual.synth.signals.Interrupted`
-    is raised. ``on_shard`` hears of every
-    shard made by this run, ``progress`` counts every shard, resumed ones included.
+    Runs the entry checks (:func:`check_run`), then holds ``OUT/run.lock`` for the length of
+    the run (:class:`~counterfactual.synth.runlock.RunLock`, its heartbeat rewritten by a timer
+    thread: a second run into the same OUT is refused while this one lives). The runner is
+    started only when a shard is left to make. SIGINT, SIGTERM and SIGHUP end it gracefully
+    (:mod:`counterfactual.synth.signals`): the runner is stopped (its in-flight shards
+    abandoned), their temporary files and unfinished uploads are removed, ``manifest.json``
+    records the run as interrupted, the lock is released and
+    :class:`~counterfactual.synth.signals.Interrupted` is raised.
     """
-    out_dir = fs.as_path(out_dir)
-    check_out_dir(out_dir)
-    runtime = runtime or Runtime()
-    with signals.watch(), RunLock(out_dir, runner=runner) as lock:
+    out_dir = fs.as_path(run.out_dir)
+    inputs, config, runtime = run.inputs, run.config, run.runtime
+    check_run(out_dir, config, runtime)
+    with signals.watch(), RunLock(out_dir, runner=runner.name) as lock:
         if lock.message:
             print(lock.message, file=sys.stderr)
-        run = prepare_run(
+        plan = prepare_run(
             out_dir,
             config,
             runtime,
@@ -447,10 +460,11 @@ def run_shards(
             token=lock.token,
             spare=_maybe_alive(lock.took_over),
         )
-        for note in run.notes:
+        for note in plan.notes:
             print(note, file=sys.stderr)
         seen: list[int] = []
         finished: dict[int, ShardDone] = {}
+        progress = run.progress
         if progress is not None and inputs.failures:
             progress.update(inputs=len(inputs.failures), failed=len(inputs.failures))
 
@@ -471,31 +485,50 @@ def run_shards(
         tasks: Iterable[ShardTask] = shard_tasks(
             inputs, config, InputStamps(content=runtime.hash_inputs)
         )
-        if run.committed and inputs.shard_count(config.images_per_shard) is not None:
+        if plan.committed and inputs.shard_count(config.images_per_shard) is not None:
             tasks = list(tasks)  # the input is held already: refuse changed input before work
             for task in tasks:
-                run.check_input(task)
-        results = execute(Tasks(run.todo(tasks, seen, count), run.begin))
+                plan.check_input(task)
+        todo = plan.todo(tasks, seen, count)
+        started: list[Iterator[ShardDone]] = []  # the runner's results, once it started
         try:
-            for done in results:
-                run.begin()  # a runner that did not say when it started
-                finished[done.index] = done
-                count(done)
-                if on_shard is not None:
-                    on_shard(done)
+            first = next(todo, None)
+            if first is not None:
+                started.append(iter(()))
+                runner.start()
+                plan.begin()  # run.json now: a run that failed to start leaves none
+                started[0] = runner.run(itertools.chain([first], todo))
+                for done in started[0]:
+                    finished[done.index] = done
+                    count(done)
+                    if run.on_shard is not None:
+                        run.on_shard(done)
+            _stop(runner, started)
             if progress is not None:
                 progress.close()
-            return finish_run(run, len(seen), finished, inputs, runner, extra() if extra else None)
+            return finish_run(plan, len(seen), finished, inputs, runner.name, runner.record())
         except (signals.Interrupted, signals.Stopped, LockLost) as stop:
-            close = getattr(results, "close", None)
-            if close is not None:
-                close()  # the runner stops its workers (Ray: cancels their tasks, kills them)
+            _stop(runner, started)  # the runner abandons its shards (Ray: cancels, kills)
             # the abandoned shards' writes (this run's own temporary names)
-            _remove_temporary(out_dir, fs.listdir(out_dir), only=run.token)
+            _remove_temporary(out_dir, fs.listdir(out_dir), only=plan.token)
             if isinstance(stop, signals.Interrupted):  # a lost OUT's records are not ours
                 fs.abort_uploads(out_dir, _is_shard_upload)
-                record_interrupted(run, runner, stop.name, finished)
+                record_interrupted(plan, runner.name, stop.name, finished)
             raise
+        finally:
+            _stop(runner, started)
+
+
+def _stop(runner: Runner, started: list[Iterator[ShardDone]]) -> None:
+    """Stop a runner that was started, once: its results first (a generator's ``finally``
+    runs: Ray cancels the tasks in flight), then its workers."""
+    if not started:
+        return
+    results = started.pop()
+    close = getattr(results, "close", None)
+    if close is not None:
+        close()
+    runner.stop()
 
 
 def _is_shard_upload(name: str) -> bool:

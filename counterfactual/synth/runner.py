@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from counterfactual import fs
 from counterfactual.image import ImageEditor
@@ -17,10 +18,54 @@ from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.synth.run import RunResult, preflight, run_shards, started
+from counterfactual.synth.run import RunConfig, RunResult, run_shards
 from counterfactual.synth.staging import Staged, start_steps
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
 from counterfactual.text import TextRewriter
+
+
+class LocalRunner:
+    """The :class:`~counterfactual.synth.run.Runner` that makes every shard in this process,
+    one after the other: :meth:`start` loads the steps' models (given ones are used as they
+    are), :meth:`run` makes each shard with one :class:`ShardMaker`."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        config: SynthConfig,
+        out_dir: fs.PathLike,
+        runtime: Runtime,
+        editor: ImageEditor | None = None,
+        rewriter: TextRewriter | None = None,
+        detector: Detector | None = None,
+        on_batch: Callable[[int], None] | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.config, self.out_dir, self.runtime = config, out_dir, runtime
+        self.editor, self.rewriter, self.detector = editor, rewriter, detector
+        self.on_batch, self.progress = on_batch, progress
+        self.maker: ShardMaker | None = None
+
+    def start(self) -> None:
+        config, runtime = self.config, self.runtime
+        steps = start_steps(config, None, self.editor, self.rewriter, self.detector, runtime)
+        staged = Staged.local(config, steps, runtime)
+        node = socket.gethostname()
+        self.maker = ShardMaker(config, self.out_dir, staged, node, None, runtime.batch_size)
+
+    def run(self, tasks: Iterator[ShardTask]) -> Iterator[ShardDone]:
+        if self.maker is None:
+            raise RuntimeError("LocalRunner.run before start")
+        for task in tasks:
+            self.maker.on_batch = _counting(task.index, self.on_batch, self.progress)
+            yield self.maker(task)
+
+    def stop(self) -> None:
+        self.maker = None
+
+    def record(self) -> dict[str, Any]:
+        return {}
 
 
 def run_local(
@@ -45,24 +90,9 @@ def run_local(
     ``runtime``: device, dtype and batch sizes (default: :class:`Runtime`'s, CPU).
     """
     runtime = runtime or Runtime()
-    node = socket.gethostname()
-
-    def execute(tasks: Iterator[ShardTask]) -> Iterator[ShardDone]:
-        maker: ShardMaker | None = None
-        for task in tasks:
-            if maker is None:  # models load only when there is work left
-                steps = start_steps(config, None, editor, rewriter, detector, runtime)
-                staged = Staged.local(config, steps, runtime)
-                maker = ShardMaker(config, out_dir, staged, node, None, runtime.batch_size)
-                started(tasks)  # run.json now: a run that failed to start leaves none
-            maker.on_batch = _counting(task.index, on_batch, progress)
-            yield maker(task)
-
-    preflight(config, runtime)
-    inputs = RunInput.of(inputs, failures)
-    return run_shards(
-        inputs, out_dir, config, execute, "local", on_shard, progress, runtime=runtime
-    )
+    runner = LocalRunner(config, out_dir, runtime, editor, rewriter, detector, on_batch, progress)
+    run = RunConfig(RunInput.of(inputs, failures), out_dir, config, runtime, on_shard, progress)
+    return run_shards(run, runner)
 
 
 def _counting(

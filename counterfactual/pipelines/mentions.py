@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from counterfactual.eval.mentions import MentionIndexer
-from counterfactual.pipelines.synth import RayOptions, init_ray, owns_ray, ray_temp_dir, stop_ray
+from counterfactual.pipelines.options import RayOptions
+from counterfactual.pipelines.session import init_ray, owns_ray, ray_temp_dir, stop_ray
 from counterfactual.vocab import ClassVocabulary
 
 
