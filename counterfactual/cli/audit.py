@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from counterfactual.cli.common import nonnegative_int, positive_int
-from counterfactual.cli.options import add_options, build
+from counterfactual.cli.options import add_options, build, nonnegative_int, positive_int
 from counterfactual.options import declared
 from counterfactual.tools.audit.distractors import DistractorConfig
 from counterfactual.tools.audit.embed import DEFAULT_MODEL, PAPER_MODEL, Embedder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from counterfactual.cli.common import nonnegative_int
+from counterfactual.cli.options import nonnegative_int
 from counterfactual.text import (
     CAPTION_STILL_NAMES,
     RewriteRequest,

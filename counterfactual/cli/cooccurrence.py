@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from counterfactual.cli.common import add_data_args, nonnegative_float, positive_int
+from counterfactual.cli.common import add_data_args
+from counterfactual.cli.options import nonnegative_float, positive_int
 from counterfactual.method.cooccurrence import (
     MEASURES,
     CooccurrenceStats,

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from counterfactual.cli.common import positive_float
+from counterfactual.cli.options import positive_float
 from counterfactual.readers import download as dl
 
 _STATE_TEXT = {

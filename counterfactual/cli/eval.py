@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from counterfactual.cli.common import nonnegative_int, positive_int
-from counterfactual.cli.options import add_options, build
+from counterfactual.cli.options import add_options, build, nonnegative_int, positive_int
 from counterfactual.eval.evalset import Corpus, corpus_from_records, read_karpathy, read_queries
 from counterfactual.eval.evaluate import EvalConfig, evaluate_model, gallery_mentions
 from counterfactual.options import declared

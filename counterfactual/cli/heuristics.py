@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from counterfactual.cli.common import nonnegative_int
 from counterfactual.cli.filter_captions import INPUT_FORMAT
+from counterfactual.cli.options import nonnegative_int
 from counterfactual.tools.grounding.persons import (
     evaluate_heuristics,
     read_predictions,

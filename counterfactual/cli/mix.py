@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from counterfactual.cli.common import positive_int
+from counterfactual.cli.options import positive_int
 from counterfactual.train.mix import MixPlan, plan_mix
 from counterfactual.train.pairs import MIN_SHARDS
 

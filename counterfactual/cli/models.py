@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from counterfactual.cli.model_options import pull_command
 from counterfactual.models.hub import (
     DAMAGED,
     Located,
@@ -19,25 +20,6 @@ from counterfactual.models.hub import (
     locate,
     pull,
 )
-
-MODEL_OPTIONS = {
-    "--dataset": True,
-    "--boxes": True,
-    "--detector-model": True,
-    "--image-method": True,
-    "--inpaint-backend": True,
-    "--inpaint-model": True,
-    "--dtype": True,
-    "--text-method": True,
-    "--captioner-model": True,
-    "--verify-model": True,
-    "--candidates": True,
-    "--verify": False,
-    "--no-verify": False,
-    "--filter": False,
-    "--no-filter": False,
-}
-"""The synth options that decide which models a run loads (``True``: it takes a value)."""
 
 _HELP = (
     "CONFIG is a YAML file or the name of a bundled one (coco, flickr30k, coco-rorem, ...: "
@@ -99,26 +81,6 @@ def config_models(config: str | None, options: Sequence[str] = ()) -> tuple[Mode
         synth.set_defaults(**load_config(config_path(config), synth))
     args = synth.parse_args([o for o in options if o != "--"])
     return needed_models(synth_cli.build_config(args), synth_cli.build_runtime(args))
-
-
-def pull_command(config: str | Path | None, argv: Sequence[str] = ()) -> str:
-    """The ``counterfactual models pull`` line that fetches what a synth command line needs:
-    its config and the options of ``argv`` that decide the models (:data:`MODEL_OPTIONS`)."""
-    words = ["counterfactual", "models", "pull"]
-    if config is not None:
-        words += ["--config", str(config)]
-    extra: list[str] = []
-    it = iter(argv)
-    for token in it:
-        option = token.split("=", 1)[0]
-        if option not in MODEL_OPTIONS or option == "--config":
-            continue
-        extra.append(token)
-        if MODEL_OPTIONS[option] and "=" not in token:
-            extra.append(next(it, ""))
-    if extra:
-        words += ["--", *extra]
-    return shlex.join(words)
 
 
 def _refs(args: argparse.Namespace) -> tuple[ModelRef, ...]:

@@ -5,22 +5,68 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from counterfactual.cli.common import (
-    cosine,
-    finite_float,
-    gpu_share,
-    nonnegative_float,
-    nonnegative_int,
-    open_unit_interval,
-    positive_float,
-    positive_fraction,
-    positive_int,
-    unit_interval,
-)
 from counterfactual.options import Declared, declared
+
+
+def _ranged(kind: type, test: Callable[[float], bool], what: str) -> Callable[[str], int | float]:
+    """An argparse ``type`` that parses ``kind`` and refuses values outside a range; the error
+    names the value and the range (argparse adds the option's name)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {_KIND_NAMES[kind]}") from None
+        if value != value or not test(value):  # NaN fails every range
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return value
+
+    parse.__name__ = what.replace(" ", "_")  # argparse shows it in "invalid <name> value"
+    return parse
+
+
+_KIND_NAMES = {int: "a whole number", float: "a number"}
+
+positive_int = _ranged(int, lambda v: v > 0, "a whole number > 0")
+"""argparse type: an int > 0 (counts, sizes, batch sizes)."""
+nonnegative_int = _ranged(int, lambda v: v >= 0, "a whole number >= 0")
+"""argparse type: an int >= 0 (limits where 0 means none, seeds)."""
+positive_float = _ranged(float, lambda v: 0 < v < float("inf"), "a number > 0")
+"""argparse type: a finite float > 0 (scales, learning rates, seconds)."""
+nonnegative_float = _ranged(float, lambda v: 0 <= v < float("inf"), "a number >= 0")
+"""argparse type: a finite float >= 0 (margins, thresholds on unbounded scores)."""
+unit_interval = _ranged(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+"""argparse type: a float in [0, 1] (probabilities, overlap thresholds, fractions)."""
+open_unit_interval = _ranged(float, lambda v: 0 < v < 1, "a number in (0, 1)")
+"""argparse type: a float strictly between 0 and 1."""
+positive_fraction = _ranged(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+"""argparse type: a float in (0, 1] (a threshold where 0 refuses everything)."""
+gpu_share = _ranged(float, lambda v: 0 < v <= 8, "a number in (0, 8]")
+"""argparse type: GPUs per actor, a fraction of one GPU up to a node's eight."""
+
+
+def finite_float(text: str) -> float:
+    """argparse type: any finite float (a threshold on a score of either sign)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def cosine(text: str) -> float:
+    """argparse type: a cosine similarity, a float in [-1, 1]."""
+    value = finite_float(text)
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a cosine in [-1, 1]")
+    return value
+
 
 TYPES: dict[str, Callable[[str], Any]] = {
     "float": float,

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from counterfactual.cli.common import positive_int
+from counterfactual.cli.options import positive_int
 from counterfactual.text.perturb import MODES, REQUIRED_FIELDS, perturb_records, read_jsonl
 
 EPILOG = """\

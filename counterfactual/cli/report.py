@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from counterfactual.cli.common import nonnegative_int, positive_int
-from counterfactual.cli.options import add_options
+from counterfactual.cli.options import add_options, nonnegative_int, positive_int
 from counterfactual.options import declared
 from counterfactual.outdir import OutOptions, claim_out
 from counterfactual.report import DEFAULT_N, REPORT_DIR, write_report

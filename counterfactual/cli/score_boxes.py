@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from counterfactual.cli.common import nonnegative_int, positive_float
+from counterfactual.cli.options import nonnegative_int, positive_float
 from counterfactual.tools.grounding.intervals import Z_95, format_table1, subset_intervals
 from counterfactual.tools.grounding.metrics import score_toloka_files
 

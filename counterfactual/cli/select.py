@@ -24,7 +24,8 @@ from typing import BinaryIO
 import msgspec
 
 from counterfactual.boxtable import BoxTable
-from counterfactual.cli.common import add_selection_args, nonnegative_int, selection_config
+from counterfactual.cli.common import add_selection_args, selection_config
+from counterfactual.cli.options import nonnegative_int
 from counterfactual.method.cooccurrence import CooccurrenceStats
 from counterfactual.method.selection import SelectionConfig, select_rows
 from counterfactual.readers.coco import read_coco

@@ -13,14 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from counterfactual import fs
-from counterfactual.cli.common import (
-    add_data_args,
-    add_selection_args,
-    data_spec,
-    nonnegative_int,
-    selection_config,
-)
-from counterfactual.cli.options import TYPES, add_options, build
+from counterfactual.cli.common import add_data_args, add_selection_args, data_spec, selection_config
+from counterfactual.cli.options import TYPES, add_options, build, nonnegative_int
 from counterfactual.image import ImageConfig, cli_options, flat_default
 from counterfactual.messages import one_line
 from counterfactual.method.detect import DetectConfig
@@ -505,7 +499,7 @@ def check_models(args: argparse.Namespace, config: SynthConfig, runtime: Runtime
     on this machine or can be had from the hub, else one line names each, why, and the
     ``counterfactual models pull`` command that fetches them (exit 2). Other local paths are
     left to the steps, which name the stage that cannot load them."""
-    from counterfactual.cli.models import pull_command
+    from counterfactual.cli.model_options import pull_command
     from counterfactual.models.hub import KNOWN_FILES, check_available, is_local
     from counterfactual.synth.models import needed_models
 
