@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from counterfactual.cli.options import add_options, build, positive_int
 from counterfactual.method.selection import SelectionConfig
-from counterfactual.options import declared
+from counterfactual.options import declare, declared
 from counterfactual.readers import CORPORA, DATASETS
 
 if TYPE_CHECKING:
     from counterfactual.readers.spec import DataSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutFolder:
+    """The output folder a command writes (``train``, ``world``)."""
+
+    out: Path = declare(help="output folder", kind="path")
 
 
 def add_selection_args(parser: argparse.ArgumentParser) -> None:

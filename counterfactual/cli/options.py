@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from counterfactual.options import Declared, declared
@@ -69,6 +70,8 @@ def cosine(text: str) -> float:
 
 
 TYPES: dict[str, Callable[[str], Any]] = {
+    "path": Path,
+    "int": int,
     "float": float,
     "positive_int": positive_int,
     "nonnegative_int": nonnegative_int,
@@ -97,25 +100,51 @@ def add_options(
 ) -> None:
     """Add each declared option to ``group``; its default is the field's (``None`` for an
     option declared ``unset``), so ``%(default)s`` in its help shows it; a field without a
-    default is a required option."""
+    default is a required option. Options declared ``exclusive`` with the same name go into
+    one mutually exclusive group, required when one of them is."""
+    exclusive: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for d in options:
-        spec = d.option
-        kwargs: dict[str, Any] = {"dest": d.dest, "help": spec.help}
-        if d.required:
-            kwargs["required"] = True
-        else:
-            kwargs["default"] = None if spec.unset else d.default
-        if spec.nargs:
-            kwargs["nargs"] = spec.nargs
-        if spec.metavar:
-            kwargs["metavar"] = spec.metavar
-        if spec.kind in _ACTIONS:
-            kwargs["action"] = _ACTIONS[spec.kind]
-        elif spec.kind in TYPES:
-            kwargs["type"] = TYPES[spec.kind]
-        if spec.choices:
-            kwargs["choices"] = spec.choices
-        group.add_argument(*d.flags, **kwargs)
+        target: Any = group
+        if d.option.exclusive:
+            if d.option.exclusive not in exclusive:
+                exclusive[d.option.exclusive] = group.add_mutually_exclusive_group(
+                    required=d.required
+                )
+            target = exclusive[d.option.exclusive]
+        target.add_argument(*_names(d), **_arguments(d, in_group=target is not group))
+
+
+def _names(d: Declared) -> tuple[str, ...]:
+    """A positional argument's name is its key in the parsed options."""
+    return (d.dest,) if d.positional else d.flags
+
+
+def _arguments(d: Declared, in_group: bool) -> dict[str, Any]:
+    """``add_argument``'s keywords for one declared option (``in_group``: in a mutually
+    exclusive group, which says whether one of its options is required)."""
+    spec = d.option
+    kwargs: dict[str, Any] = {"help": spec.help}
+    if not d.positional:
+        kwargs["dest"] = d.dest
+    if not d.required:
+        kwargs["default"] = None if spec.unset else d.default
+    elif not d.positional and not in_group:
+        kwargs["required"] = True
+    if spec.nargs:
+        kwargs["nargs"] = argparse.REMAINDER if spec.nargs == "..." else spec.nargs
+    if spec.metavar:
+        kwargs["metavar"] = spec.metavar
+    if spec.repeat:
+        kwargs["action"] = "append"
+    elif spec.kind in _ACTIONS:
+        kwargs["action"] = _ACTIONS[spec.kind]
+    if spec.parse is not None:
+        kwargs["type"] = spec.parse
+    elif spec.kind in TYPES:
+        kwargs["type"] = TYPES[spec.kind]
+    if spec.choices:
+        kwargs["choices"] = spec.choices
+    return kwargs
 
 
 def build(cls: type[Config], args: argparse.Namespace, **given: Any) -> Config:
