@@ -24,6 +24,7 @@ KINDS = (
     "flag",
     "no-flag",
     "bool",
+    "const",
     "positive_int",
     "nonnegative_int",
     "positive_float",
@@ -37,7 +38,8 @@ KINDS = (
 )
 """What an option's value is: ``text`` (a string); ``path`` (a :class:`~pathlib.Path`); ``int``
 (any whole number); ``float`` (any number); ``flag`` (``--x`` sets ``True``);
-``no-flag`` (``--no-x`` sets ``False``); ``bool`` (``--x`` and ``--no-x``); or a number in a
+``no-flag`` (``--no-x`` sets ``False``); ``bool`` (``--x`` and ``--no-x``); ``const`` (``--x``
+sets the option's ``const``); or a number in a
 range (``positive_int``: > 0, ``nonnegative_int``: >= 0, ``positive_float``: finite > 0,
 ``nonnegative_float``: finite >= 0, ``positive_fraction``: (0, 1], ``unit_interval``:
 [0, 1], ``open_unit_interval``: (0, 1), ``gpu_share``: (0, 8], ``finite_float``: any
@@ -62,7 +64,8 @@ class CliOption:
     What only a command's own options need: ``parse``, a function that reads the value
     instead of ``kind`` (a ``ValueError`` names the bad value); ``repeat``: the option may be
     given again, each value added to a list; ``exclusive``: the name of a group of options of
-    which at most one may be given (exactly one when one of them is required)."""
+    which at most one may be given (exactly one when one of them is required); ``const``: the
+    value a ``const`` option sets."""
 
     help: str
     kind: str = "text"
@@ -75,6 +78,7 @@ class CliOption:
     parse: Callable[[str], Any] | None = None
     repeat: bool = False
     exclusive: str = ""
+    const: Any = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -136,6 +136,9 @@ def _arguments(d: Declared, in_group: bool) -> dict[str, Any]:
         kwargs["metavar"] = spec.metavar
     if spec.repeat:
         kwargs["action"] = "append"
+    elif spec.kind == "const":
+        kwargs["action"] = "store_const"
+        kwargs["const"] = spec.const
     elif spec.kind in _ACTIONS:
         kwargs["action"] = _ACTIONS[spec.kind]
     if spec.parse is not None:
