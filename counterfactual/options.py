@@ -12,16 +12,19 @@ configs' keys are the options' names, so they follow too. The library holds no a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 KINDS = (
     "text",
+    "path",
+    "int",
     "float",
     "flag",
     "no-flag",
     "bool",
+    "const",
     "positive_int",
     "nonnegative_int",
     "positive_float",
@@ -33,8 +36,10 @@ KINDS = (
     "finite_float",
     "cosine",
 )
-"""What an option's value is: ``text`` (a string); ``float`` (any number); ``flag`` (``--x`` sets ``True``);
-``no-flag`` (``--no-x`` sets ``False``); ``bool`` (``--x`` and ``--no-x``); or a number in a
+"""What an option's value is: ``text`` (a string); ``path`` (a :class:`~pathlib.Path`); ``int``
+(any whole number); ``float`` (any number); ``flag`` (``--x`` sets ``True``);
+``no-flag`` (``--no-x`` sets ``False``); ``bool`` (``--x`` and ``--no-x``); ``const`` (``--x``
+sets the option's ``const``); or a number in a
 range (``positive_int``: > 0, ``nonnegative_int``: >= 0, ``positive_float``: finite > 0,
 ``nonnegative_float``: finite >= 0, ``positive_fraction``: (0, 1], ``unit_interval``:
 [0, 1], ``open_unit_interval``: (0, 1), ``gpu_share``: (0, 8], ``finite_float``: any
@@ -52,17 +57,28 @@ class CliOption:
     parsed options and in YAML configs (default: the first long flag's name with
     underscores); ``unset``: not given, it is ``None`` and whoever builds the config decides
     (a default that depends on other options). ``nargs`` (``"+"``, ``"*"``): a list of values,
-    stored as a tuple; ``metavar``: the value's name in the usage. A field without a default
-    is a required option."""
+    stored as a tuple; ``"?"``: one value or none; ``"..."``: every word that follows, as they
+    are; ``metavar``: the value's name in the usage. A field without a default is a required
+    option. A flag without a leading ``-`` makes a positional argument.
+
+    What only a command's own options need: ``parse``, a function that reads the value
+    instead of ``kind`` (a ``ValueError`` names the bad value); ``repeat``: the option may be
+    given again, each value added to a list; ``exclusive``: the name of a group of options of
+    which at most one may be given (exactly one when one of them is required); ``const``: the
+    value a ``const`` option sets."""
 
     help: str
     kind: str = "text"
-    choices: tuple[str, ...] = ()
+    choices: tuple[Any, ...] = ()
     flags: tuple[str, ...] = ()
     dest: str = ""
     unset: bool = False
     nargs: str = ""
     metavar: str = ""
+    parse: Callable[[str], Any] | None = None
+    repeat: bool = False
+    exclusive: str = ""
+    const: Any = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -76,7 +92,10 @@ def option(help: str, **kwargs: Any) -> dict[str, CliOption]:
 
 def declare(default: Any = MISSING, *, help: str, **kwargs: Any) -> Any:
     """A dataclass field with ``default`` (none: a required option) that declares its
-    option: ``field(default=default, metadata=option(help, **kwargs))``."""
+    option: ``field(default=default, metadata=option(help, **kwargs))``; a list default is
+    copied for each instance (``default_factory``)."""
+    if isinstance(default, list):
+        return field(default_factory=default.copy, metadata=option(help, **kwargs))
     return field(default=default, metadata=option(help, **kwargs))
 
 
@@ -99,9 +118,15 @@ class Declared:
         return self.option.flags or ("--" + self.field.replace("_", "-"),)
 
     @property
+    def positional(self) -> bool:
+        return not self.flags[0].startswith("-")
+
+    @property
     def dest(self) -> str:
         if self.option.dest:
             return self.option.dest
+        if self.positional:
+            return self.flags[0]
         long = next(f for f in self.flags if f.startswith("--"))
         return long[2:].replace("-", "_")
 

@@ -19,7 +19,7 @@ from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import SelectionConfig
 from counterfactual.method.verify import VerifyConfig
-from counterfactual.options import CliOption, declared, option
+from counterfactual.options import CliOption, declare, declared, option
 from counterfactual.pipelines.synth import RayOptions
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import TextConfig
@@ -198,6 +198,80 @@ def test_declarations_of_a_toy_config() -> None:
     assert build(_Toy, args) == _Toy("a", 2, ("x", "y"), False)
     assert build(_Toy, args, count=5).count == 5
     assert "how many (2)" in parser.format_help()
+
+
+def _pair(text: str) -> tuple[str, str]:
+    left, sep, right = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected A:B, got {text!r}")
+    return left, right
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Command:
+    """A command's own options: every shape a command line needs beyond a config's."""
+
+    src: Path = declare(help="the input", flags=("src",), kind="path", metavar="SRC")
+    pair: list[tuple[str, str]] | None = declare(
+        None, help="a pair (repeat)", parse=_pair, repeat=True
+    )
+    seen: list[str] = declare([], help="seen (repeat)", repeat=True)
+    left: str = declare(help="one side", exclusive="side")
+    right: int = declare(help="the other side", kind="int", exclusive="side")
+    level: float | None = declare(0.5, help="a level", kind="float", exclusive="level")
+    natural: None = declare(None, help="no level", kind="const", dest="level", exclusive="level")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Rest:
+    flag: bool = declare(False, help="a flag", kind="flag")
+    rest: list[str] = declare(help="after --: the rest", flags=("rest",), nargs="...")
+
+
+def _command(cls: type = _Command) -> argparse.ArgumentParser:
+    from counterfactual.cli import CliParser
+
+    parser = CliParser(prog="toy")
+    add_options(parser, declared(cls))
+    return parser
+
+
+def test_a_command_declares_positionals_repeats_exclusive_groups_and_consts() -> None:
+    args = _command().parse_args(
+        ["in.txt", "--pair", "a:b", "--pair", "c:d", "--right", "7", "--natural"]
+    )
+    assert args.src == Path("in.txt")
+    assert args.pair == [("a", "b"), ("c", "d")]
+    assert (args.right, args.left, args.level) == (7, None, None)
+    assert args.seen == []
+    args = _command().parse_args(["in.txt", "--left", "l", "--seen", "s"])
+    assert (args.level, args.seen, args.pair) == (0.5, ["s"], None)
+    assert _command().parse_args(["in.txt", "--left", "l"]).seen == []  # a fresh list each time
+    usage = _command().format_usage()
+    assert "(--left LEFT | --right RIGHT)" in usage  # required: one of them
+    assert "[--level LEVEL | --natural]" in usage
+    assert usage.rstrip().endswith("SRC")
+    args = _command(_Rest).parse_args(["--flag", "--", "--x", "1"])
+    assert (args.flag, args.rest) == (True, ["--", "--x", "1"])  # as models list takes them
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["in.txt"], "one of the arguments --left --right is required"),
+        (["in.txt", "--left", "l", "--right", "1"], "--right: not allowed with argument --left"),
+        (["in.txt", "--left", "l", "--level", "1", "--natural"], "not allowed with argument"),
+        (["in.txt", "--left", "l", "--pair", "ab"], "argument --pair: expected A:B, got 'ab'"),
+        (["in.txt", "--right", "x"], "argument --right: invalid int value: 'x'"),
+        (["--left", "l"], "the following arguments are required: SRC"),
+    ],
+)
+def test_a_command_declaration_refuses_as_argparse_does(argv, error, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        _command().parse_args(argv)
+    assert stop.value.code == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("toy: error: ") and error in first
 
 
 def test_the_library_holds_no_argparse() -> None:

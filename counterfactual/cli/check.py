@@ -4,8 +4,27 @@ records disagree with its shards."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
+from counterfactual.cli.options import add_options
+from counterfactual.options import declare, declared
 from counterfactual.synth.check import check_run
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckOptions:
+    """``counterfactual check``'s options."""
+
+    out_dir: str = declare(
+        help="the --out folder or URL of the run (or --unpair's)",
+        flags=("out_dir",),
+        metavar="OUT_DIR",
+    )
+    sizes_only: bool = declare(
+        False,
+        help="compare sizes only, without reading the shards (fast on an object store)",
+        kind="flag",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,14 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "nothing. A folder of `mix --unpair` (orig-*.tar) is checked the same way, its shards "
         "and sizes.json only.",
     )
-    p.add_argument(
-        "out_dir", metavar="OUT_DIR", help="the --out folder or URL of the run (or --unpair's)"
-    )
-    p.add_argument(
-        "--sizes-only",
-        action="store_true",
-        help="compare sizes only, without reading the shards (fast on an object store)",
-    )
+    add_options(p, declared(CheckOptions))
     p.set_defaults(func=run)
 
 

@@ -3,79 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from counterfactual.cli.options import add_options, build
 from counterfactual.method.selection import SelectionConfig
+from counterfactual.options import CliOption, Declared, declare, declared
 from counterfactual.readers import CORPORA, DATASETS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from counterfactual.readers.spec import DataSpec
 
 
-def _ranged(kind: type, test: Callable[[float], bool], what: str) -> Callable[[str], int | float]:
-    """An argparse ``type`` that parses ``kind`` and refuses values outside a range; the error
-    names the value and the range (argparse adds the option's name)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutFolder:
+    """The output folder a command writes (``train``, ``world``)."""
 
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {_KIND_NAMES[kind]}") from None
-        if value != value or not test(value):  # NaN fails every range
-            raise argparse.ArgumentTypeError(f"{text} is not {what}")
-        return value
-
-    parse.__name__ = what.replace(" ", "_")  # argparse shows it in "invalid <name> value"
-    return parse
-
-
-_KIND_NAMES = {int: "a whole number", float: "a number"}
-
-positive_int = _ranged(int, lambda v: v > 0, "a whole number > 0")
-"""argparse type: an int > 0 (counts, sizes, batch sizes)."""
-nonnegative_int = _ranged(int, lambda v: v >= 0, "a whole number >= 0")
-"""argparse type: an int >= 0 (limits where 0 means none, seeds)."""
-positive_float = _ranged(float, lambda v: 0 < v < float("inf"), "a number > 0")
-"""argparse type: a finite float > 0 (scales, learning rates, seconds)."""
-nonnegative_float = _ranged(float, lambda v: 0 <= v < float("inf"), "a number >= 0")
-"""argparse type: a finite float >= 0 (margins, thresholds on unbounded scores)."""
-unit_interval = _ranged(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
-"""argparse type: a float in [0, 1] (probabilities, overlap thresholds, fractions)."""
-open_unit_interval = _ranged(float, lambda v: 0 < v < 1, "a number in (0, 1)")
-"""argparse type: a float strictly between 0 and 1."""
-positive_fraction = _ranged(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-"""argparse type: a float in (0, 1] (a threshold where 0 refuses everything)."""
-gpu_share = _ranged(float, lambda v: 0 < v <= 8, "a number in (0, 8]")
-"""argparse type: GPUs per actor, a fraction of one GPU up to a node's eight."""
-
-
-def finite_float(text: str) -> float:
-    """argparse type: any finite float (a threshold on a score of either sign)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
-    return value
-
-
-def cosine(text: str) -> float:
-    """argparse type: a cosine similarity, a float in [-1, 1]."""
-    value = finite_float(text)
-    if not -1.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not a cosine in [-1, 1]")
-    return value
+    out: Path = declare(help="output folder", kind="path")
 
 
 def add_selection_args(parser: argparse.ArgumentParser) -> None:
     """The alpha rules, the policy (:class:`SelectionConfig`) and the seed
     (:class:`~counterfactual.synth.plan.SynthConfig`)."""
-    from counterfactual.cli.options import add_options
-    from counterfactual.options import declared
     from counterfactual.synth.plan import SynthConfig
 
     g = parser.add_argument_group("selection (the alpha rules of Kim et al. 2023)")
@@ -84,8 +34,6 @@ def add_selection_args(parser: argparse.ArgumentParser) -> None:
 
 
 def selection_config(args: argparse.Namespace) -> SelectionConfig:
-    from counterfactual.cli.options import build
-
     return build(SelectionConfig, args)
 
 
@@ -99,23 +47,17 @@ def add_data_args(
     help). ``corpora``: also offer the box-less corpora (WebDataset,
     Parquet, CSV, img2dataset's files) and their column options. Defaults: :class:`DataSpec`'s.
     """
+    d = parser.add_argument_group("data")
+    add_options(d, data_options(demo_root, corpora))
+    return d
+
+
+def data_options(demo_root: str, corpora: bool) -> list[Declared]:
+    """The declarations of :func:`add_data_args`' options (their help names ``demo_root`` and,
+    with ``corpora``, the corpora's forms)."""
     from counterfactual.readers.spec import DataSpec
 
     default = DataSpec()
-    d = parser.add_argument_group("data")
-    d.add_argument(
-        "--dataset",
-        choices=DATASETS + CORPORA if corpora else DATASETS,
-        default=default.kind,
-        help="what to read: demo (scikit-image photos with boxes, offline), coco, flickr30k"
-        + (
-            "; corpora without boxes: wds (WebDataset tars), parquet, csv, files "
-            "(img2dataset's files output: shard folders of KEY.jpg/.txt/.json)"
-            if corpora
-            else ""
-        )
-        + " (default: %(default)s)",
-    )
     root_help = f"dataset folder (demo: where the demo pictures are written, default {demo_root})"
     if corpora:
         root_help += (
@@ -124,49 +66,72 @@ def add_data_args(
             "img2dataset's output folder as it is); files: the folder of shard folders"
         )
     root_help += "; every path may be an fsspec URL (s3://, gs://, az://, hf://)"
-    d.add_argument("--root", default=None, help=root_help)
-    d.add_argument(
-        "--instances",
-        help="COCO instances file (default: ROOT/annotations/instances_SET.json, SET: --coco-set)",
+    dataset_help = (
+        "what to read: demo (scikit-image photos with boxes, offline), coco, flickr30k"
+        + (
+            "; corpora without boxes: wds (WebDataset tars), parquet, csv, files "
+            "(img2dataset's files output: shard folders of KEY.jpg/.txt/.json)"
+            if corpora
+            else ""
+        )
+        + " (default: %(default)s)"
     )
-    d.add_argument(
-        "--captions",
-        help="COCO captions file (default: ROOT/annotations/captions_SET.json, SET: --coco-set)",
-    )
-    d.add_argument(
-        "--images",
-        help="folder the file names are relative to (parquet, csv: default the table's folder)",
-    )
+    choices = DATASETS + CORPORA if corpora else DATASETS
+    found = [
+        Declared("dataset", CliOption(dataset_help, choices=choices), default.kind),
+        Declared("root", CliOption(root_help), None),
+        Declared(
+            "instances",
+            CliOption(
+                "COCO instances file (default: ROOT/annotations/instances_SET.json, SET: "
+                "--coco-set)"
+            ),
+            None,
+        ),
+        Declared(
+            "captions",
+            CliOption(
+                "COCO captions file (default: ROOT/annotations/captions_SET.json, SET: --coco-set)"
+            ),
+            None,
+        ),
+        Declared(
+            "images",
+            CliOption(
+                "folder the file names are relative to (parquet, csv: default the table's folder)"
+            ),
+            None,
+        ),
+    ]
     if corpora:
         for name, what in (
             ("caption", "caption, txt, text or TEXT"),
             ("image", "image, jpg, path, file, filepath, file_name or image_path"),
             ("id", "key, id or image_id; else FILE-ROW"),
         ):
-            d.add_argument(
-                f"--{name}-column",
-                default=None,
-                help=f"parquet, csv: the {name} column (default: the first present of {what})",
-            )
-    d.add_argument(
-        "--coco-set",
-        default=default.coco_set,
-        help="COCO: the image folder and annotation files' set under ROOT, e.g. val2014 "
-        "(default: %(default)s)",
+            column = f"parquet, csv: the {name} column (default: the first present of {what})"
+            found.append(Declared(f"{name}_column", CliOption(column), None))
+    coco_set = (
+        "COCO: the image folder and annotation files' set under ROOT, e.g. val2014 "
+        "(default: %(default)s)"
     )
-    d.add_argument("--split-file", help="Karpathy dataset_coco.json (default: none, no split)")
-    d.add_argument(
-        "--split",
-        default=None,
-        help="train, val or test (Karpathy / Flickr30k; default: every image)",
-    )
-    d.add_argument(
-        "--limit",
-        type=positive_int,
-        default=None,
-        help="only the first N images (N >= 1; default: all)",
-    )
-    return d
+    return [
+        *found,
+        Declared("coco_set", CliOption(coco_set), default.coco_set),
+        Declared(
+            "split_file", CliOption("Karpathy dataset_coco.json (default: none, no split)"), None
+        ),
+        Declared(
+            "split",
+            CliOption("train, val or test (Karpathy / Flickr30k; default: every image)"),
+            None,
+        ),
+        Declared(
+            "limit",
+            CliOption("only the first N images (N >= 1; default: all)", kind="positive_int"),
+            None,
+        ),
+    ]
 
 
 def data_spec(args: argparse.Namespace, demo_root: str | None = None) -> DataSpec:

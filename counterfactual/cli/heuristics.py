@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from counterfactual.cli.common import nonnegative_int
 from counterfactual.cli.filter_captions import INPUT_FORMAT
+from counterfactual.cli.options import add_options
+from counterfactual.options import declare, declared
 from counterfactual.tools.grounding.persons import (
     evaluate_heuristics,
     read_predictions,
@@ -35,6 +37,18 @@ Table 2 of Luo et al. (2022). --format json gives fractions; table gives percent
 )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeuristicsOptions:
+    """``counterfactual heuristics``'s options."""
+
+    input: str = declare(help="samples with truth", metavar="IN.jsonl")
+    pred: str | None = declare(
+        None, help="model predictions (default: the heuristics only)", metavar="PRED.jsonl"
+    )
+    seed: int = declare(0, help="seed of the Random row (default 0)", kind="nonnegative_int")
+    format: str = declare("table", help="output (default: table)", choices=("table", "json"))
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "heuristics",
@@ -44,19 +58,7 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--input", required=True, metavar="IN.jsonl", help="samples with truth")
-    parser.add_argument(
-        "--pred",
-        default=None,
-        metavar="PRED.jsonl",
-        help="model predictions (default: the heuristics only)",
-    )
-    parser.add_argument(
-        "--seed", type=nonnegative_int, default=0, help="seed of the Random row (default 0)"
-    )
-    parser.add_argument(
-        "--format", choices=("table", "json"), default="table", help="output (default: table)"
-    )
+    add_options(parser, declared(HeuristicsOptions))
     parser.set_defaults(func=run)
 
 

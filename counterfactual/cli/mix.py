@@ -4,14 +4,50 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from counterfactual.cli.common import positive_int
+from counterfactual.cli.options import add_options
+from counterfactual.options import declare, declared
 from counterfactual.train.mix import MixPlan, plan_mix
 from counterfactual.train.pairs import MIN_SHARDS
 
 _PAPER_RANGE = (0.08, 0.2)  # synthetic per original in the paper (Kim et al. 2023)
 _LONG_FLAGS = 4000  # characters; above this, with --out, the flags are left to the JSON
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MixOptions:
+    """``counterfactual mix``'s options: exactly one of ``original`` and ``unpair``."""
+
+    original: list[str] = declare(
+        help="original shards", nargs="+", metavar="SPEC", exclusive="side"
+    )
+    unpair: Path = declare(
+        help="no original shards: the synthetic ones were made with synth --pairs, so their "
+        "originals (orig.jpg with the original caption, each image and caption once) are "
+        "written into DIR as the original side (DIR/orig-NNNNNN.tar with stats files and "
+        "sizes.json): D ∪ D' without the source dataset; train reads DIR as --original",
+        kind="path",
+        metavar="DIR",
+        exclusive="side",
+    )
+    min_shards: int = declare(
+        MIN_SHARDS,
+        help="with --unpair: from fewer pair shards than N, split the originals evenly over N "
+        "shards (fewer when there are fewer originals), so that N DataLoader workers each "
+        "read one; from N or more, one originals shard per pair shard (default: %(default)s)",
+        kind="positive_int",
+        metavar="N",
+    )
+    synthetic: list[str] = declare(help="synthetic shards", nargs="+", metavar="SPEC")
+    ratio: float = declare(
+        help="synthetic samples per original sample (the paper: about 0.08-0.2)",
+        kind="float",  # plan_mix refuses <= 0 and not finite (one line, exit 2)
+    )
+    out: Path | None = declare(
+        None, help="write the plan as JSON to this file (default: printed only)", kind="path"
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,39 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "several. Counts come from each shard's <stem>_stats.json ('successes' or 'count') or "
         "from reading the tar.",
     )
-    side = p.add_mutually_exclusive_group(required=True)
-    side.add_argument("--original", nargs="+", metavar="SPEC", help="original shards")
-    side.add_argument(
-        "--unpair",
-        type=Path,
-        metavar="DIR",
-        help="no original shards: the synthetic ones were made with synth --pairs, so their "
-        "originals (orig.jpg with the original caption, each image and caption once) are "
-        "written into DIR as the original side (DIR/orig-NNNNNN.tar with stats files and "
-        "sizes.json): D ∪ D' without the source dataset; train reads DIR as --original",
-    )
-    p.add_argument(
-        "--min-shards",
-        type=positive_int,
-        default=MIN_SHARDS,
-        metavar="N",
-        help="with --unpair: from fewer pair shards than N, split the originals evenly over N "
-        "shards (fewer when there are fewer originals), so that N DataLoader workers each "
-        "read one; from N or more, one originals shard per pair shard (default: %(default)s)",
-    )
-    p.add_argument("--synthetic", nargs="+", required=True, metavar="SPEC", help="synthetic shards")
-    p.add_argument(
-        "--ratio",
-        type=float,  # plan_mix refuses <= 0 and not finite (one line, exit 2)
-        required=True,
-        help="synthetic samples per original sample (the paper: about 0.08-0.2)",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="write the plan as JSON to this file (default: printed only)",
-    )
+    add_options(p, declared(MixOptions))
     p.set_defaults(func=run)
 
 

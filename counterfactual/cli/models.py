@@ -9,8 +9,11 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from counterfactual.cli.model_options import pull_command
+from counterfactual.cli.options import add_options
 from counterfactual.models.hub import (
     DAMAGED,
     Located,
@@ -19,31 +22,40 @@ from counterfactual.models.hub import (
     locate,
     pull,
 )
-
-MODEL_OPTIONS = {
-    "--dataset": True,
-    "--boxes": True,
-    "--detector-model": True,
-    "--image-method": True,
-    "--inpaint-backend": True,
-    "--inpaint-model": True,
-    "--dtype": True,
-    "--text-method": True,
-    "--captioner-model": True,
-    "--verify-model": True,
-    "--candidates": True,
-    "--verify": False,
-    "--no-verify": False,
-    "--filter": False,
-    "--no-filter": False,
-}
-"""The synth options that decide which models a run loads (``True``: it takes a value)."""
+from counterfactual.options import declare, declared
 
 _HELP = (
     "CONFIG is a YAML file or the name of a bundled one (coco, flickr30k, coco-rorem, ...: "
     "`counterfactual configs` lists them); synth options after `--` override it, e.g. `-- --verify-model "
     "hf-clip:openai/clip-vit-large-patch14`."
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelsOptions:
+    """The options of ``counterfactual models list`` and ``models pull``."""
+
+    synth_config: str | None = declare(
+        None,
+        help="a synth YAML config, or a bundled config's name (default: synth's defaults)",
+        flags=("--config",),
+        dest="synth_config",
+        metavar="CONFIG",
+    )
+    to: Path | None = declare(
+        None,
+        help="a folder instead of the Hugging Face cache: hub models in DIR/ORG/NAME, "
+        "LaMa in DIR/big-lama.pt; prints the synth options that use them (default: the "
+        "cache, HF_HOME/hub, and LaMa where the config names it)",
+        kind="path",
+        metavar="DIR",
+    )
+    json: bool = declare(False, help="one JSON object per model", kind="flag")
+    synth_options: list[str] = declare(
+        help="after --: synth options that change the models (e.g. --inpaint-model ID)",
+        flags=("synth_options",),
+        nargs="...",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,28 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("pull", "fetch what the config needs: hub models into the Hugging Face cache or DIR"),
     ):
         a = sub.add_parser(name, help=text, description=f"{text}. {_HELP}")
-        a.add_argument(
-            "--config",
-            dest="synth_config",
-            default=None,
-            metavar="CONFIG",
-            help="a synth YAML config, or a bundled config's name (default: synth's defaults)",
-        )
-        a.add_argument(
-            "--to",
-            type=Path,
-            default=None,
-            metavar="DIR",
-            help="a folder instead of the Hugging Face cache: hub models in DIR/ORG/NAME, "
-            "LaMa in DIR/big-lama.pt; prints the synth options that use them (default: the "
-            "cache, HF_HOME/hub, and LaMa where the config names it)",
-        )
-        a.add_argument("--json", action="store_true", help="one JSON object per model")
-        a.add_argument(
-            "synth_options",
-            nargs=argparse.REMAINDER,
-            help="after --: synth options that change the models (e.g. --inpaint-model ID)",
-        )
+        add_options(a, declared(ModelsOptions))
         a.set_defaults(func=run_list if name == "list" else run_pull)
 
 
@@ -99,26 +90,6 @@ def config_models(config: str | None, options: Sequence[str] = ()) -> tuple[Mode
         synth.set_defaults(**load_config(config_path(config), synth))
     args = synth.parse_args([o for o in options if o != "--"])
     return needed_models(synth_cli.build_config(args), synth_cli.build_runtime(args))
-
-
-def pull_command(config: str | Path | None, argv: Sequence[str] = ()) -> str:
-    """The ``counterfactual models pull`` line that fetches what a synth command line needs:
-    its config and the options of ``argv`` that decide the models (:data:`MODEL_OPTIONS`)."""
-    words = ["counterfactual", "models", "pull"]
-    if config is not None:
-        words += ["--config", str(config)]
-    extra: list[str] = []
-    it = iter(argv)
-    for token in it:
-        option = token.split("=", 1)[0]
-        if option not in MODEL_OPTIONS or option == "--config":
-            continue
-        extra.append(token)
-        if MODEL_OPTIONS[option] and "=" not in token:
-            extra.append(next(it, ""))
-    if extra:
-        words += ["--", *extra]
-    return shlex.join(words)
 
 
 def _refs(args: argparse.Namespace) -> tuple[ModelRef, ...]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from counterfactual.cli.common import positive_int
+from counterfactual.cli.options import add_options, positive_int
+from counterfactual.options import declare, declared
 from counterfactual.text.perturb import MODES, REQUIRED_FIELDS, perturb_records, read_jsonl
 
 EPILOG = """\
@@ -41,38 +43,42 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--input", required=True, metavar="IN.jsonl", help="input records")
-    parser.add_argument("--output", required=True, metavar="OUT.jsonl", help="output records")
-    parser.add_argument("--mode", required=True, choices=MODES, help="which perturbation")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    parser.add_argument(
-        "--spacy-model",
-        default=None,
-        metavar="NAME",
-        help="spaCy pipeline name or path for nouns-adj (default: en_core_web_sm if installed)",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=0,
-        metavar="N",
-        help="negatives: partners come from batches of N consecutive lines "
-        "(default 0: the whole file is one batch)",
-    )
-    parser.add_argument(
-        "--negatives",
-        type=_negatives_count,
-        default=1,
-        metavar="K|all",
-        help="negatives: partners per line, drawn from its batch without repeats, or 'all' of "
-        "them (Sum-H over n-1; Akula et al.'s appendix samples 64); default 1",
-    )
+    add_options(parser, declared(PerturbOptions))
     parser.set_defaults(func=run)
 
 
 def _negatives_count(text: str) -> int | None:
     """argparse type of ``--negatives``: ``all`` (None) or a whole number > 0."""
     return None if text == "all" else int(positive_int(text))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PerturbOptions:
+    """``counterfactual perturb``'s options."""
+
+    input: str = declare(help="input records", metavar="IN.jsonl")
+    output: str = declare(help="output records", metavar="OUT.jsonl")
+    mode: str = declare(help="which perturbation", choices=MODES)
+    seed: int = declare(0, help="random seed (default: 0)", kind="int")
+    spacy_model: str | None = declare(
+        None,
+        help="spaCy pipeline name or path for nouns-adj (default: en_core_web_sm if installed)",
+        metavar="NAME",
+    )
+    batch_size: int = declare(
+        0,
+        help="negatives: partners come from batches of N consecutive lines "
+        "(default 0: the whole file is one batch)",
+        kind="int",
+        metavar="N",
+    )
+    negatives: int | None = declare(
+        1,
+        help="negatives: partners per line, drawn from its batch without repeats, or 'all' of "
+        "them (Sum-H over n-1; Akula et al.'s appendix samples 64); default 1",
+        parse=_negatives_count,
+        metavar="K|all",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

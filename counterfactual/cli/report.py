@@ -4,15 +4,52 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from counterfactual.cli.common import nonnegative_int, positive_int
 from counterfactual.cli.options import add_options
-from counterfactual.options import declared
+from counterfactual.options import declare, declared
 from counterfactual.outdir import OutOptions, claim_out
 from counterfactual.report import DEFAULT_N, REPORT_DIR, write_report
 from counterfactual.report.write import REPORT_OUT
 from counterfactual.synth.check import damaged_shards
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportOptions:
+    """``counterfactual report``'s options (``--force-out`` is :class:`OutOptions`')."""
+
+    out_dir: Path = declare(
+        help="the --out folder of the run", flags=("out_dir",), kind="path", metavar="OUT_DIR"
+    )
+    root: Path | None = declare(
+        None,
+        help="folder the samples' file names are relative to (default: the dataset folders "
+        "the run recorded in manifest.json, found from any working directory; the demo's "
+        "pictures are made again in the user's cache when they are gone; a corpus's originals are read from its tars or "
+        "tables); where no original is found, the edited picture only",
+        kind="path",
+    )
+    n: int = declare(
+        DEFAULT_N,
+        help="samples to show, spread over class x image method, at least one per stratum "
+        "(default: %(default)s)",
+        kind="positive_int",
+    )
+    seed: int = declare(
+        0, help="seed of the sample drawn, >= 0 (default: %(default)s)", kind="nonnegative_int"
+    )
+    out: Path | None = declare(
+        None,
+        help="report folder (default OUT_DIR/report): missing, empty or a report (rewritten); "
+        "another folder is refused unless --force-out",
+        kind="path",
+    )
+    sizes_only: bool = declare(
+        False,
+        help="verify the shards' sizes only, without hashing them (fast on an object store)",
+        kind="flag",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,42 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "SHA-256 against its stats file); a damaged one is named, one line each, no report is "
         "written and the exit code is 1 (rerun the synth command to make it again).",
     )
-    p.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="the --out folder of the run")
-    p.add_argument(
-        "--root",
-        type=Path,
-        default=None,
-        help="folder the samples' file names are relative to (default: the dataset folders "
-        "the run recorded in manifest.json, found from any working directory; the demo's "
-        "pictures are made again in the user's cache when they are gone; a corpus's originals are read from its tars or "
-        "tables); where no original is found, the edited picture only",
-    )
-    p.add_argument(
-        "--n",
-        type=positive_int,
-        default=DEFAULT_N,
-        help="samples to show, spread over class x image method, at least one per stratum "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--seed",
-        type=nonnegative_int,
-        default=0,
-        help="seed of the sample drawn, >= 0 (default: %(default)s)",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="report folder (default OUT_DIR/report): missing, empty or a report (rewritten); "
-        "another folder is refused unless --force-out",
-    )
+    add_options(p, declared(ReportOptions, "out_dir", "root", "n", "seed", "out"))
     add_options(p, declared(OutOptions))
-    p.add_argument(
-        "--sizes-only",
-        action="store_true",
-        help="verify the shards' sizes only, without hashing them (fast on an object store)",
-    )
+    add_options(p, declared(ReportOptions, "sizes_only"))
     p.set_defaults(func=run)
 
 

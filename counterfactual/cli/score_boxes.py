@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from counterfactual.cli.common import nonnegative_int, positive_float
+from counterfactual.cli.options import add_options
+from counterfactual.options import declare, declared
 from counterfactual.tools.grounding.intervals import Z_95, format_table1, subset_intervals
 from counterfactual.tools.grounding.metrics import score_toloka_files
 
@@ -27,6 +29,38 @@ numbers); with --json, exact means, sds and bounds as JSON.
 """
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoreBoxesOptions:
+    """``counterfactual score-boxes``'s options: the files to score, and Table 1's."""
+
+    truth: str | None = declare(None, help="true boxes (required to score)", metavar="TRUTH.csv")
+    pred: str | None = declare(None, help="predicted boxes (required to score)", metavar="PRED.csv")
+    annotators: list[str] = declare(
+        [],
+        help="two or more annotators' box files for Krippendorff's alpha (default: none)",
+        nargs="+",
+        metavar="A.csv",
+    )
+    intervals: list[str] = declare(
+        [],
+        help="print the 95%% confidence intervals of Table 1 for these files instead of scores "
+        "(default: none)",
+        nargs="+",
+        metavar="SUBSET.csv",
+    )
+    z: float = declare(
+        Z_95,
+        help=f"normal quantile of the intervals (default {Z_95}: 95%%)",
+        kind="positive_float",
+    )
+    digits: int = declare(
+        0,
+        help="decimals of the printed bounds, rounded outwards (default 0, as the paper)",
+        kind="nonnegative_int",
+    )
+    json: bool = declare(False, help="exact intervals as JSON", kind="flag")
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "score-boxes",
@@ -36,37 +70,9 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--truth", metavar="TRUTH.csv", help="true boxes (required to score)")
-    parser.add_argument("--pred", metavar="PRED.csv", help="predicted boxes (required to score)")
-    parser.add_argument(
-        "--annotators",
-        nargs="+",
-        default=[],
-        metavar="A.csv",
-        help="two or more annotators' box files for Krippendorff's alpha (default: none)",
-    )
+    add_options(parser, declared(ScoreBoxesOptions, "truth", "pred", "annotators"))
     table = parser.add_argument_group("Table 1 (descriptive statistics)")
-    table.add_argument(
-        "--intervals",
-        nargs="+",
-        default=[],
-        metavar="SUBSET.csv",
-        help="print the 95%% confidence intervals of Table 1 for these files instead of scores "
-        "(default: none)",
-    )
-    table.add_argument(
-        "--z",
-        type=positive_float,
-        default=Z_95,
-        help=f"normal quantile of the intervals (default {Z_95}: 95%%)",
-    )
-    table.add_argument(
-        "--digits",
-        type=nonnegative_int,
-        default=0,
-        help="decimals of the printed bounds, rounded outwards (default 0, as the paper)",
-    )
-    table.add_argument("--json", action="store_true", help="exact intervals as JSON")
+    add_options(table, declared(ScoreBoxesOptions, "intervals", "z", "digits", "json"))
     parser.set_defaults(func=run)
 
 

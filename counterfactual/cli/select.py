@@ -24,14 +24,37 @@ from typing import BinaryIO
 import msgspec
 
 from counterfactual.boxtable import BoxTable
-from counterfactual.cli.common import add_selection_args, nonnegative_int, selection_config
+from counterfactual.cli.common import add_selection_args, selection_config
+from counterfactual.cli.options import add_options
 from counterfactual.method.cooccurrence import CooccurrenceStats
 from counterfactual.method.selection import SelectionConfig, select_rows
+from counterfactual.options import declare, declared
 from counterfactual.readers.coco import read_coco
 from counterfactual.readers.coco_boxes import read_coco_boxes
 
 CHUNK = 16_384
 """Images selected together, and whose plans are written with one call."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SelectOptions:
+    """``counterfactual select``'s input, output and workers (the rules are
+    :class:`SelectionConfig`'s)."""
+
+    dataset: str = declare(
+        "coco", help="format of --annotations (default: %(default)s)", choices=("coco",)
+    )
+    annotations: Path = declare(help="COCO instances_*.json", kind="path")
+    rejected: bool = declare(
+        False, help="also write rejected candidates, with the rule", kind="flag"
+    )
+    out: Path | None = declare(None, help="PLANS.jsonl (default: stdout)", kind="path")
+    workers: int = declare(
+        0,
+        help=f"processes selecting chunks of {CHUNK:,} images; 0 = one per usable core, "
+        "1 = in this process (default: %(default)s)",
+        kind="nonnegative_int",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,25 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write one JSON object per plan: image_id, target, removed, kept, kind "
         "(single/multi), valid, rejected_by, and the evidence (each ratio with its threshold).",
     )
-    p.add_argument(
-        "--dataset",
-        choices=("coco",),
-        default="coco",
-        help="format of --annotations (default: %(default)s)",
-    )
-    p.add_argument("--annotations", type=Path, required=True, help="COCO instances_*.json")
+    add_options(p, declared(SelectOptions, "dataset", "annotations"))
     add_selection_args(p)
-    p.add_argument(
-        "--rejected", action="store_true", help="also write rejected candidates, with the rule"
-    )
-    p.add_argument("--out", type=Path, default=None, help="PLANS.jsonl (default: stdout)")
-    p.add_argument(
-        "--workers",
-        type=nonnegative_int,
-        default=0,
-        help=f"processes selecting chunks of {CHUNK:,} images; 0 = one per usable core, "
-        "1 = in this process (default: %(default)s)",
-    )
+    add_options(p, declared(SelectOptions, "rejected", "out", "workers"))
     p.set_defaults(func=run)
 
 

@@ -9,24 +9,19 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from counterfactual import fs
-from counterfactual.cli.common import (
-    add_data_args,
-    add_selection_args,
-    data_spec,
-    nonnegative_int,
-    selection_config,
-)
+from counterfactual.cli.common import add_data_args, add_selection_args, data_spec, selection_config
 from counterfactual.cli.options import TYPES, add_options, build
 from counterfactual.image import ImageConfig, cli_options, flat_default
 from counterfactual.messages import one_line
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.verify import VerifyConfig
-from counterfactual.options import declared
+from counterfactual.options import declare, declared
 from counterfactual.outdir import OutOptions
 from counterfactual.progress import Progress
 from counterfactual.readers import CORPORA
@@ -58,6 +53,62 @@ LEAD = (
 """The options most runs need (the README's recipes), shown first by ``synth --help``."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SynthOptions:
+    """The options of ``counterfactual synth`` that belong to the command alone (no config
+    holds them); ``--help`` shows each in its topic's group."""
+
+    config: str | None = declare(
+        None,
+        help="YAML file of options (keys are the long option names, e.g. image_method: blur), "
+        "or the name of a bundled one (coco, demo, ...: `counterfactual configs` lists them); "
+        "options given on the command line win (default: none, the defaults shown here)",
+    )
+    runner: str = declare(
+        "local",
+        help="local: every shard in this process; ray: shard workers (and GPU model actors) on "
+        "a local Ray or the cluster in RAY_ADDRESS (default: %(default)s)",
+        choices=("local", "ray"),
+    )
+    out: str | None = declare(
+        None,
+        help="output folder or URL, e.g. s3://bucket/run (required): missing, empty or a "
+        "synth run (a rerun resumes it); another folder is refused unless --force-out",
+    )
+    boxes: str | None = declare(
+        None,
+        help="where the objects come from (default: the dataset's boxes for coco, flickr30k "
+        "and demo, the detector for wds, parquet and csv)",
+        choices=("dataset", "detector"),
+    )
+    verify: bool | None = declare(
+        None,
+        help="check every sample: removed classes leave CLIP's top-k on their boxes, kept ones "
+        "stay, the caption names no removed class; the scores go into its json as 'verify'. "
+        "--no-verify: no verification and no --filter, whatever a config says (default: off)",
+        kind="bool",
+    )
+    filter: bool | None = declare(
+        None,
+        help="--verify, and drop the samples that fail (status failed:verify-removal, "
+        "verify-retention or verify-text); --no-filter: keep them (default: off)",
+        kind="bool",
+    )
+    contact_sheet: int = declare(
+        8,
+        help="rows in OUT/contact_sheet.png, >= 0 (0: none; default: %(default)s)",
+        kind="nonnegative_int",
+    )
+    dry_run: bool = declare(
+        False,
+        help="join or start Ray, load no model and print the layout the run would use as one "
+        "JSON object (GPUs, CPUs, shard workers, actors and GPUs per actor of each model "
+        "stage); exit 2 with one line when the cluster cannot hold it, exit 1 with one line "
+        "naming the models that are not here (as `counterfactual models list`)",
+        kind="flag",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "synth",
@@ -68,27 +119,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "input image or sample, with the reason for anything not written) and manifest.json. "
         "Rerunning the same command into the same --out resumes: finished shards are kept.",
     )
-    p.add_argument(
-        "--config",
-        default=None,
-        help="YAML file of options (keys are the long option names, e.g. image_method: blur), "
-        "or the name of a bundled one (coco, demo, ...: `counterfactual configs` lists them); "
-        "options given on the command line win (default: none, the defaults shown here)",
-    )
-    p.add_argument(
-        "--runner",
-        choices=("local", "ray"),
-        default="local",
-        help="local: every shard in this process; ray: shard workers (and GPU model actors) on "
-        "a local Ray or the cluster in RAY_ADDRESS (default: %(default)s)",
-    )
+    add_options(p, declared(SynthOptions, "config", "runner"))
     add_data_args(p, corpora=True)
-    p.add_argument(
-        "--out",
-        default=None,
-        help="output folder or URL, e.g. s3://bucket/run (required): missing, empty or a "
-        "synth run (a rerun resumes it); another folder is refused unless --force-out",
-    )
+    add_options(p, declared(SynthOptions, "out"))
     add_options(p, declared(OutOptions))
     add_selection_args(p)
     _add_box_args(p)
@@ -118,13 +151,7 @@ def _lead(p: argparse.ArgumentParser, title: str, flags: Sequence[str]) -> None:
 
 def _add_box_args(p: argparse.ArgumentParser) -> None:
     b = p.add_argument_group("boxes (an open-vocabulary detector for corpora without them)")
-    b.add_argument(
-        "--boxes",
-        choices=("dataset", "detector"),
-        default=None,
-        help="where the objects come from (default: the dataset's boxes for coco, flickr30k "
-        "and demo, the detector for wds, parquet and csv)",
-    )
+    add_options(b, declared(SynthOptions, "boxes"))
     detect = ("model", "queries", "score_threshold", "nms_iou", "max_detections", "template")
     add_options(b, declared(DetectConfig, *detect))
     add_options(b, declared(Runtime, "detect_batch_size"))
@@ -169,21 +196,7 @@ def _add_text_args(p: argparse.ArgumentParser) -> None:
 
 def _add_verify_args(p: argparse.ArgumentParser) -> None:
     v = p.add_argument_group("verification (CLIP@k on the boxes, class names in the caption)")
-    v.add_argument(
-        "--verify",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="check every sample: removed classes leave CLIP's top-k on their boxes, kept ones "
-        "stay, the caption names no removed class; the scores go into its json as 'verify'. "
-        "--no-verify: no verification and no --filter, whatever a config says (default: off)",
-    )
-    v.add_argument(
-        "--filter",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="--verify, and drop the samples that fail (status failed:verify-removal, "
-        "verify-retention or verify-text); --no-filter: keep them (default: off)",
-    )
+    add_options(v, declared(SynthOptions, "verify", "filter"))
     add_options(v, declared(VerifyConfig, "model", "k", "retention_k", "text_check"))
     add_options(v, declared(Runtime, "verify_batch_size"))
 
@@ -194,12 +207,7 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
         o,
         declared(SynthConfig, "images_per_shard", "pairs", "max_pixels", "max_boxes", "exif_frame"),
     )
-    o.add_argument(
-        "--contact-sheet",
-        type=nonnegative_int,
-        default=8,
-        help="rows in OUT/contact_sheet.png, >= 0 (0: none; default: %(default)s)",
-    )
+    add_options(o, declared(SynthOptions, "contact_sheet"))
     add_options(o, declared(Runtime, "batch_size", "verify_shards", "hash_inputs"))
 
 
@@ -211,14 +219,7 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
     add_options(r, declared(RayOptions, "gpus_per_actor", "model_batch_size", "in_flight"))
     add_options(r, declared(RayOptions, "place_timeout", "load_timeout", "call_timeout"))
     add_options(r, declared(RayOptions, "failure_window"))
-    r.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="join or start Ray, load no model and print the layout the run would use as one "
-        "JSON object (GPUs, CPUs, shard workers, actors and GPUs per actor of each model "
-        "stage); exit 2 with one line when the cluster cannot hold it, exit 1 with one line "
-        "naming the models that are not here (as `counterfactual models list`)",
-    )
+    add_options(r, declared(SynthOptions, "dry_run"))
     add_options(r, declared(RayOptions, "verbose", "keep_ray_logs", "dashboard"))
 
 
@@ -500,7 +501,7 @@ def check_models(args: argparse.Namespace, config: SynthConfig, runtime: Runtime
     on this machine or can be had from the hub, else one line names each, why, and the
     ``counterfactual models pull`` command that fetches them (exit 2). Other local paths are
     left to the steps, which name the stage that cannot load them."""
-    from counterfactual.cli.models import pull_command
+    from counterfactual.cli.model_options import pull_command
     from counterfactual.models.hub import KNOWN_FILES, check_available, is_local
     from counterfactual.synth.models import needed_models
 

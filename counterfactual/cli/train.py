@@ -4,8 +4,8 @@ paper's recipe as defaults."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from counterfactual.cli.common import OutFolder
 from counterfactual.cli.options import add_options, build
 from counterfactual.options import declared
 from counterfactual.train.trainer import TrainConfig, TrainLog, plan_training
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_options(p, declared(TrainConfig, "recipe", "model", "original", "synthetic", "mix"))
     add_options(p, declared(TrainConfig, "ratio"))
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    add_options(p, declared(OutFolder))
     g = p.add_argument_group("optimisation (defaults: the recipe's, from the paper)")
     recipe = ("epochs", "batch_size", "lr", "lr_decay", "lr_decay_every", "optimizer")
     add_options(g, declared(TrainConfig, *recipe, "weight_decay", "max_text_length"))

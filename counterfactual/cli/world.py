@@ -4,11 +4,11 @@ whose class co-occurrence in train is a knob (test balanced)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
+from counterfactual.cli.common import OutFolder
 from counterfactual.cli.options import add_options, build
-from counterfactual.options import declared
+from counterfactual.options import declare, declared
 from counterfactual.world.classes import ObjectClass
 from counterfactual.world.scene import WorldConfig
 
@@ -32,6 +32,28 @@ def _pair(text: str) -> tuple[str, str]:
     return anchor, partner
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorldOptions:
+    """The options of ``counterfactual world`` that change :class:`WorldConfig`'s classes."""
+
+    pair: list[tuple[str, str]] | None = declare(
+        None,
+        help="a co-occurring pair (repeat; default: dog:frisbee cat:ball car:tree boat:bird "
+        "cow:bench clock:cup kite:umbrella)",
+        parse=_pair,
+        repeat=True,
+        metavar="ANCHOR:PARTNER",
+    )
+    visibility: list[tuple[str, float, float | None]] = declare(
+        [],
+        help="how hard a class is to see: contrast in (0, 1] against the background, and a "
+        "factor on its size (repeat; default: partners at contrast 0.65 and smaller)",
+        parse=_class_setting,
+        repeat=True,
+        metavar="NAME=CONTRAST[:SCALE]",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "world",
@@ -45,26 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`synth --dataset coco --root OUT --coco-set world --split-file OUT/dataset_coco.json "
         "--vocabulary OUT/vocabulary.txt`.",
     )
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    add_options(p, declared(OutFolder))
     add_options(p, declared(WorldConfig, "images", "val", "test", "size", "cooccurrence"))
-    p.add_argument(
-        "--pair",
-        type=_pair,
-        action="append",
-        default=None,
-        metavar="ANCHOR:PARTNER",
-        help="a co-occurring pair (repeat; default: dog:frisbee cat:ball car:tree boat:bird "
-        "cow:bench clock:cup kite:umbrella)",
-    )
-    p.add_argument(
-        "--visibility",
-        type=_class_setting,
-        action="append",
-        default=[],
-        metavar="NAME=CONTRAST[:SCALE]",
-        help="how hard a class is to see: contrast in (0, 1] against the background, and a "
-        "factor on its size (repeat; default: partners at contrast 0.65 and smaller)",
-    )
+    add_options(p, declared(WorldOptions))
     add_options(p, declared(WorldConfig, "captions", "caption_style", "seed"))
     p.set_defaults(func=run)
 
