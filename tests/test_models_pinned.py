@@ -181,6 +181,74 @@ def test_load_passes_the_commit_the_cache_pins(tiny_sd, tmp_path):
     ]
 
 
+PINNED_LOADERS = """
+import json
+from counterfactual.models import hf
+seen = []
+at = hf._at
+hf._at = lambda revision: seen.append(revision) or at(revision)
+from counterfactual.method.detect import DetectConfig, Detector
+from counterfactual.models.embed import load_embedder
+from counterfactual.text import TextConfig
+from counterfactual.text.captioner import Captioner
+from counterfactual.vocab import ClassVocabulary
+out = {}
+load_embedder("hf-clip:org/tiny-clip", device="cpu", dtype="float32")
+out["verifier"], seen[:] = sorted(set(seen)), []
+Detector(DetectConfig(model="org/tiny-owl"), ClassVocabulary({"dog": []}), "cpu", "float32")
+out["detector"], seen[:] = sorted(set(seen)), []
+Captioner(TextConfig(method="captioner", model="org/tiny-blip", max_new_tokens=2))
+out["captioner"], seen[:] = sorted(set(seen)), []
+out["folder"] = hf.pinned_revision("/nowhere/tiny-clip")
+out["absent"] = hf.pinned_revision("org/not-pulled")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_every_transformers_loader_passes_the_commit_the_cache_pins(tmp_path):
+    """The verifier (hf-clip), the detector (OWLv2) and the captioner (BLIP) load a hub id of
+    the cache at the commit ``models pull`` wrote to ``refs/main``, as the inpainter does: every
+    ``from_pretrained`` gets ``revision=`` that commit (real loading, offline, in a process of
+    its own); a folder or a model not in the cache gets none."""
+    from tiny_captioner import build_tiny_blip
+    from tiny_clip import build_tiny_clip
+
+    from counterfactual.testing import build_tiny_owlv2
+
+    cache = tmp_path / "hub"
+    fake_cache(cache, "org/tiny-clip", build_tiny_clip(tmp_path / "clip"))
+    fake_cache(cache, "org/tiny-owl", build_tiny_owlv2(tmp_path / "owl"))
+    fake_cache(cache, "org/tiny-blip", build_tiny_blip(tmp_path / "blip"))
+    env = os.environ | {"PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", PINNED_LOADERS], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "verifier": [SHA],
+        "detector": [SHA],
+        "captioner": [SHA],
+        "folder": None,
+        "absent": None,
+    }
+
+
+def test_a_named_revision_wins_over_the_pinned_one(tmp_path, monkeypatch):
+    """A caller that names a revision loads that one; without one, the cache's commit."""
+    from tiny_clip import build_tiny_clip
+
+    from counterfactual.models import hf
+
+    cache = tmp_path / "hub"
+    fake_cache(cache, "org/tiny-clip", build_tiny_clip(tmp_path / "clip"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    assert hf.pinned_revision("org/tiny-clip") == SHA
+    assert hf.pinned_revision(str(tmp_path / "clip")) is None  # a folder: as saved
+    assert hf._revision("org/tiny-clip", None) == SHA
+    assert hf._revision("org/tiny-clip", "v2") == "v2"
+
+
 def lama_config(model: str) -> SynthConfig:
     image = ImageConfig(method="inpaint", backend="lama")
     return SynthConfig(
