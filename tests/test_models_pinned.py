@@ -334,7 +334,7 @@ def test_rorem_grows_its_mask_at_the_working_size():
 @pytest.mark.slow
 def test_the_grown_region_is_what_is_repainted(tiny_sd):
     from counterfactual.image import EditRequest
-    from counterfactual.image.diffusion import DiffusionInpainter
+    from counterfactual.image.diffusion import DiffusionInpainter, grown_region
 
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (128, 128, 3), dtype=np.uint8)
@@ -351,6 +351,37 @@ def test_the_grown_region_is_what_is_repainted(tiny_sd):
     assert ring.any()
     rows, cols = np.nonzero(ring)
     assert rows.min() >= 48 - 8 * 2 and rows.max() < 80 + 8 * 2
+    # what the sample records is the region repainted: every changed pixel lies inside it
+    recorded = grown_region(DiffusersConfig(model=str(tiny_sd), resolution=64, grow=8), mask)
+    assert not changed[8][recorded == 0].any() and (recorded > 0).sum() > (mask > 0).sum()
+
+
+def test_the_recorded_mask_is_the_grown_one_only_with_grow():
+    """With ``grow`` the sample records the grown region (the paste mask the inpainter uses,
+    in place in the whole picture); without, the very mask it was given (runs without
+    ``--inpaint-grow`` write the same bytes as before)."""
+    from counterfactual.image import ImageConfig, recorded_mask
+    from counterfactual.image.diffusion import working_masks
+
+    mask = np.zeros((240, 320), np.uint8)
+    mask[100:140, 150:200] = 255
+    for image in (
+        ImageConfig(method="inpaint", backend="diffusers"),
+        ImageConfig(method="inpaint", backend="lama"),
+        ImageConfig(method="blur"),
+    ):
+        assert recorded_mask(image, mask) is mask
+    grown = ImageConfig(method="inpaint", backend="diffusers", diffusers=DiffusersConfig(grow=20))
+    recorded = recorded_mask(grown, mask)
+    assert recorded.dtype == np.uint8 and set(np.unique(recorded)) == {0, 255}
+    assert (recorded[mask > 0] == 255).all()  # the mask itself stays in
+    rows, cols = np.nonzero(recorded)
+    # 20 px at the 512 px working size; the crop (crop_padding 0.25 of 50 x 40, square) is
+    # scaled up about 512 / 63 = 8x, so the ring is about 20 / 8 / 2 = 1-2 px at the picture
+    assert 96 <= rows.min() < 100 and 140 < rows.max() + 1 <= 144
+    assert 146 <= cols.min() < 150 and 200 < cols.max() + 1 <= 204
+    x0, y0, x1, y1 = 0, 0, 320, 240
+    assert working_masks(mask[y0:y1, x0:x1], (320, 240), 0)[1] is None
 
 
 @pytest.mark.parametrize(
