@@ -1,4 +1,5 @@
-"""The model-size sections of `make bench` (benchmarks/gpu_bench.py) in a reduced mode: LaMa
+"""The model-size sections of `make bench` (benchmarks/sections/lama_batches.py, verify_cost.py,
+gpu.py; the models in benchmarks/gpu_models.py) in a reduced mode: LaMa
 forwards per batch, verify's cost per item, and the LaMa-like generator's contract and size."""
 
 import sys
@@ -8,11 +9,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-gpu_bench = pytest.importorskip("gpu_bench")
+gpu_models = pytest.importorskip("gpu_models")
+gpu = pytest.importorskip("sections.gpu")
+lama_batches = pytest.importorskip("sections.lama_batches")
+verify_cost = pytest.importorskip("sections.verify_cost")
 
 
 def test_lama_batches_counts_fewer_forwards_on_canvases(tmp_path):
-    figures = gpu_bench.bench_lama_batches(tmp_path, 16)
+    figures = lama_batches.bench_lama_batches(tmp_path, 16)
     exact = figures["lama_batches_exact_forwards_per_batch"]
     canvas = figures["lama_batches_canvas_forwards_per_batch"]
     assert 1 <= canvas < exact <= 8  # 16 COCO-like crops: two batches of 8
@@ -21,7 +25,7 @@ def test_lama_batches_counts_fewer_forwards_on_canvases(tmp_path):
 
 
 def test_verify_cost_reports_both_paths_against_the_inpainter(tmp_path):
-    figures = gpu_bench.bench_verify_cost(tmp_path, 4)
+    figures = verify_cost.bench_verify_cost(tmp_path, 4)
     assert (
         figures["verify_cost_items"] == 4 and figures["verify_cost_crops_per_item"] == 4
     )  # dog before and after, 2 kept
@@ -38,7 +42,7 @@ def test_the_lama_like_generator_keeps_big_lamas_contract_and_size(tmp_path):
     from counterfactual.image import EditRequest, ImageConfig, make_editor
     from counterfactual.image.lama import LamaConfig
 
-    path, params = gpu_bench.save_lama_like(tmp_path / "lama.pt", gpu_bench.REDUCED_LAMA)
+    path, params = gpu_models.save_lama_like(tmp_path / "lama.pt", gpu_models.REDUCED_LAMA)
     model = torch.jit.load(str(path))
     image = torch.rand(2, 3, 64, 96)
     mask = torch.zeros(2, 1, 64, 96)
@@ -54,7 +58,7 @@ def test_the_lama_like_generator_keeps_big_lamas_contract_and_size(tmp_path):
     (edited,) = editor([EditRequest(picture, box, ("dog",), (), 0)])
     assert edited.shape == picture.shape and np.array_equal(edited[box == 0], picture[box == 0])
     assert params < 1e6
-    big = gpu_bench.lama_like(**gpu_bench.BIG_LAMA)
+    big = gpu_models.lama_like(**gpu_models.BIG_LAMA)
     assert 49e6 < sum(p.numel() for p in big.parameters()) < 53e6  # big-lama: about 51M
 
 
@@ -64,9 +68,9 @@ def test_gpu_section_runs_reduced_on_cpu(tmp_path, capsys):
 
     if torch.cuda.is_available():
         pytest.skip("on CUDA the section runs at full size")
-    import bench
+    import common
 
-    figures = gpu_bench.bench_gpu(tmp_path, 8, bench._ray_run, bench._generated)
+    figures = gpu.bench_gpu(tmp_path, 8, common.ray_run, common.generated)
     assert "GPU rows: not measured (no CUDA device)" in capsys.readouterr().out
     assert figures["gpu_samples"] > 0 and figures["gpu_pipeline_items_per_s"] > 0
     assert "gpu_lama_items_per_s_per_gpu" not in figures

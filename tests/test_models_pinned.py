@@ -181,6 +181,74 @@ def test_load_passes_the_commit_the_cache_pins(tiny_sd, tmp_path):
     ]
 
 
+PINNED_LOADERS = """
+import json
+from counterfactual.models import hf
+seen = []
+at = hf._at
+hf._at = lambda revision: seen.append(revision) or at(revision)
+from counterfactual.method.detect import DetectConfig, Detector
+from counterfactual.models.embed import load_embedder
+from counterfactual.text import TextConfig
+from counterfactual.text.captioner import Captioner
+from counterfactual.vocab import ClassVocabulary
+out = {}
+load_embedder("hf-clip:org/tiny-clip", device="cpu", dtype="float32")
+out["verifier"], seen[:] = sorted(set(seen)), []
+Detector(DetectConfig(model="org/tiny-owl"), ClassVocabulary({"dog": []}), "cpu", "float32")
+out["detector"], seen[:] = sorted(set(seen)), []
+Captioner(TextConfig(method="captioner", model="org/tiny-blip", max_new_tokens=2))
+out["captioner"], seen[:] = sorted(set(seen)), []
+out["folder"] = hf.pinned_revision("/nowhere/tiny-clip")
+out["absent"] = hf.pinned_revision("org/not-pulled")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_every_transformers_loader_passes_the_commit_the_cache_pins(tmp_path):
+    """The verifier (hf-clip), the detector (OWLv2) and the captioner (BLIP) load a hub id of
+    the cache at the commit ``models pull`` wrote to ``refs/main``, as the inpainter does: every
+    ``from_pretrained`` gets ``revision=`` that commit (real loading, offline, in a process of
+    its own); a folder or a model not in the cache gets none."""
+    from tiny_captioner import build_tiny_blip
+    from tiny_clip import build_tiny_clip
+
+    from counterfactual.testing import build_tiny_owlv2
+
+    cache = tmp_path / "hub"
+    fake_cache(cache, "org/tiny-clip", build_tiny_clip(tmp_path / "clip"))
+    fake_cache(cache, "org/tiny-owl", build_tiny_owlv2(tmp_path / "owl"))
+    fake_cache(cache, "org/tiny-blip", build_tiny_blip(tmp_path / "blip"))
+    env = os.environ | {"PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", PINNED_LOADERS], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "verifier": [SHA],
+        "detector": [SHA],
+        "captioner": [SHA],
+        "folder": None,
+        "absent": None,
+    }
+
+
+def test_a_named_revision_wins_over_the_pinned_one(tmp_path, monkeypatch):
+    """A caller that names a revision loads that one; without one, the cache's commit."""
+    from tiny_clip import build_tiny_clip
+
+    from counterfactual.models import hf
+
+    cache = tmp_path / "hub"
+    fake_cache(cache, "org/tiny-clip", build_tiny_clip(tmp_path / "clip"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    assert hf.pinned_revision("org/tiny-clip") == SHA
+    assert hf.pinned_revision(str(tmp_path / "clip")) is None  # a folder: as saved
+    assert hf._revision("org/tiny-clip", None) == SHA
+    assert hf._revision("org/tiny-clip", "v2") == "v2"
+
+
 def lama_config(model: str) -> SynthConfig:
     image = ImageConfig(method="inpaint", backend="lama")
     return SynthConfig(
@@ -266,7 +334,7 @@ def test_rorem_grows_its_mask_at_the_working_size():
 @pytest.mark.slow
 def test_the_grown_region_is_what_is_repainted(tiny_sd):
     from counterfactual.image import EditRequest
-    from counterfactual.image.diffusion import DiffusionInpainter
+    from counterfactual.image.diffusion import DiffusionInpainter, grown_region
 
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (128, 128, 3), dtype=np.uint8)
@@ -283,6 +351,37 @@ def test_the_grown_region_is_what_is_repainted(tiny_sd):
     assert ring.any()
     rows, cols = np.nonzero(ring)
     assert rows.min() >= 48 - 8 * 2 and rows.max() < 80 + 8 * 2
+    # what the sample records is the region repainted: every changed pixel lies inside it
+    recorded = grown_region(DiffusersConfig(model=str(tiny_sd), resolution=64, grow=8), mask)
+    assert not changed[8][recorded == 0].any() and (recorded > 0).sum() > (mask > 0).sum()
+
+
+def test_the_recorded_mask_is_the_grown_one_only_with_grow():
+    """With ``grow`` the sample records the grown region (the paste mask the inpainter uses,
+    in place in the whole picture); without, the very mask it was given (runs without
+    ``--inpaint-grow`` write the same bytes as before)."""
+    from counterfactual.image import ImageConfig, recorded_mask
+    from counterfactual.image.diffusion import working_masks
+
+    mask = np.zeros((240, 320), np.uint8)
+    mask[100:140, 150:200] = 255
+    for image in (
+        ImageConfig(method="inpaint", backend="diffusers"),
+        ImageConfig(method="inpaint", backend="lama"),
+        ImageConfig(method="blur"),
+    ):
+        assert recorded_mask(image, mask) is mask
+    grown = ImageConfig(method="inpaint", backend="diffusers", diffusers=DiffusersConfig(grow=20))
+    recorded = recorded_mask(grown, mask)
+    assert recorded.dtype == np.uint8 and set(np.unique(recorded)) == {0, 255}
+    assert (recorded[mask > 0] == 255).all()  # the mask itself stays in
+    rows, cols = np.nonzero(recorded)
+    # 20 px at the 512 px working size; the crop (crop_padding 0.25 of 50 x 40, square) is
+    # scaled up about 512 / 63 = 8x, so the ring is about 20 / 8 / 2 = 1-2 px at the picture
+    assert 96 <= rows.min() < 100 and 140 < rows.max() + 1 <= 144
+    assert 146 <= cols.min() < 150 and 200 < cols.max() + 1 <= 204
+    x0, y0, x1, y1 = 0, 0, 320, 240
+    assert working_masks(mask[y0:y1, x0:x1], (320, 240), 0)[1] is None
 
 
 @pytest.mark.parametrize(

@@ -309,6 +309,19 @@ def edit_region(config: ImageConfig, mask: np.ndarray) -> tuple[int, int, int, i
     return eraser.region(getattr(config, eraser.name), mask)
 
 
+def recorded_mask(config: ImageConfig, mask: np.ndarray) -> np.ndarray:
+    """The mask a sample records for ``mask`` (255 = repaint): the region the backend
+    repaints. A backend whose config grows the mask (``grow`` > 0: RORem's recipe,
+    ``--inpaint-grow``) repaints the grown region, so that is recorded; every other run records
+    ``mask`` itself (the same array)."""
+    backend = getattr(config, config.backend, None) if config.method == "inpaint" else None
+    if not getattr(backend, "grow", 0):
+        return mask
+    from counterfactual.image.diffusion import grown_region
+
+    return grown_region(backend, mask)
+
+
 def cli_options() -> list[tuple[str, str, Option]]:
     """The image options on the command line: ``(flag, flat key, option)`` per declared
     option with a flag, once per flag, in :data:`FLAT_KEYS` order."""
@@ -360,4 +373,5 @@ __all__ = [
     "flat_owner",
     "image_model",
     "make_editor",
+    "recorded_mask",
 ]

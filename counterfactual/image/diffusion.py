@@ -359,14 +359,7 @@ class DiffusionInpainter:
         )
         # Bilinear resampling then "> 0": any pixel touched by the mask is repainted, so the
         # working mask covers every masked pixel after scaling back.
-        mask = Image.fromarray(request.mask[y0:y1, x0:x1]).resize(size, Image.Resampling.BILINEAR)
-        mask = np.where(np.asarray(mask) > 0, 255, 0).astype(np.uint8)
-        paste_mask = None
-        if self.config.grow:
-            mask = grow_mask(mask, self.config.grow)
-            back = Image.fromarray(mask).resize((x1 - x0, y1 - y0), Image.Resampling.BILINEAR)
-            paste_mask = np.where(np.asarray(back) > 0, 255, request.mask[y0:y1, x0:x1])
-            paste_mask = paste_mask.astype(np.uint8)
+        mask, paste_mask = working_masks(request.mask[y0:y1, x0:x1], size, self.config.grow)
         # onto the square canvas: the picture mirrored at the bottom and right, kept (mask 0)
         rows, cols = side - size[1], side - size[0]
         image = np.pad(image, ((0, rows), (0, cols), (0, 0)), mode="symmetric")
@@ -433,6 +426,40 @@ class DiffusionInpainter:
             self.config.feather,
         )
         return edited
+
+
+def working_masks(
+    crop_mask: np.ndarray, size: tuple[int, int], grow: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(working mask, paste mask)`` of a crop's mask (``uint8``, 255 = repaint) scaled to
+    ``size`` (width, height): the working mask is every pixel the scaled mask touches, grown by
+    ``grow`` (:func:`grow_mask`); the paste mask is ``None`` without ``grow``, else the grown
+    working mask scaled back to the crop, with the crop's own mask: the pixels repainted."""
+    # Bilinear resampling then "> 0": any pixel touched by the mask is repainted, so the
+    # working mask covers every masked pixel after scaling back.
+    mask = Image.fromarray(crop_mask).resize(size, Image.Resampling.BILINEAR)
+    mask = np.where(np.asarray(mask) > 0, 255, 0).astype(np.uint8)
+    if not grow:
+        return mask, None
+    mask = grow_mask(mask, grow)
+    height, width = crop_mask.shape[:2]
+    back = Image.fromarray(mask).resize((width, height), Image.Resampling.BILINEAR)
+    return mask, np.where(np.asarray(back) > 0, 255, crop_mask).astype(np.uint8)
+
+
+def grown_region(config: DiffusersConfig, mask: np.ndarray) -> np.ndarray:
+    """The picture's mask (``uint8``, 255 = repaint) as :class:`DiffusionInpainter` repaints it:
+    with ``grow``, the crop's grown paste mask in place (a new array); without, ``mask``
+    itself. What a sample records as its mask."""
+    crop = region(config, mask) if config.grow else None
+    if crop is None:
+        return mask
+    x0, y0, x1, y1 = crop
+    size = work_size(x1 - x0, y1 - y0, config.resolution)
+    _, paste_mask = working_masks(mask[y0:y1, x0:x1], size, config.grow)
+    out = mask.copy()
+    out[y0:y1, x0:x1] = paste_mask
+    return out
 
 
 def grow_mask(mask: np.ndarray, side: int) -> np.ndarray:
@@ -637,7 +664,8 @@ def _options() -> tuple[Option, ...]:
             "grow",
             "grow",
             "diffusers: dilate the working mask by an N x N square kernel at the working size, "
-            "and repaint that (RORem's recipe: 20 at 512 px; 0: the mask as it is)",
+            "repaint that and record it as the sample's mask (RORem's recipe: 20 at 512 px; 0: "
+            "the mask as it is)",
             cli="--inpaint-grow",
             kind="nonnegative_int",
             sparse=True,

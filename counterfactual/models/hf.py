@@ -3,7 +3,9 @@ the embedders (``eval``, and the verifier through them), the trainer, the detect
 captioner.
 
 A model is named by a hub id (read from the Hugging Face cache, or downloaded when the hub is
-reachable) or a local ``save_pretrained`` folder, at an optional revision. Each step that can
+reachable) or a local ``save_pretrained`` folder, at an optional revision; a hub id that
+``models pull`` put in the cache loads at the commit the cache pins (:func:`pinned_revision`),
+as the diffusers inpainter does. Each step that can
 fail raises one ``ValueError`` line that starts with the caller's words (:class:`Words`: which
 model, what it should be) and ends with the library's reason: a name that is neither a folder
 nor a cached or reachable hub id (offline?), a model of another family, weights the caller
@@ -58,6 +60,7 @@ def read_config(source: str, words: Words, revision: str | None = None) -> dict[
     no config at all is a ``ValueError`` (``words.no_config``). No class is resolved: this is
     where ``model_type`` is checked."""
     require("transformers", "models")
+    revision = _revision(source, revision)
     config = check_transformers(source, revision)
     if not config:
         raise ValueError(f"{words.no_config}: no config.json")
@@ -75,6 +78,7 @@ def load_config(source: str, words: Words, revision: str | None = None) -> Any:
     """The ``PretrainedConfig`` of ``source`` (hub id or folder), or ``ValueError``
     (``words.no_config``)."""
     transformers = require("transformers", "models")
+    revision = _revision(source, revision)
     check_transformers(source, revision)
     try:
         return transformers.AutoConfig.from_pretrained(source, **_at(revision))
@@ -99,6 +103,7 @@ def load_pretrained(
     be drawn at random) is a ``ValueError`` (``words.not_checkpoint``). Any load failure is a
     ``ValueError`` (``words.no_model``)."""
     transformers = require("transformers", "models")
+    revision = _revision(source, revision)
     check_transformers(source, revision)
     options: dict[str, Any] = _at(revision)
     if dtype is not None:
@@ -124,11 +129,29 @@ def load_pretrained(
 def load_tokenizer(source: str, message: str, revision: str | None = None) -> Any:
     """``AutoTokenizer`` of ``source``, or ``ValueError`` starting with ``message``."""
     transformers = require("transformers", "models")
+    revision = _revision(source, revision)
     check_transformers(source, revision)
     try:
         return transformers.AutoTokenizer.from_pretrained(source, **_at(revision))
     except LOAD_ERRORS as err:
         raise ValueError(f"{message}: {err}") from err
+
+
+def pinned_revision(source: str) -> str | None:
+    """The commit the Hugging Face cache pins for the hub id ``source`` (its ``refs/main``,
+    which ``models pull`` wrote), or ``None``: a folder, or a hub id not in the cache (then
+    transformers resolves ``main`` itself). The diffusers inpainter loads at the same commit."""
+    from counterfactual.models.hub import ModelRef, is_local, locate
+
+    if not source or is_local(source):
+        return None
+    found = locate(ModelRef("model", "model", "hub", source))
+    return found.revision if found.source == "cache" else None
+
+
+def _revision(source: str, revision: str | None) -> str | None:
+    """``revision`` when the caller names one, else the cache's pinned commit."""
+    return revision if revision is not None else pinned_revision(source)
 
 
 def _at(revision: str | None) -> dict[str, Any]:

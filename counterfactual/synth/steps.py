@@ -30,6 +30,7 @@ from counterfactual.image import (
     edit_region,
     image_model,
     make_editor,
+    recorded_mask,
 )
 from counterfactual.image.best_of_n import BestOfN
 from counterfactual.imageio import SampleError, encode_jpeg, encode_png
@@ -403,6 +404,8 @@ class Edit(BatchStep):
                 job.fail(edited.reason, edited.detail)
                 continue
             job.edited = edited
+            if job.mask is not None:  # the region repainted (grown with --inpaint-grow)
+                job.mask = recorded_mask(self.config.image, job.mask)
             if not self.keep_original:
                 job.image = None
             job.methods["image_method"] = self.info
@@ -477,15 +480,20 @@ def crop_for_edit(jobs: Sequence[Job], config: SynthConfig) -> list[Cut | None]:
 
 def paste_edit(jobs: Sequence[Job], cuts: Sequence[Cut | None]) -> None:
     """After ``Edit`` came back (the same jobs, in order): each cut job's edited crop pasted
-    into a copy of its whole picture, its whole mask back, and its picture back if ``Edit``
-    kept it (for ``Verify``)."""
+    into a copy of its whole picture, its whole mask back (with the crop's mask as ``Edit``
+    recorded it: grown with ``--inpaint-grow``), and its picture back if ``Edit`` kept it (for
+    ``Verify``)."""
     for job, cut in zip(jobs, cuts, strict=True):
         if cut is None or not job.ok or job.edited is None:
             continue
         x0, y0, x1, y1 = cut.box
         edited = cut.image.copy()
         edited[y0:y1, x0:x1] = job.edited
-        job.edited, job.mask = edited, cut.mask
+        mask = cut.mask
+        if job.mask is not None and not np.array_equal(job.mask, mask[y0:y1, x0:x1]):
+            mask = mask.copy()  # Edit recorded the grown region (--inpaint-grow)
+            mask[y0:y1, x0:x1] = job.mask
+        job.edited, job.mask = edited, mask
         if job.image is not None:
             job.image = cut.image
 

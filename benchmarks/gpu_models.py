@@ -1,22 +1,4 @@
-"""The model-size sections of ``make bench`` (issue 35 points 1, 2 and 7):
-
-- ``lama-batches``: LaMa forwards per batch of 8 COCO-like crops, the old grouping by exact
-  padded size (``work_side=0``) against the square canvases, counted on the tests' tiny
-  TorchScript LaMa loaded through the real backend;
-- ``verify-cost``: verification's seconds per item (the model actor's part: preprocessing and
-  model on the old path, normalising and model on the new one) and its preprocessing alone
-  (the processor as the actor ran it, against the shard worker's resize-and-crop), next to the
-  inpainter's seconds per item on the same pictures, as ratios;
-- ``gpu``: the real ``synth`` path on Ray (LaMa inpainting, verification on) with a LaMa-size
-  FFC generator of this module exported to TorchScript (big-lama's inputs and outputs) and a
-  CLIP of ViT-L/14's sizes, random weights; items/s per GPU, the GPU's busy fraction (NVML) and
-  the ratio to a bare loop of the same model at the same batch and precision. Without CUDA it
-  runs reduced (a narrow generator, a tiny CLIP, a few pictures) and the GPU rows say "not
-  measured".
-
-bench.py calls these with its own helpers (``ray_run``, ``generated``), so this module does not
-import it.
-"""
+"""@@DOC@@"""
 
 from __future__ import annotations
 
@@ -29,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-
-# ------------------------------------------------------------------------- LaMa-like generator
+from common import ROOT
 
 BIG_LAMA = {"ngf": 64, "n_downsampling": 3, "n_blocks": 18, "ratio": 0.75}
 """big-lama's generator (LaMa's ``configs/training/big-lama.yaml``: ``ffc_resnet``, ngf 64, 3
 downsamplings to 512 channels, 18 FFC resnet blocks, global ratio 0.75, no LFU)."""
+
+
 REDUCED_LAMA = {"ngf": 8, "n_downsampling": 3, "n_blocks": 2, "ratio": 0.75}
 
 
@@ -152,8 +133,6 @@ def save_lama_like(path: Path, sizes: dict[str, Any], seed: int = 0) -> tuple[Pa
     return path, params
 
 
-# ------------------------------------------------------------------------- CLIP
-
 CLIP_VIT_L14 = {
     "vision": {
         "hidden_size": 1024,
@@ -172,6 +151,8 @@ CLIP_VIT_L14 = {
     "projection_dim": 768,
 }
 """openai/clip-vit-large-patch14's ``config.json`` sizes (the coco config's verifier)."""
+
+
 CLIP_224_TINY = {
     "vision": {
         "hidden_size": 32,
@@ -224,9 +205,6 @@ def save_clip(path: Path, sizes: dict[str, Any], seed: int = 0) -> str:
     return f"hf-clip:{path}"
 
 
-# ------------------------------------------------------------------------- shared inputs
-
-
 def coco_requests(work: Path, n: int, seed: int = 3) -> list[Any]:
     """One ``EditRequest`` per generated 640x480 COCO-like picture: one annotated object's box
     as the mask, and the picture's boxes (``xywh``) for verification."""
@@ -253,14 +231,14 @@ def coco_requests(work: Path, n: int, seed: int = 3) -> list[Any]:
     return out
 
 
-def _tiny_lama(work: Path) -> Path:
+def tiny_lama(work: Path) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny_lama import build_tiny_lama
 
     return build_tiny_lama(work / "tiny-lama.pt")
 
 
-def _counted(editor: Any) -> list[int]:
+def counted(editor: Any) -> list[int]:
     """Count the forwards (and their batch sizes) of a LaMa editor's model."""
     sizes: list[int] = []
     model = editor._model
@@ -273,11 +251,11 @@ def _counted(editor: Any) -> list[int]:
     return sizes
 
 
-def _per_item(fn: Callable[[], object], items: int, repeat: int = 2) -> float:
-    return _alternated({"": fn}, items, repeat)[""]
+def per_item(fn: Callable[[], object], items: int, repeat: int = 2) -> float:
+    return alternated({"": fn}, items, repeat)[""]
 
 
-def _alternated(
+def alternated(
     fns: dict[str, Callable[[], object]], items: int, repeat: int = 7
 ) -> dict[str, float]:
     """Seconds per item of each of ``fns``, run in turn ``repeat`` times (best of them), so a
@@ -289,45 +267,6 @@ def _alternated(
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
     return {name: seconds / items for name, seconds in best.items()}
-
-
-# ------------------------------------------------------------------------- sections
-
-
-def bench_lama_batches(work: Path, n: int, batch: int = 8) -> dict[str, float]:
-    """LaMa forwards per batch of ``batch`` COCO-like crops, old grouping against canvases."""
-    import torch
-
-    from counterfactual.image import ImageConfig, make_editor
-    from counterfactual.image.lama import WORK_SIDE, LamaConfig
-
-    torch.set_num_threads(1)
-    model = _tiny_lama(work)
-    requests = coco_requests(work, n)
-    figures: dict[str, float] = {"lama_batches_items": float(len(requests))}
-    for name, side in (("exact", 0), ("canvas", WORK_SIDE)):
-        config = ImageConfig(
-            method="inpaint", backend="lama", lama=LamaConfig(str(model), work_side=side)
-        )
-        editor = make_editor(config, batch_size=batch)
-        sizes = _counted(editor)
-        per_batch = []
-        start = time.perf_counter()
-        for first in range(0, len(requests) - batch + 1, batch):
-            before = len(sizes)
-            editor(requests[first : first + batch])
-            per_batch.append(len(sizes) - before)
-        seconds = time.perf_counter() - start
-        figures[f"lama_batches_{name}_forwards_per_batch"] = float(np.mean(per_batch))
-        figures[f"lama_batches_{name}_items_per_forward"] = float(np.mean(sizes))
-        figures[f"lama_batches_{name}_tiny_cpu_ms_per_item"] = (
-            1000 * seconds / (batch * len(per_batch))
-        )
-    figures["lama_batches_forwards_exact_over_canvas"] = (
-        figures["lama_batches_exact_forwards_per_batch"]
-        / figures["lama_batches_canvas_forwards_per_batch"]
-    )
-    return figures
 
 
 def verify_requests(requests: list[Any]) -> list[Any]:
@@ -352,62 +291,7 @@ def verify_requests(requests: list[Any]) -> list[Any]:
     return out
 
 
-def bench_verify_cost(work: Path, n: int, batch: int = 8) -> dict[str, float]:
-    """Verify's cost per item on the model actor, old path against new, and its preprocessing
-    alone, next to the tiny LaMa's cost per item on the same pictures (one thread)."""
-    import torch
-
-    from counterfactual.image import ImageConfig, make_editor
-    from counterfactual.image.lama import LamaConfig
-    from counterfactual.method.verify import Verifier, VerifyConfig, prepare_verify, verify_crops
-    from counterfactual.vocab import coco_vocabulary
-
-    torch.set_num_threads(1)
-    requests = coco_requests(work, n)
-    checks = verify_requests(requests)
-    clip = save_clip(work / "clip-224-tiny", CLIP_224_TINY)
-    verifier = Verifier(VerifyConfig(mode="record", model=clip), coco_vocabulary(), batch_size=16)
-    prep = verifier.pixel_prep()
-    assert prep is not None
-    crops = [c for r in checks for c in verify_crops(r, verifier.config)[0]]
-    processor = verifier.embedder._image_processor  # type: ignore[attr-defined]
-    prepared = [prepare_verify(r, verifier.config, prep) for r in checks]
-    verifier(checks[:2])
-    verifier(prepared[:2])  # warm-up
-    items = len(checks)
-    cost = _alternated(
-        {
-            "old": lambda: verifier(checks),
-            "new": lambda: verifier(prepared),
-            "old_prep": lambda: processor(images=crops, return_tensors="pt"),
-            "worker_prep": lambda: [prepare_verify(r, verifier.config, prep) for r in checks],
-        },
-        items,
-    )
-    old_item, new_item = cost["old"], cost["new"]
-    old_prep, worker_prep = cost["old_prep"], cost["worker_prep"]
-    lama = make_editor(
-        ImageConfig(method="inpaint", backend="lama", lama=LamaConfig(str(_tiny_lama(work)))),
-        batch_size=batch,
-    )
-    lama(requests[:batch])
-    inpaint = _per_item(lambda: lama(requests), items)
-    return {
-        "verify_cost_items": float(items),
-        "verify_cost_crops_per_item": len(crops) / items,
-        "verify_cost_actor_ms_per_item_old": 1000 * old_item,
-        "verify_cost_actor_ms_per_item_new": 1000 * new_item,
-        "verify_cost_actor_new_over_old": new_item / old_item,
-        "verify_cost_prep_ms_per_item_old_on_actor": 1000 * old_prep,
-        "verify_cost_prep_ms_per_item_in_worker": 1000 * worker_prep,
-        "verify_cost_prep_share_of_old_actor": old_prep / old_item,
-        "verify_cost_inpaint_tiny_lama_ms_per_item": 1000 * inpaint,
-        "verify_cost_old_over_inpaint": old_item / inpaint,
-        "verify_cost_new_over_inpaint": new_item / inpaint,
-    }
-
-
-class _Busy:
+class Busy:
     """Samples every GPU's utilisation through NVML (``pynvml``) every 0.1 s while running;
     ``fraction()`` is the mean busy share, ``None`` when NVML cannot be read."""
 
@@ -429,7 +313,7 @@ class _Busy:
         except pynvml.NVMLError as err:
             print(f"GPU busy fraction: not measured (NVML: {err})")
 
-    def __enter__(self) -> _Busy:
+    def __enter__(self) -> Busy:
         if self.handles:
             self.thread.start()
         return self
@@ -471,59 +355,8 @@ def bare_loop(model_path: Path, device: str, items: int, batch: int, side: int =
     return rounds * batch / (time.perf_counter() - start)
 
 
-def bench_gpu(
-    work: Path, n: int, ray_run: Callable[..., Any], generated: Callable[..., list[Any]]
-) -> dict[str, float]:
-    """The real ``synth`` path on Ray with LaMa (verify on) at model size on CUDA, reduced on
-    CPU; see the module doc. ``ray_run`` and ``generated`` are bench.py's helpers."""
-    import torch
-
-    from counterfactual.image import ImageConfig
-    from counterfactual.image.lama import LamaConfig
-    from counterfactual.method.verify import VerifyConfig
-    from counterfactual.synth.plan import SynthConfig
-
-    cuda = torch.cuda.is_available()
-    sizes, clip_sizes = (BIG_LAMA, CLIP_VIT_L14) if cuda else (REDUCED_LAMA, CLIP_224_TINY)
-    model, params = save_lama_like(work / "lama-like.pt", sizes)
-    clip = save_clip(work / "clip-bench", clip_sizes)
-    records = generated(work, n, (640, 480))
-    config = SynthConfig(
-        image=ImageConfig(method="inpaint", backend="lama", lama=LamaConfig(str(model))),
-        verify=VerifyConfig(mode="record", model=clip, k=5, retention_k=5),
-        images_per_shard=max(8, n // 8),
-    )
-    with _Busy() if cuda else _NoBusy() as busy:
-        seconds, _, written, _, clock = ray_run(records, work / "gpu-run", config)
-    gpus = max(1, torch.cuda.device_count()) if cuda else 1
-    figures = {
-        "gpu_lama_params_millions": params / 1e6,
-        "gpu_pictures": float(n),
-        "gpu_samples": float(written),
-        "gpu_pipeline_items_per_s": written / seconds,
-        "gpu_pipeline_steady_items_per_s": clock.steady_rate(),
-    }
-    device = "cuda" if cuda else "cpu"
-    bare = bare_loop(model, device, min(written, 512) or 8, 8)
-    rate = written / seconds  # Ray up, workers and model actors starting inside the timing
-    if not cuda:
-        figures["gpu_cpu_reduced_vs_bare_loop"] = rate / bare
-        print("GPU rows: not measured (no CUDA device)")
-        return figures
-    figures["gpu_lama_items_per_s_per_gpu"] = rate / gpus
-    figures["gpu_lama_vs_bare_loop"] = rate / (bare * gpus)
-    figures["gpu_lama_steady_vs_bare_loop"] = clock.steady_rate() / (bare * gpus)
-    if (fraction := busy.fraction()) is not None:
-        figures["gpu_busy_fraction"] = fraction
-    print(
-        f"GPU: {torch.cuda.get_device_name(0)} x{gpus}, torch {torch.__version__}, "
-        f"CUDA {torch.version.cuda}"
-    )
-    return figures
-
-
-class _NoBusy:
-    def __enter__(self) -> _NoBusy:
+class NoBusy:
+    def __enter__(self) -> NoBusy:
         return self
 
     def __exit__(self, *exc: object) -> None:
