@@ -423,7 +423,7 @@ def _generated(work: Path, n: int, size: tuple[int, int]) -> list:
 
 
 def _floor_rate(records: list, limit: int = 300) -> float:
-    from counterfactual.synth.plan import load_record_image
+    from counterfactual.shards.pictures import load_record_image
 
     sample = records[:limit]
     return best_rate(

@@ -18,7 +18,7 @@ from counterfactual.report import (
     write_report,
 )
 from counterfactual.report.lines import CheckLine
-from counterfactual.synth.samples import VerifyMeta, iter_samples
+from counterfactual.shards.samples import VerifyMeta, iter_samples
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The shard data spec and reader (`counterfactual.synth.samples`): write-then-read round trips on the
+"""The shard data spec and reader (`counterfactual.shards.samples`): write-then-read round trips on the
 shards of a real demo run, malformed jsons named by key, headers-only reading, committed shards
 only, and the same rows through an S3 URL."""
 
@@ -23,8 +23,8 @@ from counterfactual.method.verify import (
     VerifySummary,
 )
 from counterfactual.records import ParquetCell, Status, TarMember
-from counterfactual.synth import samples as samples_module
-from counterfactual.synth.samples import (
+from counterfactual.shards import samples as samples_module
+from counterfactual.shards.samples import (
     BAD_METADATA,
     BAD_SHARD,
     SampleMeta,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from counterfactual.synth.check import check_run
+from counterfactual.shards.check import check_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -16,7 +16,7 @@ from counterfactual.method.cooccurrence import (
     heatmap,
     report,
 )
-from counterfactual.synth.samples import synthetic_class_sets
+from counterfactual.shards.samples import synthetic_class_sets
 
 if TYPE_CHECKING:
     from counterfactual.readers.spec import DataSpec

@@ -139,7 +139,7 @@ class RemovalPlan:
         ``co_removed``; ``keep_overlap``: ``class``, ``ratio``, ``alpha1``, ``ok``;
         ``pmi.with_kept``: ``class``, ``pmi``), never an object keyed by class name, so every
         sample's json has one schema (Arrow, Hugging Face ``datasets``). Older shards hold
-        objects keyed by class name; :class:`counterfactual.synth.samples.PlanMeta` reads both.
+        objects keyed by class name; :class:`counterfactual.shards.samples.PlanMeta` reads both.
         """
         return msgspec.to_builtins(self.row())
 

@@ -202,7 +202,7 @@ class VerifyResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict as plain JSON, by class name; a sample's json stores it through
-        :class:`counterfactual.synth.samples.VerifyMeta`, which writes the per-class checks as lists
+        :class:`counterfactual.shards.samples.VerifyMeta`, which writes the per-class checks as lists
         of records."""
         return {
             "passed": self.passed,

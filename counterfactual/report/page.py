@@ -21,7 +21,7 @@ from counterfactual.report.lines import (
     verdict_lines,
 )
 from counterfactual.report.sheets import ROWS_PER_SHEET, SheetRow
-from counterfactual.synth.samples import VerifyMeta
+from counterfactual.shards.samples import VerifyMeta
 
 MAX_FAILURES_LISTED = 2000
 _CONTROL = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127])

@@ -19,9 +19,8 @@ from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import RemovalPlan
 from counterfactual.method.verify import PreparedVerify, VerifyResult
 from counterfactual.records import Status
-from counterfactual.synth.frames import DEFAULT_RULE, FrameRule
-from counterfactual.synth.plan import SynthConfig, WorkItem
-from counterfactual.synth.samples import (
+from counterfactual.shards.frames import DEFAULT_RULE, FrameRule
+from counterfactual.shards.samples import (
     BestOfNMeta,
     DetectedObject,
     MaskMeta,
@@ -29,7 +28,8 @@ from counterfactual.synth.samples import (
     SampleMeta,
     VerifyMeta,
 )
-from counterfactual.synth.shards import Sample
+from counterfactual.shards.shards import Sample
+from counterfactual.synth.plan import SynthConfig, WorkItem
 from counterfactual.text import RewriteResult
 
 
@@ -136,7 +136,7 @@ def planned_fields(config: SynthConfig) -> frozenset[str]:
 
 def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str, Any]:
     """Everything needed to trace and reproduce a sample (SPEC 1.4): a
-    :class:`~counterfactual.synth.samples.SampleMeta` as its json; ``mask`` (``--pairs``): how
+    :class:`~counterfactual.shards.samples.SampleMeta` as its json; ``mask`` (``--pairs``): how
     the mask was made, recorded as its ``mask``."""
     item, edited, caption = job.item, job.edited, job.caption
     if edited is None or caption is None or job.mask is None:

@@ -1,4 +1,4 @@
-"""What a shard holds, and one reader for it (the writer is :mod:`counterfactual.synth.shards`).
+"""What a shard holds, and one reader for it (the writer is :mod:`counterfactual.shards.shards`).
 
 A run folder ``OUT`` (a local folder or an fsspec URL, see :mod:`counterfactual.fs`) holds
 ``shard-NNNNNN.tar`` with, per sample, ``KEY.jpg`` (the edited picture), ``KEY.txt`` (the new
@@ -418,7 +418,7 @@ class SampleMeta(Record, omit_defaults=True):
     reader removed from the original caption, :mod:`counterfactual.readers.clean`) is absent
     when 0; ``exif_orientation`` (the original's EXIF orientation, 2..8) and ``exif_frame``
     (``stored``: the pictures are the file's pixels as stored; ``oriented``: turned upright per
-    the tag; boxes and masks lie on these pixels either way, :mod:`counterfactual.synth.frames`)
+    the tag; boxes and masks lie on these pixels either way, :mod:`counterfactual.shards.frames`)
     are absent, both, for an untagged picture (and in shards written before them).
     """
 

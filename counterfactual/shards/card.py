@@ -6,10 +6,10 @@ features (``dataset_info``): ``jpg`` an image (with ``--pairs`` also ``orig.jpg`
 ``mask.png``), ``txt`` a string, ``json`` the struct of every key any sample's json has, with
 the types merged over all samples (:mod:`counterfactual.json_types`), a key that every sample
 holds as ``None`` with the type it holds when set
-(:data:`~counterfactual.synth.samples.NULLABLE_TYPES`). Without declared features ``datasets`` infers them from the
+(:data:`~counterfactual.shards.samples.NULLABLE_TYPES`). Without declared features ``datasets`` infers them from the
 first five samples of the first shard and then drops keys those lack, or fails on a type they
 leave unknown (``null``, an empty list). Shards without samples are left out of the list (their
-tar is still written, see :mod:`counterfactual.synth.shards`), unless no shard has any: then
+tar is still written, see :mod:`counterfactual.shards.shards`), unless no shard has any: then
 the empty shards are listed, so the folder still opens, empty. When two shards' json types cannot
 share a column (shards of an older layout beside newer ones), the card declares no features
 and says which keys differ. The prose below the front matter is for people: counts, the config
@@ -36,7 +36,7 @@ from counterfactual.json_types import (
     mixed_paths,
 )
 from counterfactual.reasons import no_samples_line
-from counterfactual.synth.samples import NULLABLE_TYPES
+from counterfactual.shards.samples import NULLABLE_TYPES
 
 CARD_FILE = "README.md"
 SPLIT = "train"
