@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from counterfactual.shards.samples import PlanMeta, SampleMeta
+from counterfactual.method.selection import PlanMeta
+from counterfactual.shards.samples import SampleMeta
 
 
 def sample_json(

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from counterfactual.shards.samples import VerifyMeta
+from counterfactual.method.verify import VerifyMeta
 
 
 def method_label(described: Any) -> str:

@@ -24,9 +24,7 @@ from counterfactual.shards.samples import (
     BestOfNMeta,
     DetectedObject,
     MaskMeta,
-    PlanMeta,
     SampleMeta,
-    VerifyMeta,
 )
 from counterfactual.shards.shards import Sample
 from counterfactual.synth.plan import SynthConfig, WorkItem
@@ -157,7 +155,7 @@ def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str
         caption=caption.text,
         caption_cleaned=item.caption.cleaned,
         removed_phrases=tuple(caption.removed_phrases),
-        plan=PlanMeta.from_plan(job.plan),
+        plan=job.plan.row(),
         mask_boxes=job.plan.mask_boxes,
         **_detection_meta(job),
         mask_pixels=int(np.count_nonzero(job.mask)),
@@ -168,7 +166,7 @@ def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str
         sample_seed=item.seed,
         counterfactual_version=__version__,
         **job.methods.get("exif", {}),
-        verify=None if job.verify is None else VerifyMeta.from_result(job.verify),
+        verify=None if job.verify is None else job.verify.meta(),
         mask=None if mask is None else _mask_meta(job, mask),
     ).to_dict()
 
