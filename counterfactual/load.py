@@ -23,7 +23,7 @@ from typing import Any
 
 from counterfactual import fs
 from counterfactual.messages import one_line, short
-from counterfactual.synth.indexes import SIZES_FILE
+from counterfactual.shards.indexes import SIZES_FILE
 
 
 def shard_sizes(out: fs.PathLike) -> dict[str, int]:

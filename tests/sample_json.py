@@ -1,11 +1,12 @@
-"""A complete, valid sample json (:class:`counterfactual.synth.samples.SampleMeta`) for tests that
+"""A complete, valid sample json (:class:`counterfactual.shards.samples.SampleMeta`) for tests that
 write shards by hand."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from counterfactual.synth.samples import PlanMeta, SampleMeta
+from counterfactual.method.selection import PlanMeta
+from counterfactual.shards.samples import SampleMeta
 
 
 def sample_json(

@@ -16,8 +16,8 @@ from counterfactual.readers.coco import read_coco
 from counterfactual.readers.corpus import iter_table, iter_wds
 from counterfactual.readers.generate import generate_coco
 from counterfactual.records import Caption, ImageRecord
+from counterfactual.shards.samples import SampleMeta
 from counterfactual.synth.run import read_status
-from counterfactual.synth.samples import SampleMeta
 from counterfactual.testing.corpora import write_csv, write_shard
 
 FLAG = "🏴\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f"

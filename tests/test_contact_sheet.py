@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from counterfactual.cli import main
+from counterfactual.method.verify import VerifyMeta
 from counterfactual.readers.demo import read_demo
 from counterfactual.report import (
     ROWS_PER_SHEET,
@@ -18,7 +19,7 @@ from counterfactual.report import (
     write_report,
 )
 from counterfactual.report.lines import CheckLine
-from counterfactual.synth.samples import VerifyMeta, iter_samples
+from counterfactual.shards.samples import iter_samples
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ from counterfactual.cli import main
 from counterfactual.imageio import SampleError, load_rgb
 from counterfactual.readers.generate import generate_coco
 from counterfactual.records import ImageRecord
-from counterfactual.synth.frames import FrameRule
-from counterfactual.synth.plan import load_record_image
-from counterfactual.synth.samples import iter_samples
+from counterfactual.shards.frames import FrameRule
+from counterfactual.shards.pictures import load_record_image
+from counterfactual.shards.samples import iter_samples
 
 H, W = 24, 40
 

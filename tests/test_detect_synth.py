@@ -28,7 +28,8 @@ from counterfactual.method.selection import (
 from counterfactual.pipelines.synth import plan_stages
 from counterfactual.readers.coco import read_coco
 from counterfactual.readers.generate import generate_coco
-from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of, load_record_image
+from counterfactual.shards.pictures import load_record_image
+from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
 from counterfactual.synth.runner import run_local
 from counterfactual.synth.staging import step_order
 from counterfactual.text import TextConfig

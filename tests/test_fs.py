@@ -16,7 +16,7 @@ from counterfactual.imageio import SampleError, load_rgb, resolve_inside
 from counterfactual.readers.coco import read_coco
 from counterfactual.readers.flickr30k import read_flickr30k
 from counterfactual.readers.generate import generate_coco
-from counterfactual.synth.plan import load_record_image
+from counterfactual.shards.pictures import load_record_image
 from tests.test_flickr30k import ANNOTATION_1000, SENTENCES_1000
 
 

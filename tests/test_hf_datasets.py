@@ -17,9 +17,9 @@ from bad_coco import make_bad_coco, synth_args
 
 from counterfactual.cli import main
 from counterfactual.json_types import MIXED, hf_feature, json_type, merge_types, mixed_paths
-from counterfactual.synth.card import CARD_FILE, ShardEntry, card_metadata
+from counterfactual.shards.card import CARD_FILE, ShardEntry, card_metadata
+from counterfactual.shards.samples import SampleMeta, iter_samples, read_samples, shard_paths
 from counterfactual.synth.run import read_status
-from counterfactual.synth.samples import SampleMeta, iter_samples, read_samples, shard_paths
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 datasets = pytest.importorskip("datasets")

@@ -31,7 +31,7 @@ from counterfactual.readers.corpus import (
 )
 from counterfactual.readers.spec import DataSpec
 from counterfactual.records import ImageRecord, Origin, Status
-from counterfactual.synth.samples import SampleMeta, read_samples
+from counterfactual.shards.samples import SampleMeta, read_samples
 from counterfactual.testing import build_tiny_owlv2
 from counterfactual.testing.corpora import demo_samples
 

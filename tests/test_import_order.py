@@ -12,8 +12,8 @@ import counterfactual
 
 ROOT = Path(counterfactual.__file__).parent
 ORDER = (
-    "readers", "models", "method", "image", "text", "synth", "report", "eval", "train", "tools",
-    "world", "pipelines", "cli",
+    "readers", "models", "method", "image", "text", "shards", "report", "eval", "train", "synth",
+    "tools", "world", "pipelines", "cli",
 )  # fmt: skip
 
 

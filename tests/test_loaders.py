@@ -21,7 +21,7 @@ import pytest
 from bad_coco import make_bad_coco, synth_args
 
 from counterfactual.load import shard_sizes, shard_urls
-from counterfactual.synth.indexes import LOADER_WORKERS, few_shards_note
+from counterfactual.shards.indexes import LOADER_WORKERS, few_shards_note
 from counterfactual.synth.run import read_status
 
 REPO = Path(__file__).resolve().parents[1]

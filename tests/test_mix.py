@@ -19,7 +19,7 @@ from PIL import Image
 
 from counterfactual.cli import main
 from counterfactual.records import Status
-from counterfactual.synth.shards import Sample, ShardWriter
+from counterfactual.shards.shards import Sample, ShardWriter
 from counterfactual.train.mix import (
     PLAN_VERSION,
     MixPlan,

@@ -18,8 +18,8 @@ from PIL import Image
 
 from counterfactual.cli import main
 from counterfactual.imageio import load_rgb
+from counterfactual.shards.samples import SampleMeta, rebuild_mask, shard_paths
 from counterfactual.synth.plan import fingerprint_of
-from counterfactual.synth.samples import SampleMeta, rebuild_mask, shard_paths
 from counterfactual.train.mix import plan_mix
 from counterfactual.train.trainer import TrainConfig, plan_training
 

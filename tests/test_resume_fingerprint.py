@@ -17,9 +17,9 @@ from counterfactual.cli.synth import build_config, build_runtime
 from counterfactual.image import DiffusersConfig, ImageConfig, make_editor
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.verify import VerifyConfig
+from counterfactual.shards.names import RUN_FILE
 from counterfactual.synth import steps as stages
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
-from counterfactual.synth.run import RUN_FILE
 from counterfactual.synth.runner import run_local
 from counterfactual.text import TextConfig
 

@@ -1,4 +1,4 @@
-"""The shard data spec and reader (`counterfactual.synth.samples`): write-then-read round trips on the
+"""The shard data spec and reader (`counterfactual.shards.samples`): write-then-read round trips on the
 shards of a real demo run, malformed jsons named by key, headers-only reading, committed shards
 only, and the same rows through an S3 URL."""
 
@@ -19,16 +19,16 @@ from counterfactual.method.verify import (
     Removal,
     Retention,
     TextCheck,
+    VerifyMeta,
     VerifyResult,
     VerifySummary,
 )
 from counterfactual.records import ParquetCell, Status, TarMember
-from counterfactual.synth import samples as samples_module
-from counterfactual.synth.samples import (
+from counterfactual.shards import samples as samples_module
+from counterfactual.shards.samples import (
     BAD_METADATA,
     BAD_SHARD,
     SampleMeta,
-    VerifyMeta,
     iter_samples,
     read_member,
     read_samples,
@@ -71,12 +71,12 @@ RESULT = VerifyResult(
     k=1,
     retention_k=5,
 )
-VERIFY = VerifyMeta.from_result(RESULT).to_dict()
+VERIFY = RESULT.meta().to_dict()
 
 
 def test_a_verdict_converts_directly_as_its_dict_reads():
     # the direct conversion equals the older route through the dict keyed by class
-    assert VerifyMeta.from_result(RESULT) == VerifyMeta.from_dict(RESULT.to_dict())
+    assert RESULT.meta() == VerifyMeta.from_dict(RESULT.to_dict())
     assert VERIFY["removal"] == [
         {"class": "dog", "rank_before": 1, "rank_after": 2, "prob_before": 0.912346,
          "prob_after": 0.25, "removed": False}

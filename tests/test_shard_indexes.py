@@ -11,10 +11,10 @@ import pytest
 from bad_coco import make_bad_coco, synth_args
 
 from counterfactual.cli import main
-from counterfactual.synth.check import check_run
-from counterfactual.synth.indexes import SIZES_FILE, WIDS_FILE, WIDS_KIND
+from counterfactual.shards.check import check_run
+from counterfactual.shards.indexes import SIZES_FILE, WIDS_FILE, WIDS_KIND
+from counterfactual.shards.shards import read_stats
 from counterfactual.synth.run import read_status
-from counterfactual.synth.shards import read_stats
 
 ARGS = ("--image-method", "blur", "--images-per-shard", "3", "--contact-sheet", "0")
 

@@ -27,7 +27,7 @@ from counterfactual.method.selection import (
 )
 from counterfactual.readers.demo import read_demo
 from counterfactual.records import ImageRecord, ObjectAnnotation
-from counterfactual.synth.samples import synthetic_class_sets
+from counterfactual.shards.samples import synthetic_class_sets
 
 SPURIOUS = SelectionConfig(policy="spurious")
 

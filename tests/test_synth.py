@@ -182,7 +182,7 @@ def test_missing_annotation_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_sample_keys_are_stable_and_dotless():
-    from counterfactual.synth.shards import sample_key
+    from counterfactual.shards.shards import sample_key
 
     assert sample_key("123", "person", "45") == "123_person_45"
     odd = sample_key("a.b", "hot dog", "x_y")
@@ -191,7 +191,7 @@ def test_sample_keys_are_stable_and_dotless():
 
 def test_shard_writer_commits_the_tar_then_its_stats(tmp_path):
     from counterfactual.records import Status
-    from counterfactual.synth.shards import Sample, ShardStats, ShardWriter, read_stats
+    from counterfactual.shards.shards import Sample, ShardStats, ShardWriter, read_stats
 
     def item(i):
         if i == 3:  # a failed item: a status row, no sample

@@ -22,9 +22,10 @@ from PIL import Image, ImageOps
 from counterfactual.imageio import SampleError, load_picture, read_header
 from counterfactual.readers.generate import generate_coco
 from counterfactual.records import ImageRecord
-from counterfactual.synth.frames import FrameRule, choose_frame, scan_rule
-from counterfactual.synth.plan import SynthConfig, load_record_picture
-from counterfactual.synth.samples import SampleMeta, iter_samples
+from counterfactual.shards.frames import FrameRule, choose_frame, scan_rule
+from counterfactual.shards.pictures import load_record_picture
+from counterfactual.shards.samples import SampleMeta, iter_samples
+from counterfactual.synth.plan import SynthConfig
 
 W, H = 64, 40  # the upright picture
 GROUND, DOG, PERSON = 128, 30, 235

@@ -382,7 +382,7 @@ def test_a_run_cleans_up_only_its_own_temporary_files(tmp_path):
 def test_a_local_commit_is_fsynced_tar_and_folder_before_the_stats_file(tmp_path, monkeypatch):
     from counterfactual import fs
     from counterfactual.records import Status
-    from counterfactual.synth.shards import Sample, ShardWriter
+    from counterfactual.shards.shards import Sample, ShardWriter
 
     synced: list[str] = []
     real = os.fsync

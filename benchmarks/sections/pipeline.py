@@ -19,7 +19,7 @@ from counterfactual.imageio import encode_jpeg
 
 
 def _floor_rate(records: list, limit: int = 300) -> float:
-    from counterfactual.synth.plan import load_record_image
+    from counterfactual.shards.pictures import load_record_image
 
     sample = records[:limit]
     return best_rate(

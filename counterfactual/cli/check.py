@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from counterfactual.cli.options import add_options
 from counterfactual.options import declare, declared
-from counterfactual.synth.check import check_run
+from counterfactual.shards.check import check_run
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

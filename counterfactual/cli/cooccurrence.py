@@ -19,7 +19,7 @@ from counterfactual.method.cooccurrence import (
     report,
 )
 from counterfactual.options import declare, declared
-from counterfactual.synth.samples import synthetic_class_sets
+from counterfactual.shards.samples import synthetic_class_sets
 
 if TYPE_CHECKING:
     from counterfactual.readers.spec import DataSpec

@@ -12,7 +12,7 @@ from counterfactual.options import declare, declared
 from counterfactual.outdir import OutOptions, claim_out
 from counterfactual.report import DEFAULT_N, REPORT_DIR, write_report
 from counterfactual.report.write import REPORT_OUT
-from counterfactual.synth.check import damaged_shards
+from counterfactual.shards.check import damaged_shards
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -414,7 +414,7 @@ def next_steps(out: str) -> str:
 def _note_few_shards(out: str) -> None:
     """The loaders' note (``few_shards_note``) on stderr when the run has few shards."""
     from counterfactual.load import shard_sizes
-    from counterfactual.synth.indexes import few_shards_note
+    from counterfactual.shards.indexes import few_shards_note
 
     try:
         note = few_shards_note(shard_sizes(out), out)

@@ -7,7 +7,7 @@
   :func:`corpus_from_records` takes any reader's records (the demo).
 - :class:`Query`: one synthetic sample from our shards (made from the test split by
   ``counterfactual synth``): its image, and the classes removed from and kept in it.
-  :func:`read_queries` reads them back from the shards (:mod:`counterfactual.synth.samples`).
+  :func:`read_queries` reads them back from the shards (:mod:`counterfactual.shards.samples`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from PIL import Image
 
 from counterfactual.imageio import SampleError, decode_rgb, load_rgb, resolve_inside
 from counterfactual.records import ImageRecord, Status
-from counterfactual.synth.samples import BAD_SHARD, read_samples
+from counterfactual.shards.samples import BAD_SHARD, read_samples
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +182,8 @@ def read_queries(shards: Sequence[str | Path]) -> tuple[list[Query], list[Status
     image: one query per (source image, removed classes) pair, the first caption's sample (a plan
     yields one sample per caption, all with the same image). Samples that cannot be used come
     back as ``Status`` rows (``decode-error``, ``bad-metadata``: not a
-    :class:`~counterfactual.synth.samples.SampleMeta`) rather than raising; a shard that cannot be read
-    raises ``ValueError``. Read with :func:`counterfactual.synth.samples.read_samples`."""
+    :class:`~counterfactual.shards.samples.SampleMeta`) rather than raising; a shard that cannot be read
+    raises ``ValueError``. Read with :func:`counterfactual.shards.samples.read_samples`."""
     queries: list[Query] = []
     problems: list[Status] = []
     seen: set[tuple[str, tuple[str, ...]]] = set()

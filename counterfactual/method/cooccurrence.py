@@ -14,7 +14,7 @@ together); ``s > 0`` keeps every value finite and pulls pairs seen in few images
 (independence); a pair of classes the counts never saw scores exactly 0.
 
 A synthetic sample of a run (``plan.kept`` in its ``json``) is one image containing exactly
-its kept classes: :func:`counterfactual.synth.samples.synthetic_class_sets` reads them from a run's shards and
+its kept classes: :func:`counterfactual.shards.samples.synthetic_class_sets` reads them from a run's shards and
 :meth:`CooccurrenceStats.combined` adds them to the counts of the dataset (``D ∪ D'``).
 """
 

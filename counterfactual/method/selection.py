@@ -24,9 +24,11 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from msgspec import UNSET, UnsetType
 
 from counterfactual.boxtable import BoxTable
 from counterfactual.draws import draw_index
+from counterfactual.jsonrecord import Box, Number, Record, convert, unique, upgrade_keyed
 from counterfactual.method.cooccurrence import CooccurrenceStats
 from counterfactual.method.geometry import at_least, class_cells, class_overlaps, exceeds
 from counterfactual.options import declare
@@ -139,95 +141,147 @@ class RemovalPlan:
         ``co_removed``; ``keep_overlap``: ``class``, ``ratio``, ``alpha1``, ``ok``;
         ``pmi.with_kept``: ``class``, ``pmi``), never an object keyed by class name, so every
         sample's json has one schema (Arrow, Hugging Face ``datasets``). Older shards hold
-        objects keyed by class name; :class:`counterfactual.synth.samples.PlanMeta` reads both.
+        objects keyed by class name; :meth:`PlanMeta.from_dict` reads both.
         """
-        return msgspec.to_builtins(self.row())
+        return self.row().to_dict()
 
-    def row(self) -> PlanRow:
-        """The plan as the struct :meth:`to_dict` gives as JSON."""
+    def row(self) -> PlanMeta:
+        """The plan as a sample's json holds it (:meth:`to_dict` as a struct)."""
         return _row(
             self.image_id,
             self.target,
-            list(self.removed),
-            list(self.kept),
+            tuple(self.removed),
+            tuple(self.kept),
             self.co_removal.items(),
             self.keep_overlap.items(),
             self.removed_fraction,
-            [list(b) for b in self.mask_boxes],
+            tuple((x, y, w, h) for x, y, w, h in self.mask_boxes),
             (self.alpha1, self.alpha2, self.alpha3),
             self.rejected_by,
             self.pmi,
         )
 
 
-# The JSON form of a plan (RemovalPlan.to_dict, what `select` writes), field order = key order.
-class _CoRemoval(msgspec.Struct, gc=False):
+# The JSON form of a plan (RemovalPlan.to_dict, a sample's json, what `select` writes), field
+# order = key order.
+class CoRemoval(Record, gc=False):
+    """Another class's overlap with the target's boxes, compared with ``alpha2``."""
+
     name: str = msgspec.field(name="class")
-    ratio: float
-    alpha2: float
+    ratio: Number
+    alpha2: Number
     co_removed: bool
 
 
-class _KeepOverlap(msgspec.Struct, gc=False):
+class KeepOverlap(Record, gc=False):
+    """A kept class's overlap with the removed boxes, compared with ``alpha1``."""
+
     name: str = msgspec.field(name="class")
-    ratio: float
-    alpha1: float
+    ratio: Number
+    alpha1: Number
     ok: bool
 
 
-class _RemovedFraction(msgspec.Struct, gc=False):
-    ratio: float
-    alpha3: float
+class RemovedFraction(Record, gc=False):
+    """The removed boxes' share of the picture, compared with ``alpha3``."""
+
+    ratio: Number
+    alpha3: Number
     ok: bool
 
 
-class _PMIWith(msgspec.Struct, gc=False):
+class PMIWith(Record, gc=False):
     name: str = msgspec.field(name="class")
-    pmi: float
+    pmi: Number
 
 
-class _PMIEvidence(msgspec.Struct, gc=False):
-    with_kept: list[_PMIWith]
-    score: float
+class PMIEvidence(Record, gc=False):
+    """``spurious`` policy: the PMI of the target with each kept class and their aggregate."""
+
+    with_kept: tuple[PMIWith, ...]
+    score: Number
     aggregate: str
-    smoothing: float
+    smoothing: Number
+
+    def __post_init__(self) -> None:
+        unique(self.with_kept, "with_kept")
 
 
-class _Evidence(msgspec.Struct, gc=False, omit_defaults=True):
-    co_removal: list[_CoRemoval]
-    keep_overlap: list[_KeepOverlap]
-    removed_fraction: _RemovedFraction
-    pmi: _PMIEvidence | None = None
+class Evidence(Record, gc=False):
+    """Each ratio of a plan with its threshold (:meth:`RemovalPlan.to_dict`); a part the plan
+    does not have is absent (``UNSET``: ``pmi`` outside the ``spurious`` policy)."""
+
+    co_removal: tuple[CoRemoval, ...] | UnsetType = UNSET
+    keep_overlap: tuple[KeepOverlap, ...] | UnsetType = UNSET
+    removed_fraction: RemovedFraction | UnsetType = UNSET
+    pmi: PMIEvidence | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        for part in ("co_removal", "keep_overlap"):
+            records = getattr(self, part)
+            if records is not UNSET:
+                unique(records, part)
 
 
-class PlanRow(msgspec.Struct, gc=False):
-    """A plan as ``select`` writes it and :meth:`RemovalPlan.to_dict` gives it (encode with
-    ``msgspec.json``; ``image_id`` may be the input file's integer id)."""
+class PlanMeta(Record, gc=False):
+    """The removal plan as a sample's json and ``select`` hold it (:meth:`RemovalPlan.row`,
+    :meth:`RemovalPlan.to_dict`): ``evidence`` holds each ratio with its threshold (and the PMI under the
+    ``spurious`` policy); ``mask_boxes`` are the removed boxes (``xywh``, clipped to the
+    picture). The per-class evidence is a list of records ``{"class": name, ...}``; the older
+    layout (objects keyed by class name) is read by :meth:`from_dict` (and
+    :meth:`counterfactual.shards.samples.SampleMeta.from_dict`). ``select``'s rows
+    (:func:`select_rows`) hold lists where a decoded plan holds tuples, and ``image_id`` as the
+    input file has it (an int there): the same json either way."""
 
-    image_id: int | str
+    image_id: str
     target: str
-    removed: list[str]
-    kept: list[str]
+    removed: tuple[str, ...]
+    kept: tuple[str, ...]
     kind: str
     valid: bool
     rejected_by: str | None
-    evidence: _Evidence
-    mask_boxes: list[list[float]]
+    evidence: Evidence
+    mask_boxes: tuple[Box, ...]
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PlanMeta:
+        """A plan's json, in the current or the older layout."""
+        return convert(upgrade_keyed(d, PLAN_KEYED), cls)
+
+    def ratios(self, part: str) -> dict[str, float]:
+        """``class -> ratio`` of ``co_removal`` or ``keep_overlap`` (``pmi`` for the PMI with
+        each kept class), in the plan's class order; empty when absent."""
+        ev = self.evidence
+        if part == "pmi":
+            return {} if ev.pmi is UNSET else {r.name: r.pmi for r in ev.pmi.with_kept}
+        if part not in ("co_removal", "keep_overlap"):
+            raise ValueError(f"evidence part {part!r} is not one of co_removal, keep_overlap, pmi")
+        records = getattr(ev, part)
+        return {} if records is UNSET else {r.name: r.ratio for r in records}
+
+
+PLAN_KEYED = (
+    ("evidence", "co_removal"),
+    ("evidence", "keep_overlap"),
+    ("evidence", "pmi", "with_kept"),
+)
+"""The plan's per-class parts that older shards hold as objects keyed by class name, by path
+(:func:`~counterfactual.jsonrecord.upgrade_keyed`)."""
 
 
 def _row(
     image_id: str,
     target: str,
-    removed: list[str],
-    kept: list[str],
+    removed: tuple[str, ...],
+    kept: tuple[str, ...],
     co_removal: Iterable[tuple[str, float]],
     keep_overlap: Iterable[tuple[str, float]],
     removed_fraction: float,
-    mask_boxes: list[list[float]],
+    mask_boxes: tuple[Box, ...],
     alphas: tuple[float, float, float],
     rejected_by: str | None,
     pmi: dict[str, float] | None,
-) -> PlanRow:
+) -> PlanMeta:
     alpha1, alpha2, alpha3 = alphas
     # The flags repeat the decisions, which compare exact areas (a ratio rounded to alpha
     # itself is decided on the exact fraction): valid plans and plans rejected by the size
@@ -235,24 +289,24 @@ def _row(
     valid = rejected_by is None
     keep_ok = valid or rejected_by == TOO_LARGE
     fraction_ok = valid or (rejected_by != TOO_LARGE and removed_fraction < alpha3)
-    evidence = _Evidence(
-        [_CoRemoval(c, r, alpha2, c in removed) for c, r in co_removal],
-        [_KeepOverlap(k, r, alpha1, keep_ok or r < alpha1) for k, r in keep_overlap],
-        _RemovedFraction(removed_fraction, alpha3, fraction_ok),
+    evidence = Evidence(
+        tuple(CoRemoval(c, r, alpha2, c in removed) for c, r in co_removal),
+        tuple(KeepOverlap(k, r, alpha1, keep_ok or r < alpha1) for k, r in keep_overlap),
+        RemovedFraction(removed_fraction, alpha3, fraction_ok),
         _pmi_evidence(pmi),
     )
     kind = _KINDS[len(removed) > 1]
-    return PlanRow(image_id, target, removed, kept, kind, valid, rejected_by, evidence, mask_boxes)
+    return PlanMeta(image_id, target, removed, kept, kind, valid, rejected_by, evidence, mask_boxes)
 
 
 _KINDS = ("single", "multi")
 
 
-def _pmi_evidence(pmi: dict[str, float] | None) -> _PMIEvidence | None:
+def _pmi_evidence(pmi: dict[str, float] | None) -> PMIEvidence | UnsetType:
     if pmi is None:
-        return None
-    with_kept = [_PMIWith(k, v) for k, v in pmi.items()]
-    return _PMIEvidence(with_kept, spurious_score(pmi.values()), "mean", SPURIOUS_SMOOTHING)
+        return UNSET
+    with_kept = tuple(PMIWith(k, v) for k, v in pmi.items())
+    return PMIEvidence(with_kept, spurious_score(pmi.values()), "mean", SPURIOUS_SMOOTHING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,8 +544,8 @@ def _rows(
     config: SelectionConfig,
     pmi: Sequence[dict[str, float] | None] | None = None,
     ids: Sequence[int | str] | None = None,
-) -> list[PlanRow]:
-    """The :class:`PlanRow` of candidates ``(image[p], target[p])``, in that order; ``pmi[p]``
+) -> list[PlanMeta]:
+    """The :class:`PlanMeta` of candidates ``(image[p], target[p])``, in that order; ``pmi[p]``
     is pick ``p``'s PMI evidence, ``ids[image]`` the id to write (default: the table's). The
     rows of each chunk are made together: what every plan lists (removed and kept classes,
     evidence, removed boxes) is picked from the chunk's arrays as one flat list per field and
@@ -523,7 +577,7 @@ def _rows(
         # evidence, each flag repeating its decision (see _row)
         co = other & real
         co_removal = map(
-            _CoRemoval,
+            CoRemoval,
             names[co].tolist(),
             chunk.co_ratio[at, targets][co].tolist(),
             repeat(alpha2),
@@ -532,7 +586,7 @@ def _rows(
         keep_ratio = chunk.keep_ratio[at, targets]
         keep_ok = ((code == 0) | (code == 3))[:, None] | (keep_ratio < alpha1)
         keep_overlap = map(
-            _KeepOverlap,
+            KeepOverlap,
             kept_names,
             keep_ratio[kept].tolist(),
             repeat(alpha1),
@@ -541,11 +595,11 @@ def _rows(
         fraction = chunk.fraction[at, targets]
         fraction_ok = (code == 0) | ((code != 3) & (fraction < alpha3))
         evidence = map(
-            _Evidence,
+            Evidence,
             _split(list(co_removal), co.sum(1)),
             _split(list(keep_overlap), kept.sum(1)),
-            map(_RemovedFraction, fraction.tolist(), repeat(alpha3), fraction_ok.tolist()),
-            [None if pmi is None else _pmi_evidence(pmi[p]) for p in positions.tolist()],
+            map(RemovedFraction, fraction.tolist(), repeat(alpha3), fraction_ok.tolist()),
+            [UNSET if pmi is None else _pmi_evidence(pmi[p]) for p in positions.tolist()],
         )
         # the removed boxes of every pick, xywh, one after the other
         padded = np.concatenate([removed, np.zeros((len(at), 1), bool)], axis=1)
@@ -553,7 +607,7 @@ def _rows(
         xywh = chunk.boxes[at][erased]
         xywh[:, 2:] -= xywh[:, :2]
         rows = map(
-            PlanRow,
+            PlanMeta,
             map(ids.__getitem__, images.tolist()),
             names[np.arange(len(at)), targets].tolist(),
             gone_names,
@@ -706,8 +760,8 @@ def select_rows(
     seed: int = 0,
     rejected: bool = False,
     ids: Sequence[int | str] | None = None,
-) -> tuple[list[PlanRow], int, int]:
-    """:func:`select_table`'s chosen plans as :class:`PlanRow` (encoded, the bytes of
+) -> tuple[list[PlanMeta], int, int]:
+    """:func:`select_table`'s chosen plans as :class:`PlanMeta` (encoded, the bytes of
     :meth:`RemovalPlan.to_dict`), image by image
     in table order (and with ``rejected`` after each image's plans its refused candidates),
     built from the rules' arrays without making the plans: what ``counterfactual select``
@@ -857,10 +911,17 @@ def select(
 
 __all__: Sequence[str] = (
     "CAPTION_UNCHANGED",
+    "PLAN_KEYED",
     "POLICIES",
-    "PlanRow",
     "SPURIOUS_SMOOTHING",
+    "CoRemoval",
+    "Evidence",
+    "KeepOverlap",
+    "PMIEvidence",
+    "PMIWith",
+    "PlanMeta",
     "RemovalPlan",
+    "RemovedFraction",
     "Selection",
     "SelectionConfig",
     "candidates",

@@ -28,10 +28,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 from PIL import Image
 
 from counterfactual.imageio import SampleError
+from counterfactual.jsonrecord import Number, Record, convert, unique, upgrade_keyed
 from counterfactual.options import declare
 from counterfactual.records import ImageRecord
 from counterfactual.vocab import ClassVocabulary
@@ -191,6 +193,65 @@ class PreparedVerify:
     text_method: str = "np-removal"
 
 
+# The verdict as a sample's json holds it, field order = key order.
+class RemovalCheck(Record):
+    """A removed class on its box before and after the edit: rank 1 = most similar class."""
+
+    name: str = msgspec.field(name="class")
+    rank_before: int
+    rank_after: int
+    prob_before: Number
+    prob_after: Number
+    removed: bool
+
+
+class RetentionCheck(Record):
+    """A kept class on its box after the edit."""
+
+    name: str = msgspec.field(name="class")
+    rank: int
+    prob: Number
+    kept: bool
+
+
+class TextCheckMeta(Record):
+    """Removed classes the new caption names; whether it names a kept class (``None``: the text
+    method need not)."""
+
+    names_removed: tuple[str, ...]
+    names_kept: bool | None
+
+
+class VerifyMeta(Record):
+    """The verifier's verdict as a sample's json holds it (:meth:`VerifyResult.meta`): the
+    per-class checks are lists of records ``{"class": name, ...}`` (one schema for every sample;
+    :meth:`from_dict` and :meth:`counterfactual.shards.samples.SampleMeta.from_dict` also read
+    the older objects keyed by class name)."""
+
+    passed: bool
+    failed: tuple[str, ...]
+    removal: tuple[RemovalCheck, ...]
+    retention: tuple[RetentionCheck, ...]
+    text: TextCheckMeta | None
+    model: str
+    k: int
+    retention_k: int
+
+    def __post_init__(self) -> None:
+        unique(self.removal, "removal")
+        unique(self.retention, "retention")
+
+    @classmethod
+    def from_dict(cls, d: Any) -> VerifyMeta:
+        """A verdict's json, in the current or the older layout (:meth:`VerifyResult.to_dict`)."""
+        return convert(upgrade_keyed(d, VERIFY_KEYED), cls)
+
+
+VERIFY_KEYED = (("removal",), ("retention",))
+"""The verdict's per-class parts that older shards hold as objects keyed by class name, by path
+(:func:`~counterfactual.jsonrecord.upgrade_keyed`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
     passed: bool
@@ -203,37 +264,40 @@ class VerifyResult:
     k: int
     retention_k: int
 
-    def to_dict(self) -> dict[str, Any]:
-        """The verdict as plain JSON, by class name; a sample's json stores it through
-        :class:`counterfactual.synth.samples.VerifyMeta`, which writes the per-class checks as lists
-        of records."""
-        return {
-            "passed": self.passed,
-            "failed": list(self.failed),
-            "removal": {
-                c: {
-                    "rank_before": r.before.rank,
-                    "rank_after": r.after.rank,
-                    "prob_before": round_prob(r.before.prob),
-                    "prob_after": round_prob(r.after.prob),
-                    "removed": r.removed,
-                }
+    def meta(self) -> VerifyMeta:
+        """The verdict as its sample json holds it, probabilities rounded (:func:`round_prob`)."""
+        text = self.text
+        return VerifyMeta(
+            self.passed,
+            tuple(self.failed),
+            tuple(
+                RemovalCheck(
+                    c,
+                    r.before.rank,
+                    r.after.rank,
+                    round_prob(r.before.prob),
+                    round_prob(r.after.prob),
+                    r.removed,
+                )
                 for c, r in self.removal.items()
-            },
-            "retention": {
-                c: {"rank": r.score.rank, "prob": round_prob(r.score.prob), "kept": r.kept}
+            ),
+            tuple(
+                RetentionCheck(c, r.score.rank, round_prob(r.score.prob), r.kept)
                 for c, r in self.retention.items()
-            },
-            "text": None
-            if self.text is None
-            else {
-                "names_removed": list(self.text.names_removed),
-                "names_kept": self.text.names_kept,
-            },
-            "model": self.model,
-            "k": self.k,
-            "retention_k": self.retention_k,
-        }
+            ),
+            None if text is None else TextCheckMeta(tuple(text.names_removed), text.names_kept),
+            self.model,
+            self.k,
+            self.retention_k,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as plain JSON with the per-class checks by class name (``{c: {...}}``):
+        :meth:`meta`'s json, each list of records keyed by its ``class``."""
+        d = self.meta().to_dict()
+        for (part,) in VERIFY_KEYED:
+            d[part] = {r.pop("class"): r for r in d[part]}
+        return d
 
     def detail(self) -> str:
         """One line on what failed, for the status record."""

@@ -20,8 +20,8 @@ from counterfactual import fs
 from counterfactual.jsonl import json_objects
 from counterfactual.records import Status
 from counterfactual.report.lines import method_label
-from counterfactual.synth.run import MANIFEST_FILE, STATUS_FILE
-from counterfactual.synth.samples import (
+from counterfactual.shards.names import MANIFEST_FILE, STATUS_FILE
+from counterfactual.shards.samples import (
     BAD_SHARD,
     SampleMeta,
     SampleRow,
@@ -29,7 +29,7 @@ from counterfactual.synth.samples import (
     read_shard,
     shard_paths,
 )
-from counterfactual.synth.shards import read_stats
+from counterfactual.shards.shards import read_stats
 
 _PARALLEL_SHARDS = 4
 DEFAULT_N = 48
@@ -58,7 +58,7 @@ class SampleRef:
 
     @classmethod
     def from_row(cls, row: SampleRow) -> SampleRef:
-        """The reference to a sample read by :func:`counterfactual.synth.samples.read_shard`."""
+        """The reference to a sample read by :func:`counterfactual.shards.samples.read_shard`."""
         m, plan = row.meta, row.meta.plan
         return cls(
             row.shard,

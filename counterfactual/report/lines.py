@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from counterfactual.synth.samples import VerifyMeta
+from counterfactual.method.verify import VerifyMeta
 
 
 def method_label(described: Any) -> str:
@@ -82,7 +82,7 @@ class VerdictLines:
 
 
 def verdict_lines(v: VerifyMeta) -> VerdictLines:
-    """The lines of a stored verdict (:class:`counterfactual.synth.samples.VerifyMeta`)."""
+    """The lines of a stored verdict (:class:`counterfactual.shards.samples.VerifyMeta`)."""
     checks = [
         CheckLine(
             f"removed {r.name}",

@@ -15,9 +15,9 @@ from counterfactual import fs
 from counterfactual.imageio import DEFAULT_MAX_PIXELS, SampleError, resolve_inside
 from counterfactual.readers.spec import DataSpec
 from counterfactual.records import ImageRecord
-from counterfactual.synth.frames import DEFAULT_RULE, FrameRule
-from counterfactual.synth.plan import box_scale, load_record_image
-from counterfactual.synth.samples import SampleMeta
+from counterfactual.shards.frames import DEFAULT_RULE, FrameRule
+from counterfactual.shards.pictures import box_scale, load_record_image
+from counterfactual.shards.samples import SampleMeta
 
 
 @dataclass(frozen=True, slots=True)

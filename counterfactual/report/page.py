@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from counterfactual import fs
+from counterfactual.method.verify import VerifyMeta
 from counterfactual.reasons import no_samples_line
 from counterfactual.report.index import RunIndex, SampleRef
 from counterfactual.report.lines import (
@@ -21,7 +22,6 @@ from counterfactual.report.lines import (
     verdict_lines,
 )
 from counterfactual.report.sheets import ROWS_PER_SHEET, SheetRow
-from counterfactual.synth.samples import VerifyMeta
 
 MAX_FAILURES_LISTED = 2000
 _CONTROL = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127])

@@ -26,8 +26,8 @@ from counterfactual.records import ImageRecord
 from counterfactual.report.index import SampleRef
 from counterfactual.report.lines import VerdictLines, caption_segments, method_label, verdict_lines
 from counterfactual.report.originals import Original, Originals
-from counterfactual.synth.run import MANIFEST_FILE
-from counterfactual.synth.samples import SampleMeta, iter_samples
+from counterfactual.shards.names import MANIFEST_FILE
+from counterfactual.shards.samples import SampleMeta, iter_samples
 
 ROWS_PER_SHEET = 8
 """Rows on one of the report's ``sheet-XX.png``."""

@@ -19,17 +19,15 @@ from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import RemovalPlan
 from counterfactual.method.verify import PreparedVerify, VerifyResult
 from counterfactual.records import Status
-from counterfactual.synth.frames import DEFAULT_RULE, FrameRule
-from counterfactual.synth.plan import SynthConfig, WorkItem
-from counterfactual.synth.samples import (
+from counterfactual.shards.frames import DEFAULT_RULE, FrameRule
+from counterfactual.shards.samples import (
     BestOfNMeta,
     DetectedObject,
     MaskMeta,
-    PlanMeta,
     SampleMeta,
-    VerifyMeta,
 )
-from counterfactual.synth.shards import Sample
+from counterfactual.shards.shards import Sample
+from counterfactual.synth.plan import SynthConfig, WorkItem
 from counterfactual.text import RewriteResult
 
 
@@ -136,7 +134,7 @@ def planned_fields(config: SynthConfig) -> frozenset[str]:
 
 def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str, Any]:
     """Everything needed to trace and reproduce a sample (SPEC 1.4): a
-    :class:`~counterfactual.synth.samples.SampleMeta` as its json; ``mask`` (``--pairs``): how
+    :class:`~counterfactual.shards.samples.SampleMeta` as its json; ``mask`` (``--pairs``): how
     the mask was made, recorded as its ``mask``."""
     item, edited, caption = job.item, job.edited, job.caption
     if edited is None or caption is None or job.mask is None:
@@ -157,7 +155,7 @@ def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str
         caption=caption.text,
         caption_cleaned=item.caption.cleaned,
         removed_phrases=tuple(caption.removed_phrases),
-        plan=PlanMeta.from_plan(job.plan),
+        plan=job.plan.row(),
         mask_boxes=job.plan.mask_boxes,
         **_detection_meta(job),
         mask_pixels=int(np.count_nonzero(job.mask)),
@@ -168,7 +166,7 @@ def sample_meta(job: Job, seed: int, mask: MaskConfig | None = None) -> dict[str
         sample_seed=item.seed,
         counterfactual_version=__version__,
         **job.methods.get("exif", {}),
-        verify=None if job.verify is None else VerifyMeta.from_result(job.verify),
+        verify=None if job.verify is None else job.verify.meta(),
         mask=None if mask is None else _mask_meta(job, mask),
     ).to_dict()
 

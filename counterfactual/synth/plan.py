@@ -4,8 +4,8 @@
 it those that do not (device, dtype, batch sizes): only the first are in the run's fingerprint
 (:func:`fingerprint_of`), which a rerun must match to resume. :func:`plan` turns records into
 work items (one per chosen plan and caption, with a stable key and seed) or the status saying
-why a record yields none; :func:`load_record_image` decodes a record's picture and checks it
-against the annotation. The per-item steps live in :mod:`counterfactual.synth.steps`, the runs in
+why a record yields none (:func:`counterfactual.shards.pictures.load_record_image` decodes a
+record's picture and checks it against the annotation). The per-item steps live in :mod:`counterfactual.synth.steps`, the runs in
 :mod:`counterfactual.synth.runner` (in-process) and ``pipelines/`` (Ray).
 """
 
@@ -21,18 +21,9 @@ from importlib import resources
 from pathlib import Path, PurePath
 from typing import Any
 
-import numpy as np
-
 from counterfactual.draws import draw_index, item_seed
 from counterfactual.image import ImageConfig
-from counterfactual.imageio import (
-    DEFAULT_MAX_PIXELS,
-    Decoded,
-    SampleError,
-    decode_picture,
-    load_picture,
-    resolve_inside,
-)
+from counterfactual.imageio import DEFAULT_MAX_PIXELS
 from counterfactual.method.cooccurrence import CooccurrenceStats
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
@@ -45,8 +36,8 @@ from counterfactual.models.runtime import (  # noqa: F401  (DTYPES: named here t
 )
 from counterfactual.options import declare
 from counterfactual.records import Caption, ImageRecord, Status
-from counterfactual.synth.frames import DEFAULT_RULE, EXIF_FRAMES, Framed, FrameRule, choose_frame
-from counterfactual.synth.shards import sample_key
+from counterfactual.shards.frames import EXIF_FRAMES
+from counterfactual.shards.shards import sample_key
 from counterfactual.text import CUTTING_METHODS, TextConfig
 
 CAPTION_CHOICES = ("one", "all")
@@ -242,8 +233,8 @@ class SynthConfig:
         choices=EXIF_FRAMES,
     )
     """The frame of a dataset's boxes on EXIF-tagged pictures whose annotated size cannot tell
-    it (:mod:`counterfactual.synth.frames`); ``auto``: inferred by the driver over the
-    dataset's headers (:func:`~counterfactual.synth.frames.scan_rule`). ``auto`` is left out of
+    it (:mod:`counterfactual.shards.frames`); ``auto``: inferred by the driver over the
+    dataset's headers (:func:`~counterfactual.shards.frames.scan_rule`). ``auto`` is left out of
     :meth:`to_dict`, so runs before the option keep their fingerprint."""
 
     def __post_init__(self) -> None:
@@ -585,44 +576,3 @@ def _unplanned_items(record: ImageRecord, config: SynthConfig) -> list[WorkItem]
         key = sample_key(record.image_id, cap.caption_id)
         items.append(WorkItem(record, None, cap, key, item_seed(config.seed, key)))
     return items
-
-
-def load_record_image(
-    record: ImageRecord, max_pixels: int, rule: FrameRule = DEFAULT_RULE
-) -> np.ndarray:
-    """The record's picture in the frame of its boxes (:func:`load_record_picture`)."""
-    return load_record_picture(record, max_pixels, rule).pixels
-
-
-def load_record_picture(
-    record: ImageRecord, max_pixels: int, rule: FrameRule = DEFAULT_RULE
-) -> Framed:
-    """The record's picture, checked against its annotated size, in the frame its boxes were
-    drawn in: stored or upright per its EXIF orientation, as the annotated size tells, else as
-    ``rule`` says (:mod:`counterfactual.synth.frames`). A picture whose size differs but whose
-    aspect ratio matches (within 1%) is used and boxes are scaled to it (:func:`box_scale`);
-    any other size is a ``size-mismatch`` failure. A record of unknown size (``0 x 0``, a
-    corpus without boxes) is not checked and is returned upright. A picture inside another
-    file (a tar member, a Parquet cell: ``record.source``) is read from there; a ``root`` that
-    is a URL (``s3://bucket/images``) is read through :mod:`counterfactual.fs`.
-    """
-    return choose_frame(record, _decode_record(record, max_pixels), rule)
-
-
-def _decode_record(record: ImageRecord, max_pixels: int) -> Decoded:
-    if record.source is not None:
-        from counterfactual.readers.corpus import read_source
-
-        return decode_picture(read_source(record.source), max_pixels)
-    if record.root is None:
-        raise SampleError("missing-file", f"record {record.image_id} has no root folder")
-    return load_picture(resolve_inside(record.root, record.file), max_pixels)
-
-
-def box_scale(record: ImageRecord, image: np.ndarray) -> tuple[float, float]:
-    """``(sx, sy)`` taking the record's annotated pixels to ``image``'s (see
-    :func:`load_record_image`); ``(1, 1)`` for a record of unknown size, whose boxes (from a
-    detector) are already in decoded pixels."""
-    if not (record.width and record.height):
-        return 1.0, 1.0
-    return image.shape[1] / record.width, image.shape[0] / record.height

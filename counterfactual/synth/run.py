@@ -18,9 +18,9 @@ the end only this run's (by its token), at the start those of dead runs.
 together from the reader's failures and the shards' stats files, and writes ``manifest.json``
 (config and runtime, data spec, package versions, git revision, counts, items per node,
 timings, the history of every run into this OUT and, when samples were verified, a summary of
-the verdicts), the dataset card ``README.md`` (:mod:`counterfactual.synth.card`:
+the verdicts), the dataset card ``README.md`` (:mod:`counterfactual.shards.card`:
 ``datasets.load_dataset(OUT)`` reads it) and ``sizes.json``/``shardindex.json`` for open_clip
-and wids (:mod:`counterfactual.synth.indexes`).
+and wids (:mod:`counterfactual.shards.indexes`).
 """
 
 from __future__ import annotations
@@ -49,14 +49,11 @@ from counterfactual.outdir import OutKind, claim_out, without_links
 from counterfactual.progress import Progress
 from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import Status, outcome
-from counterfactual.synth import signals
-from counterfactual.synth.card import ShardEntry, card_text, shard_json_type, write_card
-from counterfactual.synth.indexes import SIZES_FILE, WIDS_FILE, IndexedShard, write_indexes
-from counterfactual.synth.models import model_records
-from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_diff, fingerprint_of
-from counterfactual.synth.runlock import FIELDS, LOCK_NAME, LockLost, RunLock, pid_running
-from counterfactual.synth.samples import verify_summary_from_samples
-from counterfactual.synth.shards import (
+from counterfactual.shards.card import ShardEntry, card_text, shard_json_type, write_card
+from counterfactual.shards.indexes import SIZES_FILE, WIDS_FILE, IndexedShard, write_indexes
+from counterfactual.shards.names import MANIFEST_FILE, RUN_FILE, STATUS_FILE
+from counterfactual.shards.samples import verify_summary_from_samples
+from counterfactual.shards.shards import (
     ShardStats,
     committed_names,
     config_digest,
@@ -66,12 +63,13 @@ from counterfactual.synth.shards import (
     stats_name,
     verify_shard,
 )
+from counterfactual.synth import signals
+from counterfactual.synth.models import model_records
+from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_diff, fingerprint_of
+from counterfactual.synth.runlock import FIELDS, LOCK_NAME, LockLost, RunLock, pid_running
 from counterfactual.synth.staging import SetupError, plan_steps
 from counterfactual.synth.tasks import ShardDone, ShardTask, input_change, shard_tasks
 
-RUN_FILE = "run.json"
-STATUS_FILE = "status.jsonl"
-MANIFEST_FILE = "manifest.json"
 RUN_FORMAT = 2
 """Shards are pieces of the input (format 1, before 0.2, numbered planned items instead)."""
 PACKAGES = (
@@ -625,8 +623,8 @@ def finish_run(
     extra: dict[str, Any] | None = None,
 ) -> RunResult:
     """Write ``status.jsonl``, ``manifest.json``, the dataset card ``README.md``
-    (:mod:`counterfactual.synth.card`) and the loaders' shard lists ``sizes.json`` and
-    ``shardindex.json`` (:mod:`counterfactual.synth.indexes`); raise if a planned shard is
+    (:mod:`counterfactual.shards.card`) and the loaders' shard lists ``sizes.json`` and
+    ``shardindex.json`` (:mod:`counterfactual.shards.indexes`); raise if a planned shard is
     missing."""
     # 1. Every planned shard committed; temporaries of retried workers removed
     run.begin()  # a run without shards

@@ -46,9 +46,10 @@ from counterfactual.method.verify import (
     class_boxes,
     prepare_verify,
 )
+from counterfactual.shards.pictures import load_record_picture
+from counterfactual.shards.shards import Sample
 from counterfactual.synth.job import JOB_FIELDS, Job, sample_meta
-from counterfactual.synth.plan import Runtime, SynthConfig, load_record_picture
-from counterfactual.synth.shards import Sample
+from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import (
     CAPTION_STILL_NAMES,
     CLASS_NOT_IN_VOCABULARY,
@@ -322,7 +323,7 @@ def device_name() -> str:
 
 class Decode(BatchStep):
     """Load each job's picture (RGB), checked against the annotation, in the frame of its boxes
-    (:mod:`counterfactual.synth.frames`, the job's ``exif`` rule); an EXIF-tagged picture's
+    (:mod:`counterfactual.shards.frames`, the job's ``exif`` rule); an EXIF-tagged picture's
     orientation and frame go to its sample json (``exif_orientation``, ``exif_frame``)."""
 
     name = "decode"

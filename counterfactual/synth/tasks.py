@@ -10,7 +10,7 @@ on the runner, the number of workers or the order they finish in.
 
 :class:`ShardMaker` is the worker's side: it reads the task's records, plans them
 (:func:`counterfactual.synth.plan.plan`: the alpha rules, the policy, the captions), runs the steps
-batch by batch and writes the shard with :class:`~counterfactual.synth.shards.ShardWriter`: tar, then
+batch by batch and writes the shard with :class:`~counterfactual.shards.shards.ShardWriter`: tar, then
 stats file. Both runners use it: in process, and in the Ray actors of ``pipelines/``.
 """
 
@@ -27,10 +27,10 @@ from counterfactual import fs
 from counterfactual.method.cooccurrence import CooccurrenceStats
 from counterfactual.readers.spec import InputStamps, RunInput
 from counterfactual.records import ImageRecord, Status
-from counterfactual.synth.frames import DEFAULT_RULE, FrameRule, scan_rule
+from counterfactual.shards.frames import DEFAULT_RULE, FrameRule, scan_rule
+from counterfactual.shards.shards import ShardStats, ShardWriter
 from counterfactual.synth.job import Job
 from counterfactual.synth.plan import Runtime, SynthConfig, plan
-from counterfactual.synth.shards import ShardStats, ShardWriter
 from counterfactual.synth.staging import Process
 
 if TYPE_CHECKING:
@@ -53,10 +53,10 @@ class ShardTask:
     the input by part (:func:`input_parts`), kept in the shard's stats file, so that a rerun
     over changed input is refused naming what changed (:func:`input_change`); ``input`` its
     ``ids`` part, what older stats files hold. ``run``: the run's token (its temporary names);
-    ``config``: the digest of its config (:func:`~counterfactual.synth.shards.config_digest`);
+    ``config``: the digest of its config (:func:`~counterfactual.shards.shards.config_digest`);
     both set by the driver as it hands the task out. ``exif``: the frame of the boxes on
     EXIF-tagged pictures whose size cannot tell it, the same for every task of a run
-    (:func:`~counterfactual.synth.frames.scan_rule`)."""
+    (:func:`~counterfactual.shards.frames.scan_rule`)."""
 
     index: int
     rows: tuple[ImageRecord | Status, ...] = ()
@@ -182,7 +182,7 @@ def shard_tasks(
     With the spurious policy a first pass over the records counts class co-occurrences
     (counts only, each image id once) and every task carries them. With annotated boxes and
     ``--exif-frame auto`` a pass over the pictures' headers finds the dataset's EXIF frame
-    (:func:`~counterfactual.synth.frames.scan_rule`), which every task carries. A repeated
+    (:func:`~counterfactual.shards.frames.scan_rule`), which every task carries. A repeated
     image id makes its
     later occurrence a ``failed: duplicate-id`` row; the first is processed.
     """

@@ -33,7 +33,7 @@ from braceexpand import braceexpand
 from counterfactual import fs
 from counterfactual.messages import cut, short
 from counterfactual.readers.corpus import member_key_field
-from counterfactual.synth.samples import shard_paths
+from counterfactual.shards.samples import shard_paths
 
 if TYPE_CHECKING:
     import webdataset as wds
@@ -54,7 +54,7 @@ _COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")
 def expand_shards(spec: ShardSpec) -> list[str]:
     """The shard paths named by ``spec``, in the order given; within a glob or a directory
     (all ``*.tar`` in it; in a synth run folder its committed shards only, see
-    :func:`counterfactual.synth.samples.shard_paths`) sorted by name.
+    :func:`counterfactual.shards.samples.shard_paths`) sorted by name.
 
     Raises ``ValueError`` naming the spec when a part matches nothing, names a missing file, or
     when one shard is listed twice (it would be counted twice).

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from counterfactual import fs
 from counterfactual.readers.corpus import member_key_field
 from counterfactual.records import Status
-from counterfactual.synth.indexes import LOADER_WORKERS, SIZES_FILE, IndexedShard, sizes_json
-from counterfactual.synth.shards import (
+from counterfactual.shards.indexes import LOADER_WORKERS, SIZES_FILE, IndexedShard, sizes_json
+from counterfactual.shards.shards import (
     ORIGINALS_PREFIX,
     Sample,
     ShardStats,

@@ -6,10 +6,10 @@ features (``dataset_info``): ``jpg`` an image (with ``--pairs`` also ``orig.jpg`
 ``mask.png``), ``txt`` a string, ``json`` the struct of every key any sample's json has, with
 the types merged over all samples (:mod:`counterfactual.json_types`), a key that every sample
 holds as ``None`` with the type it holds when set
-(:data:`~counterfactual.synth.samples.NULLABLE_TYPES`). Without declared features ``datasets`` infers them from the
+(:data:`~counterfactual.shards.samples.NULLABLE_TYPES`). Without declared features ``datasets`` infers them from the
 first five samples of the first shard and then drops keys those lack, or fails on a type they
 leave unknown (``null``, an empty list). Shards without samples are left out of the list (their
-tar is still written, see :mod:`counterfactual.synth.shards`), unless no shard has any: then
+tar is still written, see :mod:`counterfactual.shards.shards`), unless no shard has any: then
 the empty shards are listed, so the folder still opens, empty. When two shards' json types cannot
 share a column (shards of an older layout beside newer ones), the card declares no features
 and says which keys differ. The prose below the front matter is for people: counts, the config
@@ -36,7 +36,7 @@ from counterfactual.json_types import (
     mixed_paths,
 )
 from counterfactual.reasons import no_samples_line
-from counterfactual.synth.samples import NULLABLE_TYPES
+from counterfactual.shards.samples import NULLABLE_TYPES
 
 CARD_FILE = "README.md"
 SPLIT = "train"
@@ -133,21 +133,35 @@ def card_text(
     """``README.md``: the front matter (:func:`card_metadata`) and a short description.
     ``counts`` are ``status.jsonl``'s rows by ``status:reason``; ``config`` is
     :meth:`~counterfactual.synth.plan.SynthConfig.to_dict`, ``data`` the run's data spec;
-    ``pairs``: the samples hold their original and mask too (``--pairs``)."""
+    ``pairs``: the samples hold their original and mask too (``--pairs``).
+
+    One function per section, in the card's order: the front matter, what a sample holds, the
+    run in figures, loading, why there are no samples (a run without any), why no features are
+    declared (types that differ or are unknown), the license."""
     meta = card_metadata(shards, pairs)
-    samples = sum(s.samples for s in shards)
     held = [s for s in shards if s.samples > 0]
-    by_status: dict[str, int] = {}
-    for name, n in counts.items():
-        status = name.split(":", 1)[0]
-        by_status[status] = by_status.get(status, 0) + n
-    sel, image, text = config.get("selection", {}), config.get("image", {}), config.get("text", {})
-    verify = config.get("verify", {})
-    source = str(data.get("kind", "?")) + (f", split {data['split']}" if data.get("split") else "")
     lines = [
-        "---",
-        yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(),
-        "---",
+        *_front_matter(meta),
+        *_about(pairs),
+        *_figures(shards, held, counts, inputs, unit, config, data),
+        *_loading(),
+    ]
+    if not held:
+        lines += _no_samples(counts, inputs, unit)
+    if held and "dataset_info" not in meta:
+        lines += _no_features(held)
+    lines += _license()
+    return "\n".join(lines)
+
+
+def _front_matter(meta: dict[str, Any]) -> list[str]:
+    """The YAML front matter that ``datasets`` reads."""
+    return ["---", yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(), "---"]
+
+
+def _about(pairs: bool) -> list[str]:
+    """The title and what a sample holds (with ``--pairs``: its original and mask too)."""
+    return [
         "",
         "# Counterfactual image-text pairs",
         "",
@@ -163,6 +177,29 @@ def card_text(
             if pairs
             else ""
         ),
+    ]
+
+
+def _figures(
+    shards: Sequence[ShardEntry],
+    held: Sequence[ShardEntry],
+    counts: Mapping[str, int],
+    inputs: int,
+    unit: str,
+    config: Mapping[str, Any],
+    data: Mapping[str, Any],
+) -> list[str]:
+    """The run in figures: samples and shards, inputs and status rows by status, the options
+    that made it, and where the rest is recorded."""
+    samples = sum(s.samples for s in shards)
+    by_status: dict[str, int] = {}
+    for name, n in counts.items():
+        status = name.split(":", 1)[0]
+        by_status[status] = by_status.get(status, 0) + n
+    sel, image, text = config.get("selection", {}), config.get("image", {}), config.get("text", {})
+    verify = config.get("verify", {})
+    source = str(data.get("kind", "?")) + (f", split {data['split']}" if data.get("split") else "")
+    return [
         "",
         f"- {samples:,} samples in {len(held):,} shards"
         + (
@@ -179,6 +216,12 @@ def card_text(
         "",
         "`manifest.json` holds the whole config, package versions and counts; `status.jsonl` "
         "has a row for every input and item, with the reason when no sample was written.",
+    ]
+
+
+def _loading() -> list[str]:
+    """How ``datasets`` loads the folder, and what a missing key reads as."""
+    return [
         "",
         "## Loading",
         "",
@@ -193,31 +236,41 @@ def card_text(
         "key that some samples lack (such as `caption_cleaned`, written only when not 0) reads "
         "as `None` for them.",
     ]
-    if not held:
-        lines += [
-            "",
-            "## No samples",
-            "",
-            no_samples_line(counts, f"{inputs:,}", unit),
-            "",
-            '`load_dataset("path/to/this/folder", streaming=True)` opens it (empty). Without '
-            'streaming, `datasets` (5.2 tested) refuses any empty split (`Instruction "train" '
-            "corresponds to no data!`).",
-        ]
-    if held and "dataset_info" not in meta:
-        mixed = list(mixed_paths(merged_schema(held) or "null"))
-        why = (
-            f"their json differs in type at {', '.join(mixed[:5])}"
-            if mixed
-            else "some shards' stats files do not record their json types"
-        )
-        lines += [
-            "",
-            f"No features are declared because {why} (shards written by an older version "
-            "hold per-class evidence as objects keyed by class name). `datasets` then infers "
-            "them from the first samples; write the run into a new folder to load it whole.",
-        ]
-    lines += [
+
+
+def _no_samples(counts: Mapping[str, int], inputs: int, unit: str) -> list[str]:
+    """A run without samples: why, and how to open it empty."""
+    return [
+        "",
+        "## No samples",
+        "",
+        no_samples_line(counts, f"{inputs:,}", unit),
+        "",
+        '`load_dataset("path/to/this/folder", streaming=True)` opens it (empty). Without '
+        'streaming, `datasets` (5.2 tested) refuses any empty split (`Instruction "train" '
+        "corresponds to no data!`).",
+    ]
+
+
+def _no_features(held: Sequence[ShardEntry]) -> list[str]:
+    """Why no features are declared: the shards' json types differ, or some are unknown."""
+    mixed = list(mixed_paths(merged_schema(held) or "null"))
+    why = (
+        f"their json differs in type at {', '.join(mixed[:5])}"
+        if mixed
+        else "some shards' stats files do not record their json types"
+    )
+    return [
+        "",
+        f"No features are declared because {why} (shards written by an older version "
+        "hold per-class evidence as objects keyed by class name). `datasets` then infers "
+        "them from the first samples; write the run into a new folder to load it whole.",
+    ]
+
+
+def _license() -> list[str]:
+    """The pictures' and captions' terms: the source dataset's."""
+    return [
         "",
         "## License",
         "",
@@ -225,7 +278,6 @@ def card_text(
         "from its captions: their licenses and terms of use are those of the source dataset.",
         "",
     ]
-    return "\n".join(lines)
 
 
 def write_card(out_dir: fs.PathLike, text: str, run: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""What a shard holds, and one reader for it (the writer is :mod:`counterfactual.synth.shards`).
+"""What a shard holds, and one reader for it (the writer is :mod:`counterfactual.shards.shards`).
 
 A run folder ``OUT`` (a local folder or an fsspec URL, see :mod:`counterfactual.fs`) holds
 ``shard-NNNNNN.tar`` with, per sample, ``KEY.jpg`` (the edited picture), ``KEY.txt`` (the new
@@ -15,7 +15,8 @@ there on). :func:`iter_samples` yields the rows and raises on the first failure;
 :func:`sample_failures` lists the failures. With ``images=False`` only tar headers and the
 ``json``/``txt`` members are read: the JPEG data is skipped by seeking.
 
-The json is one schema, msgspec structs (:class:`Record`): decoding checks every key and type
+The json is one schema, msgspec structs (:class:`~counterfactual.jsonrecord.Record`; the plan's
+and the verdict's are :mod:`counterfactual.method`'s, which makes them): decoding checks every key and type
 and a ``ValueError`` names the path of the first bad one (``$.plan.mask_boxes[0]``).
 Boxes are ``xywh`` in the pixels of the written picture (``width`` x ``height``), numbers kept as
 the json holds them (so ``from_dict(d).to_dict() == d`` and the bytes of a rewritten json match).
@@ -33,211 +34,22 @@ import tarfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
 from msgspec import UNSET, UnsetType
 
 from counterfactual import fs
-from counterfactual.method.selection import RemovalPlan
-from counterfactual.method.verify import VerifyResult, VerifySummary, round_prob
+from counterfactual.jsonrecord import Box, Number, Record, convert, upgrade_keyed
+from counterfactual.method.selection import PLAN_KEYED, PlanMeta
+from counterfactual.method.verify import VERIFY_KEYED, VerifyMeta, VerifySummary
 from counterfactual.readers.corpus import member_key_field
 from counterfactual.records import ImageRecord, ImageSource, Origin, Status
 
 BAD_METADATA = "bad-metadata"
 BAD_SHARD = "bad-shard"
 _COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")
-
-T = TypeVar("T")
-
-
-# --- the spec: msgspec structs, field order = key order ----------------------------------------
-
-
-Number = int | float
-"""A json number kept as the json holds it (``1`` stays an int), so the bytes of a rewritten
-json match."""
-
-Box = tuple[Number, Number, Number, Number]
-"""``(x, y, w, h)`` pixels."""
-
-
-class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A part of the sample json: decoded by :meth:`from_dict` (``ValueError`` naming the key
-    path, ``$.plan.mask_boxes[0]``), written by :meth:`to_dict` (fresh lists and dicts)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return _builtins(self)
-
-    @classmethod
-    def from_dict(cls: type[R], d: Any) -> R:
-        return _convert(d, cls)
-
-
-R = TypeVar("R", bound=Record)
-
-
-def _convert(value: Any, kind: type[T]) -> T:
-    try:
-        return msgspec.convert(value, kind)
-    except msgspec.ValidationError as err:
-        raise ValueError(f"sample json: {err}") from err
-
-
-def _numpy_item(value: Any) -> Any:
-    if isinstance(value, np.generic):  # a numpy scalar in a describe() dict: its Python value
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-def _builtins(value: Any) -> Any:
-    """``value`` as plain JSON values: structs as dicts in field order, tuples as lists."""
-    return _lists(msgspec.to_builtins(value, enc_hook=_numpy_item))
-
-
-def _lists(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _lists(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_lists(v) for v in value]
-    return value
-
-
-def _unique(records: Iterable[Any], what: str) -> None:
-    """``ValueError`` when two per-class records name the same class."""
-    seen: set[str] = set()
-    for i, r in enumerate(records):
-        if r.name in seen:
-            raise ValueError(f"{what}[{i}].class {r.name!r} repeats")
-        seen.add(r.name)
-
-
-class CoRemoval(Record):
-    """Another class's overlap with the target's boxes, compared with ``alpha2``."""
-
-    name: str = msgspec.field(name="class")
-    ratio: Number
-    alpha2: Number
-    co_removed: bool
-
-
-class KeepOverlap(Record):
-    """A kept class's overlap with the removed boxes, compared with ``alpha1``."""
-
-    name: str = msgspec.field(name="class")
-    ratio: Number
-    alpha1: Number
-    ok: bool
-
-
-class RemovedFraction(Record):
-    """The removed boxes' share of the picture, compared with ``alpha3``."""
-
-    ratio: Number
-    alpha3: Number
-    ok: bool
-
-
-class PMIWith(Record):
-    name: str = msgspec.field(name="class")
-    pmi: Number
-
-
-class PMIEvidence(Record):
-    """``spurious`` policy: the PMI of the target with each kept class and their aggregate."""
-
-    with_kept: tuple[PMIWith, ...]
-    score: Number
-    aggregate: str
-    smoothing: Number
-
-    def __post_init__(self) -> None:
-        _unique(self.with_kept, "with_kept")
-
-
-class Evidence(Record):
-    """Each ratio of a plan with its threshold (:meth:`~counterfactual.method.selection.
-    RemovalPlan.to_dict`); a part the plan does not have is absent (``UNSET``)."""
-
-    co_removal: tuple[CoRemoval, ...] | UnsetType = UNSET
-    keep_overlap: tuple[KeepOverlap, ...] | UnsetType = UNSET
-    removed_fraction: RemovedFraction | UnsetType = UNSET
-    pmi: PMIEvidence | UnsetType = UNSET
-
-    def __post_init__(self) -> None:
-        for part in ("co_removal", "keep_overlap"):
-            records = getattr(self, part)
-            if records is not UNSET:
-                _unique(records, part)
-
-
-class PlanMeta(Record):
-    """The removal plan (:meth:`counterfactual.method.selection.RemovalPlan.to_dict`,
-    :meth:`from_plan`): ``evidence`` holds each ratio with its threshold (and the PMI under the
-    ``spurious`` policy); ``mask_boxes`` are the removed boxes (``xywh``, clipped to the
-    picture). The per-class evidence is a list of records ``{"class": name, ...}``; the older
-    layout (objects keyed by class name) is read by :meth:`SampleMeta.from_dict`."""
-
-    image_id: str
-    target: str
-    removed: tuple[str, ...]
-    kept: tuple[str, ...]
-    kind: str
-    valid: bool
-    rejected_by: str | None
-    evidence: Evidence
-    mask_boxes: tuple[Box, ...]
-
-    @classmethod
-    def from_dict(cls, d: Any) -> PlanMeta:
-        """A plan's json, in the current or the older layout."""
-        return _convert(_upgrade(d, _PLAN_KEYED), cls)
-
-    @classmethod
-    def from_plan(cls, plan: RemovalPlan) -> PlanMeta:
-        """``plan`` as its sample json holds it, from its :class:`~counterfactual.method.
-        selection.PlanRow` (no dict in between)."""
-        row = plan.row()
-        ev = row.evidence
-        pmi = ev.pmi
-        return cls(
-            plan.image_id,
-            row.target,
-            tuple(row.removed),
-            tuple(row.kept),
-            row.kind,
-            row.valid,
-            row.rejected_by,
-            Evidence(
-                tuple(CoRemoval(r.name, r.ratio, r.alpha2, r.co_removed) for r in ev.co_removal),
-                tuple(KeepOverlap(r.name, r.ratio, r.alpha1, r.ok) for r in ev.keep_overlap),
-                RemovedFraction(
-                    ev.removed_fraction.ratio, ev.removed_fraction.alpha3, ev.removed_fraction.ok
-                ),
-                UNSET
-                if pmi is None
-                else PMIEvidence(
-                    tuple(PMIWith(r.name, r.pmi) for r in pmi.with_kept),
-                    pmi.score,
-                    pmi.aggregate,
-                    pmi.smoothing,
-                ),
-            ),
-            tuple((x, y, w, h) for x, y, w, h in plan.mask_boxes),
-        )
-
-    def ratios(self, part: str) -> dict[str, float]:
-        """``class -> ratio`` of ``co_removal`` or ``keep_overlap`` (``pmi`` for the PMI with
-        each kept class), in the plan's class order; empty when absent."""
-        ev = self.evidence
-        if part == "pmi":
-            return {} if ev.pmi is UNSET else {r.name: r.pmi for r in ev.pmi.with_kept}
-        if part not in ("co_removal", "keep_overlap"):
-            raise ValueError(f"evidence part {part!r} is not one of co_removal, keep_overlap, pmi")
-        records = getattr(ev, part)
-        return {} if records is UNSET else {r.name: r.ratio for r in records}
-
 
 NULLABLE_TYPES: dict[str, Any] = {
     "split": "string",
@@ -321,89 +133,6 @@ class BestOfNMeta(Record):
     scores: tuple[Number | None, ...]
 
 
-class RemovalCheck(Record):
-    """A removed class on its box before and after the edit: rank 1 = most similar class."""
-
-    name: str = msgspec.field(name="class")
-    rank_before: int
-    rank_after: int
-    prob_before: Number
-    prob_after: Number
-    removed: bool
-
-
-class RetentionCheck(Record):
-    """A kept class on its box after the edit."""
-
-    name: str = msgspec.field(name="class")
-    rank: int
-    prob: Number
-    kept: bool
-
-
-class TextCheckMeta(Record):
-    """Removed classes the new caption names; whether it names a kept class (``None``: the text
-    method need not)."""
-
-    names_removed: tuple[str, ...]
-    names_kept: bool | None
-
-
-class VerifyMeta(Record):
-    """The verifier's verdict (:class:`counterfactual.method.verify.VerifyResult`,
-    :meth:`from_result`): the per-class checks are lists of records ``{"class": name, ...}``
-    (one schema for every sample; :meth:`SampleMeta.from_dict` also reads the older objects
-    keyed by class name)."""
-
-    passed: bool
-    failed: tuple[str, ...]
-    removal: tuple[RemovalCheck, ...]
-    retention: tuple[RetentionCheck, ...]
-    text: TextCheckMeta | None
-    model: str
-    k: int
-    retention_k: int
-
-    def __post_init__(self) -> None:
-        _unique(self.removal, "removal")
-        _unique(self.retention, "retention")
-
-    @classmethod
-    def from_dict(cls, d: Any) -> VerifyMeta:
-        """A verdict's json, in the current or the older layout (:meth:`VerifyResult.to_dict
-        <counterfactual.method.verify.VerifyResult.to_dict>`)."""
-        return _convert(_upgrade(d, _VERIFY_KEYED), cls)
-
-    @classmethod
-    def from_result(cls, result: VerifyResult) -> VerifyMeta:
-        """``result`` as its sample json holds it, probabilities rounded as
-        :meth:`~counterfactual.method.verify.VerifyResult.to_dict` rounds them."""
-        text = result.text
-        return cls(
-            result.passed,
-            tuple(result.failed),
-            tuple(
-                RemovalCheck(
-                    c,
-                    r.before.rank,
-                    r.after.rank,
-                    round_prob(r.before.prob),
-                    round_prob(r.after.prob),
-                    r.removed,
-                )
-                for c, r in result.removal.items()
-            ),
-            tuple(
-                RetentionCheck(c, r.score.rank, round_prob(r.score.prob), r.kept)
-                for c, r in result.retention.items()
-            ),
-            None if text is None else TextCheckMeta(tuple(text.names_removed), text.names_kept),
-            result.model,
-            result.k,
-            result.retention_k,
-        )
-
-
 class SampleMeta(Record, omit_defaults=True):
     """A sample's ``KEY.json``: everything needed to trace and reproduce it (SPEC 1.4).
 
@@ -418,7 +147,7 @@ class SampleMeta(Record, omit_defaults=True):
     reader removed from the original caption, :mod:`counterfactual.readers.clean`) is absent
     when 0; ``exif_orientation`` (the original's EXIF orientation, 2..8) and ``exif_frame``
     (``stored``: the pictures are the file's pixels as stored; ``oriented``: turned upright per
-    the tag; boxes and masks lie on these pixels either way, :mod:`counterfactual.synth.frames`)
+    the tag; boxes and masks lie on these pixels either way, :mod:`counterfactual.shards.frames`)
     are absent, both, for an untagged picture (and in shards written before them).
     """
 
@@ -483,7 +212,7 @@ class SampleMeta(Record, omit_defaults=True):
         (``$.plan.removed``, ``$.verify.removal[0]``) when one is missing, unexpected or of the
         wrong type. The older layout (per-class parts as objects keyed by class name) reads as
         the current one."""
-        return _convert(_upgrade(d, _SAMPLE_KEYED), cls)
+        return convert(upgrade_keyed(d, _SAMPLE_KEYED), cls)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> SampleMeta:
@@ -495,41 +224,9 @@ class SampleMeta(Record, omit_defaults=True):
         return cls.from_dict(d)
 
 
-# Per-class parts that older shards hold as objects keyed by class name ({c: {field: ...}};
-# pmi.with_kept as {c: pmi}), by their path in a plan, a verdict and the sample json.
-_PLAN_KEYED = (
-    ("evidence", "co_removal"),
-    ("evidence", "keep_overlap"),
-    ("evidence", "pmi", "with_kept"),
-)
-_VERIFY_KEYED = (("removal",), ("retention",))
-_SAMPLE_KEYED = (*(("plan", *p) for p in _PLAN_KEYED), *(("verify", *p) for p in _VERIFY_KEYED))
-
-
-def _upgrade(d: Any, paths: Iterable[tuple[str, ...]]) -> Any:
-    """``d`` with each per-class part at ``paths`` that is an object keyed by class name made
-    the list of records ``[{"class": c, ...}]`` (copies along the way; ``d`` is not changed).
-    Anything else is left for the schema to judge."""
-    for path in paths:
-        d = _upgrade_at(d, path)
-    return d
-
-
-def _upgrade_at(d: Any, path: tuple[str, ...]) -> Any:
-    if not isinstance(d, dict) or path[0] not in d:
-        return d
-    key, rest = path[0], path[1:]
-    value = d[key]
-    if rest:
-        new = _upgrade_at(value, rest)
-    elif isinstance(value, dict):
-        new = [
-            {"class": c, **v} if isinstance(v, dict) else {"class": c, "pmi": v}
-            for c, v in value.items()
-        ]
-    else:
-        return d
-    return d if new is value else {**d, key: new}
+# Per-class parts that older shards hold as objects keyed by class name, by their path in the
+# sample json: the plan's and the verdict's.
+_SAMPLE_KEYED = (*(("plan", *p) for p in PLAN_KEYED), *(("verify", *p) for p in VERIFY_KEYED))
 
 
 # --- reading shards ----------------------------------------------------------------------------
@@ -746,25 +443,11 @@ __all__: Sequence[str] = (
     "MASK_BOXES",
     "NULLABLE_TYPES",
     "BestOfNMeta",
-    "Box",
-    "CoRemoval",
     "DetectedObject",
     "DetectionMeta",
-    "Evidence",
-    "KeepOverlap",
     "MaskMeta",
-    "Number",
-    "PMIEvidence",
-    "PMIWith",
-    "PlanMeta",
-    "Record",
-    "RemovalCheck",
-    "RemovedFraction",
-    "RetentionCheck",
     "SampleMeta",
     "SampleRow",
-    "TextCheckMeta",
-    "VerifyMeta",
     "iter_samples",
     "read_member",
     "read_samples",

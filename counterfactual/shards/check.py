@@ -1,6 +1,6 @@
 """``counterfactual check OUT``: is a run folder whole and do its records agree?
 
-Every committed shard is verified against its stats file (:func:`~counterfactual.synth.shards.verify_shard`:
+Every committed shard is verified against its stats file (:func:`~counterfactual.shards.shards.verify_shard`:
 size, and SHA-256 unless ``content=False``; an older stats file without them: its tar read and
 its samples' keys compared), and the folder's records are compared with its shards:
 ``status.jsonl`` (its ``written`` rows are the shards' samples, no more, no fewer),
@@ -24,10 +24,10 @@ from typing import Any
 import yaml
 
 from counterfactual import fs
-from counterfactual.synth.card import CARD_FILE
-from counterfactual.synth.indexes import IndexedShard, index_problems
-from counterfactual.synth.run import MANIFEST_FILE, RUN_FILE, STATUS_FILE
-from counterfactual.synth.shards import (
+from counterfactual.shards.card import CARD_FILE
+from counterfactual.shards.indexes import IndexedShard, index_problems
+from counterfactual.shards.names import MANIFEST_FILE, RUN_FILE, STATUS_FILE
+from counterfactual.shards.shards import (
     ORIGINALS_PREFIX,
     ShardStats,
     file_sizes,
