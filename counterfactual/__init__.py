@@ -10,10 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__version__ = "0.2.0"
-
-DISTRIBUTION = "counterfactual-vl"
-"""The name to ``pip install`` (``counterfactual`` on PyPI is an unrelated project)."""
+from counterfactual._version import DISTRIBUTION, __version__
 
 
 class _CheckoutPipelines:
@@ -52,7 +49,7 @@ _find_checkout_pipelines()
 
 
 _API = ("edit", "Editor", "EditResult", "EditError")
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", "DISTRIBUTION", *_API]
 
 
 def __getattr__(name: str) -> Any:
