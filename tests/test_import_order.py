@@ -80,3 +80,52 @@ def test_the_check_sees_a_violation(tmp_path: Path, monkeypatch) -> None:
         "counterfactual/readers/x.py:3 imports counterfactual.synth.plan",
         "counterfactual/readers/x.py:4 imports counterfactual.cli",
     ]
+
+
+def _private_imports(root: Path) -> list[str]:
+    """``path:line imports module._name`` for every underscored name (not a dunder) that a
+    module of ``root`` imports from another module (``from counterfactual.x import _name``,
+    ``from .x import _name``): a name used across modules is public, or lives where it is used."""
+    package_root = root.parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        package = [root.name, *path.relative_to(root).parts[:-1]]
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != root.name:
+                continue
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                if (package_root / Path(*module.split("."), f"{name}.py")).is_file():
+                    continue  # a module (``from counterfactual import _lazy``), not a name
+                where = path.relative_to(package_root)
+                bad.append(f"{where}:{node.lineno} imports {module}.{name}")
+    return bad
+
+
+def test_no_underscored_name_is_imported_across_modules() -> None:
+    assert _private_imports(ROOT) == []
+
+
+def test_the_private_check_sees_one(tmp_path: Path) -> None:
+    """Absolute and relative imports of a private name, not a dunder, not a private module."""
+    fake = tmp_path / "counterfactual"
+    (fake / "readers").mkdir(parents=True)
+    (fake / "_lazy.py").write_text("")
+    (fake / "readers" / "a.py").write_text("_X = 1\n")
+    (fake / "readers" / "b.py").write_text(
+        "from counterfactual.readers.a import _X\nfrom .a import _X, Y\n"
+        "from counterfactual import _lazy, __version__\nfrom os import _exit\n"
+    )
+    assert _private_imports(fake) == [
+        "counterfactual/readers/b.py:1 imports counterfactual.readers.a._X",
+        "counterfactual/readers/b.py:2 imports counterfactual.readers.a._X",
+    ]

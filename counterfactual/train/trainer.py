@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from counterfactual._lazy import require
 from counterfactual.models.runtime import resolve_device
-from counterfactual.train.batches import _epoch_batches, _epoch_seed, epoch_samples
+from counterfactual.train.batches import epoch_batches, epoch_samples, epoch_seed
 from counterfactual.train.config import (
     MIXES,
     OPTIMIZERS,
@@ -58,17 +58,17 @@ from counterfactual.train.config import (
     TrainPlan,
     plan_training,
 )
-from counterfactual.train.families import _FAMILIES, BLIP_TEMPERATURE, _Step, contrastive_loss
+from counterfactual.train.families import BLIP_TEMPERATURE, FAMILIES, Step, contrastive_loss
 from counterfactual.train.folders import (
-    _check_same_config,
-    _epoch_name,
-    _keep_log_rows,
-    _last_epoch,
-    _read_json,
-    _save_epoch,
-    _save_folder,
-    _versions,
-    _write_json,
+    check_same_config,
+    epoch_name,
+    keep_log_rows,
+    last_epoch,
+    library_versions,
+    read_json,
+    save_epoch,
+    save_folder,
+    write_json,
 )
 
 if TYPE_CHECKING:
@@ -154,26 +154,26 @@ def fine_tune(
     for stale in out.glob("*.tmp"):
         if stale.is_dir():
             shutil.rmtree(stale)
-    resumed_from = _last_epoch(out)
+    resumed_from = last_epoch(out)
     if resumed_from > config.epochs:
         raise ValueError(
             f"{out} already holds epoch-{resumed_from:02d}, more than epochs={config.epochs}"
         )
     if resumed_from:
-        _check_same_config(out / "train.json", config)
+        check_same_config(out / "train.json", config)
     # 2. The model, from the last epoch when resuming, with the optimizer's state
-    source = out / _epoch_name(resumed_from) if resumed_from else config.model
-    family = _FAMILIES[config.recipe]
+    source = out / epoch_name(resumed_from) if resumed_from else config.model
+    family = FAMILIES[config.recipe]
     model, processor = family.load(str(source))
-    step = _Step(model.to(device).train(), family, config, device, precision)
+    step = Step(model.to(device).train(), family, config, device, precision)
     state: dict[str, Any] = {"step": 0, "samples": 0, "synthetic": 0, "skipped": {}}
     state.update(first_loss=None, last_loss=None)
     if resumed_from:
-        folder = out / _epoch_name(resumed_from)
+        folder = out / epoch_name(resumed_from)
         step.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-        state.update(_read_json(folder / "trainer_state.json"))
+        state.update(read_json(folder / "trainer_state.json"))
     # 3. The run's record (train.json, "running") and its log, cut back to the resumed epoch
-    _write_json(
+    write_json(
         out / "train.json",
         {
             "config": config.to_dict(),
@@ -181,13 +181,13 @@ def fine_tune(
             "device": str(device),
             "precision": precision,
             "plan": plan.to_dict(),
-            "versions": _versions(),
+            "versions": library_versions(),
             "status": "running",
             "resumed_from": resumed_from,
         },
     )
     log_path = out / "train_log.jsonl"
-    _keep_log_rows(log_path, resumed_from)
+    keep_log_rows(log_path, resumed_from)
     skipped: Counter[str] = Counter(state["skipped"])
     per_epoch = plan.steps_per_epoch
 
@@ -205,8 +205,8 @@ def fine_tune(
         # 4. The epochs: steps at the schedule's rate, a log row every log_every steps, each
         # epoch saved whole (model, processor, optimizer, counters)
         for epoch in range(resumed_from, config.epochs):
-            torch.manual_seed(_epoch_seed(config.seed, epoch))
-            batches = _epoch_batches(config, plan, processor, epoch, device)
+            torch.manual_seed(epoch_seed(config.seed, epoch))
+            batches = epoch_batches(config, plan, processor, epoch, device)
             window = _Window()
             lr, index = config.lr_at(epoch), -1
             for index, batch in enumerate(itertools.islice(batches, per_epoch)):
@@ -231,11 +231,11 @@ def fine_tune(
             if window.steps:  # a union epoch shortened by bad samples
                 emit(window.row(state, epoch + 1, lr, sum(skipped.values())))
             state["skipped"] = dict(skipped)
-            _save_epoch(out, epoch + 1, model, processor, step, state)
+            save_epoch(out, epoch + 1, model, processor, step, state)
 
     # 5. The final model and the record's result ("done")
     final = out / "final"
-    _save_folder(final, model, processor)
+    save_folder(final, model, processor)
     result = TrainResult(
         out_dir=out,
         final_dir=final,
@@ -249,8 +249,8 @@ def fine_tune(
         resumed_from=resumed_from,
         seconds=time.perf_counter() - start,
     )
-    info = _read_json(out / "train.json")
-    _write_json(out / "train.json", {**info, "status": "done", "result": result.to_dict()})
+    info = read_json(out / "train.json")
+    write_json(out / "train.json", {**info, "status": "done", "result": result.to_dict()})
     return result
 
 
