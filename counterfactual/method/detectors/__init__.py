@@ -8,38 +8,7 @@ A backend is a function ``(model, processor, images, queries, call) -> list[Cand
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-
-
-@dataclass(frozen=True, slots=True)
-class Candidates:
-    """One image's raw detections: ``boxes_xyxy`` ``(N, 4)`` float64 pixels of the original
-    image (not clipped), ``scores`` ``(N,)`` in ``[0, 1]``, ``labels`` ``(N,)`` int64 indices
-    into the image's queried classes."""
-
-    boxes_xyxy: np.ndarray
-    scores: np.ndarray
-    labels: np.ndarray
-
-
-@dataclass(frozen=True, slots=True)
-class ModelCall:
-    """How to call the model: ``template`` turns a class into its query text; ``device`` and
-    ``dtype`` are torch's; ``batch_size``: most (image, prompt) pairs per forward pass."""
-
-    template: str
-    device: Any
-    dtype: Any
-    batch_size: int
-
-
-Backend = Callable[
-    [Any, Any, Sequence[np.ndarray], Sequence[tuple[str, ...]], ModelCall], list[Candidates]
-]
+from counterfactual.method.detectors.base import Backend, Candidates, ModelCall
 
 
 def _backends() -> dict[str, Backend]:
@@ -63,3 +32,6 @@ def backend_for(model_type: str) -> Backend:
             f"a {model_type!r} model is not a supported detector (one of {', '.join(MODEL_TYPES)})"
         )
     return _backends()[model_type]
+
+
+__all__ = ["MODEL_TYPES", "Backend", "Candidates", "ModelCall", "backend_for"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from counterfactual.method.detectors import Candidates, ModelCall
+from counterfactual.method.detectors.base import Candidates, ModelCall
 
 _DELIMITERS = str.maketrans({".": " ", "?": " "})
 """Grounding DINO splits phrases at these tokens; inside a phrase they become spaces."""

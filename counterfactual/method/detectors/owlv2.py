@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from counterfactual.method.detectors import Candidates, ModelCall
+from counterfactual.method.detectors.base import Candidates, ModelCall
 
 
 def to_pixels(boxes_cxcywh: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
