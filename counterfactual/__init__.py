@@ -7,14 +7,10 @@ cheap (no NumPy, OpenCV or spaCy until then)."""
 
 from typing import Any
 
-__version__ = "0.2.0"
-
-DISTRIBUTION = "counterfactual-vl"
-"""The name to ``pip install`` (``counterfactual`` on PyPI is an unrelated project)."""
-
+from counterfactual._version import DISTRIBUTION, __version__
 
 _API = ("edit", "Editor", "EditResult", "EditError")
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", "DISTRIBUTION", *_API]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
-from counterfactual import DISTRIBUTION
+from counterfactual._version import DISTRIBUTION
 
 _CHECK_TORCHVISION = ("transformers", "diffusers")
 """Libraries whose vision models import torchvision when it is installed."""

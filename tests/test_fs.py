@@ -4,6 +4,7 @@ on an S3-compatible server (moto, see ``tests/s3server.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 from pathlib import Path
 
@@ -66,6 +67,18 @@ def test_write_read_exists_remove(base: Path | str) -> None:
     fs.remove(path)  # already gone: no error
     with pytest.raises(FileNotFoundError):
         fs.read_bytes(path)
+
+
+def test_file_sha256_reads_in_blocks_locally_and_from_a_url(base: Path | str) -> None:
+    """The one file-hash helper: the hash of the whole file, across several 1 MiB blocks, for a
+    local path (str or Path) and an object behind a URL alike."""
+    data = np.random.default_rng(0).integers(0, 256, (5 << 20) // 2 + 7, dtype=np.uint8).tobytes()
+    path = fs.join(base, "blob.bin")
+    fs.write_bytes(path, data)
+    expected = hashlib.sha256(data).hexdigest()
+    assert fs.file_sha256(path) == expected
+    if isinstance(base, Path):
+        assert fs.file_sha256(Path(path)) == expected
 
 
 def test_atomic_write_appears_only_when_complete(base: Path | str) -> None:

@@ -116,15 +116,10 @@ def _arrows(path: Path, modules: set[str], in_functions: bool) -> set[str]:
 
 REWRITER_MODULES = ("captioner", "np_removal", "perturb", "prompts")
 
-WAITING = {
-    ("counterfactual._lazy", "counterfactual"),
-    *((f"counterfactual.text.{m}", "counterfactual.text") for m in REWRITER_MODULES),
-}
-"""Arrows left out of the search until the parts of issue 34 that untie them land: ``_lazy.py``
-imports the package root for ``DISTRIBUTION`` (a leaf ``_version.py`` takes it), and each
+WAITING = {(f"counterfactual.text.{m}", "counterfactual.text") for m in REWRITER_MODULES}
+"""Arrows left out of the search until the part of issue 34 that unties them lands: each
 rewriter imports ``TextConfig`` and its request and result from ``text/__init__.py``, which
-imports the rewriter when chosen (the open registries move them). Remove an arrow here once it
-is gone."""
+imports the rewriter when chosen. Remove an arrow here once it is gone."""
 
 
 def _circles(in_functions: bool) -> list[list[str]]:
@@ -185,3 +180,86 @@ def test_the_search_sees_a_circle(tmp_path: Path, monkeypatch) -> None:
     cde = ["counterfactual.cli.c", "counterfactual.cli.d", "counterfactual.cli.e"]
     assert _circles(in_functions=False) == [cde]
     assert _circles(in_functions=True) == [["counterfactual.cli.a", "counterfactual.cli.b"], cde]
+
+
+def _private_imports(root: Path) -> list[str]:
+    """``path:line imports module._name`` for every underscored name (not a dunder) that a
+    module of ``root`` imports from another module (``from counterfactual.x import _name``,
+    ``from .x import _name``): a name used across modules is public, or lives where it is used."""
+    package_root = root.parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        package = [root.name, *path.relative_to(root).parts[:-1]]
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != root.name:
+                continue
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                if (package_root / Path(*module.split("."), f"{name}.py")).is_file():
+                    continue  # a module (``from counterfactual import _lazy``), not a name
+                where = path.relative_to(package_root)
+                bad.append(f"{where}:{node.lineno} imports {module}.{name}")
+    return bad
+
+
+def test_no_underscored_name_is_imported_across_modules() -> None:
+    assert _private_imports(ROOT) == []
+
+
+def test_the_private_check_sees_one(tmp_path: Path) -> None:
+    """Absolute and relative imports of a private name, not a dunder, not a private module."""
+    fake = tmp_path / "counterfactual"
+    (fake / "readers").mkdir(parents=True)
+    (fake / "_lazy.py").write_text("")
+    (fake / "readers" / "a.py").write_text("_X = 1\n")
+    (fake / "readers" / "b.py").write_text(
+        "from counterfactual.readers.a import _X\nfrom .a import _X, Y\n"
+        "from counterfactual import _lazy, __version__\nfrom os import _exit\n"
+    )
+    assert _private_imports(fake) == [
+        "counterfactual/readers/b.py:1 imports counterfactual.readers.a._X",
+        "counterfactual/readers/b.py:2 imports counterfactual.readers.a._X",
+    ]
+
+
+def _backup_arrows(root: Path) -> list[str]:
+    """``module imports NAME from counterfactual`` for every name (not a module) imported from
+    the package root: ``_version.py`` holds ``__version__`` and ``DISTRIBUTION``, so nothing
+    climbs back up to the package that imports everything."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        package = [root.name, *path.relative_to(root).parts[:-1]]
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            if module != root.name:
+                continue
+            for alias in node.names:
+                if not (root / f"{alias.name}.py").is_file() and not (root / alias.name).is_dir():
+                    found.append(
+                        f"{path.relative_to(root.parent)} imports {alias.name} from {module}"
+                    )
+    return found
+
+
+def test_nothing_imports_a_name_from_the_package_root() -> None:
+    assert _backup_arrows(ROOT) == []
+
+
+def test_the_backup_check_sees_one(tmp_path: Path) -> None:
+    fake = tmp_path / "counterfactual"
+    (fake / "a").mkdir(parents=True)
+    (fake / "fs.py").write_text("")
+    (fake / "a" / "y.py").write_text("from counterfactual import fs\nfrom .. import V\n")
+    assert _backup_arrows(fake) == ["counterfactual/a/y.py imports V from counterfactual"]

@@ -68,8 +68,8 @@ def test_scratch_model_trains_and_embeds(tmp_path: Path) -> None:
 
 
 def test_a_clip_folder_is_not_a_scratch_model(tmp_path: Path) -> None:
-    from counterfactual.train.families import _FAMILIES
+    from counterfactual.train.families import FAMILIES
 
     (tmp_path / "config.json").write_text('{"model_type": "clip"}')
     with pytest.raises(ValueError, match="not a scratch model folder"):
-        _FAMILIES["scratch"].load(str(tmp_path))
+        FAMILIES["scratch"].load(str(tmp_path))

@@ -34,7 +34,6 @@ for the default ``work_side`` all the same.
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,6 +44,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from counterfactual import fs
 from counterfactual._lazy import require
 from counterfactual.image.base import (
     Edited,
@@ -170,7 +170,7 @@ class LamaInpainter:
                 f"cannot load {config.model!r} as a TorchScript model on {self.device}: {err}"
             ) from err
         self._model = model.eval()
-        self._sha256 = _sha256(path)
+        self._sha256 = fs.file_sha256(path)
         self._probe()
 
     def describe(self) -> dict[str, Any]:
@@ -344,14 +344,6 @@ def _pad(array: np.ndarray, height: int, width: int) -> np.ndarray:
     rows, cols = height - array.shape[0], width - array.shape[1]
     pad = ((0, rows), (0, cols)) + ((0, 0),) * (array.ndim - 2)
     return np.pad(array, pad, mode="symmetric")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _missing_model_message(model: str, path: Path) -> str:

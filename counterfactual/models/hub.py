@@ -149,14 +149,6 @@ def offline() -> bool:
     )
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 DAMAGED = "damaged"
 """How a :class:`Located` problem starts when a known file's checksum is not the published one."""
 

@@ -165,7 +165,7 @@ def karpathy_ids(split_file: fs.PathLike, split: str) -> set[str]:
     return ids
 
 
-def _categories(
+def category_names(
     entries: list[Any],
 ) -> tuple[dict[str, str], dict[str, str], list[tuple[int, str]]]:
     """``(names, bad, skipped)``: class name by category id, what is wrong with each bad id,
@@ -200,7 +200,7 @@ def _segmentation(seg: Any) -> tuple[tuple[float, ...], ...] | RLE | None | str:
     if seg is None:
         return None
     if isinstance(seg, dict):
-        return _rle(seg)
+        return segmentation_rle(seg)
     if not isinstance(seg, list):
         return f"segmentation {_show(seg)} is neither polygons nor RLE"
     polygons = []
@@ -215,7 +215,7 @@ def _segmentation(seg: Any) -> tuple[tuple[float, ...], ...] | RLE | None | str:
     return tuple(polygons) or None
 
 
-def _rle(seg: dict[str, Any]) -> RLE | str:
+def segmentation_rle(seg: dict[str, Any]) -> RLE | str:
     size, counts = seg.get("size"), seg.get("counts")
     if not (
         isinstance(size, list) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)
@@ -361,7 +361,7 @@ def read_coco(
     wanted = karpathy_ids(split_file, split) if split_file and split else None
     root = fs.as_path(images)
     inst_name = fs.name(instances)
-    names, bad_categories, skipped = _categories(inst["categories"])
+    names, bad_categories, skipped = category_names(inst["categories"])
     _warn(inst_name, "categories", skipped, "have no usable id, so no annotation can use them")
     listed = {_ident(im.get("id")) for im in inst["images"] if isinstance(im, dict)}
     objects: dict[str, list[ObjectAnnotation]] = defaultdict(list)

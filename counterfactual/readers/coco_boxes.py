@@ -24,7 +24,7 @@ import numpy as np
 from counterfactual import fs
 from counterfactual.boxtable import BoxTable
 from counterfactual.fs import safe_relative_path
-from counterfactual.readers.coco import _categories, _rle
+from counterfactual.readers.coco import category_names, segmentation_rle
 
 
 class _Image(msgspec.Struct, gc=False):
@@ -80,7 +80,7 @@ def read_coco_boxes(instances: fs.PathLike) -> CocoBoxes | None:
 
 
 def _columns(inst: _Instances) -> CocoBoxes | None:
-    names, bad, skipped = _categories([{"id": c.id, "name": c.name} for c in inst.categories])
+    names, bad, skipped = category_names([{"id": c.id, "name": c.name} for c in inst.categories])
     if bad or skipped:
         return None
     images = inst.images
@@ -145,7 +145,7 @@ def _segmentations_ok(anns: list[_Annotation], owner: np.ndarray, images: list[_
         if seg is None:
             continue
         if isinstance(seg, dict):
-            rle = _rle(seg)
+            rle = segmentation_rle(seg)
             image = images[owner[n]]
             if isinstance(rle, str) or (rle.height, rle.width) != (image.height, image.width):
                 return False

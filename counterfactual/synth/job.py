@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from counterfactual import __version__
+from counterfactual._version import __version__
 from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import RemovalPlan
 from counterfactual.method.verify import PreparedVerify, VerifyResult

@@ -11,7 +11,6 @@ record's picture and checks it against the annotation). The per-item steps live 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import numbers
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from importlib import resources
 from pathlib import Path, PurePath
 from typing import Any
 
+from counterfactual import fs
 from counterfactual.draws import draw_index, item_seed
 from counterfactual.image import ImageConfig
 from counterfactual.imageio import DEFAULT_MAX_PIXELS
@@ -352,16 +352,12 @@ def bundled_form(value: Any) -> Any:
         return value
     here = Path(value)
     source = here if here.is_absolute() and here.is_file() else shipped
-    return f"{BUNDLED}{path.name}@sha256:{_sha256(str(source))}"
+    return f"{BUNDLED}{path.name}@sha256:{fs.file_sha256(source)}"
 
 
 @cache
 def _data_dir() -> Path:
     return Path(str(resources.files("counterfactual") / "data"))
-
-
-def _sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def fingerprint_of(recorded: Mapping[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
-from counterfactual import __version__, fs
+from counterfactual import fs
+from counterfactual._version import __version__
 from counterfactual.json_types import check_type
 from counterfactual.outdir import OutKind, claim_out, without_links
 from counterfactual.progress import Progress

@@ -25,7 +25,7 @@ decoding ones of :func:`counterfactual.imageio.decode_rgb` (``decode-error``,
 ``image-too-large``)."""
 
 
-def _epoch_seed(seed: int, epoch: int) -> int:
+def epoch_seed(seed: int, epoch: int) -> int:
     # Independent of how earlier epochs ran, so a resumed run draws the same data.
     return (seed * 1_000_003 + epoch * 7_919 + 1) & 0x7FFFFFFF
 
@@ -39,7 +39,7 @@ def epoch_samples(config: TrainConfig, plan: TrainPlan, epoch: int) -> Any:
     samples; then it ends."""
     import webdataset as wds
 
-    seed = _epoch_seed(config.seed, epoch)
+    seed = epoch_seed(config.seed, epoch)
     if plan.mix == "union":
         sides = [
             wds.DataPipeline(
@@ -85,16 +85,14 @@ class _Interleave:
                 return
 
 
-def _epoch_batches(
+def epoch_batches(
     config: TrainConfig, plan: TrainPlan, processor: Any, epoch: int, device: Any
 ) -> Generator[dict[str, Any], None, None]:
     """The batches of 0-based ``epoch`` (endless with ``ratio``), built in DataLoader workers
     when ``num_workers > 0``. Each is ``{"inputs", "size", "synthetic", "skipped"}``."""
     import torch
 
-    batcher = _Batcher(
-        config, processor, frozenset(plan.synthetic), _epoch_seed(config.seed, epoch)
-    )
+    batcher = _Batcher(config, processor, frozenset(plan.synthetic), epoch_seed(config.seed, epoch))
     dataset = epoch_samples(config, plan, epoch).compose(batcher)
     loader = torch.utils.data.DataLoader(
         dataset,

@@ -1,6 +1,6 @@
 """What each recipe's model family trains: how it loads (:class:`_Family` and its
-subclasses, by recipe in ``_FAMILIES``), its contrastive loss (:func:`contrastive_loss`), and one
-optimisation step (``_Step``: autocast, backward, clipping, Adam(W), the family's clamp). Torch is
+subclasses, by recipe in ``FAMILIES``), its contrastive loss (:func:`contrastive_loss`), and one
+optimisation step (``Step``: autocast, backward, clipping, Adam(W), the family's clamp). Torch is
 imported lazily."""
 
 from __future__ import annotations
@@ -126,14 +126,14 @@ class _Scratch(_Family):
         model.logit_scale.clamp_(0, MAX_LOGIT_SCALE)
 
 
-_FAMILIES: Mapping[str, _Family] = {
+FAMILIES: Mapping[str, _Family] = {
     "clip": _Clip(RECIPES["clip"]),
     "blip": _Blip(RECIPES["blip"]),
     "scratch": _Scratch(RECIPES["scratch"]),
 }
 
 
-class _Step:
+class Step:
     """One optimisation step per call on a batch of processor outputs: forward under autocast
     (bf16/fp16 on CUDA), the family's contrastive loss, backward (scaled for fp16), optional
     gradient-norm clipping, Adam(W), then the family's clamp. Returns the loss as a float."""

@@ -1,6 +1,6 @@
 """A training run's output folder: ``epoch-XX/`` folders written whole by an atomic rename
-(``_save_epoch``), the last complete one found for a resume (``_last_epoch``) and its config
-checked (``_check_same_config``), the log cut back to it, and ``train.json`` read and written."""
+(``save_epoch``), the last complete one found for a resume (``last_epoch``) and its config
+checked (``check_same_config``), the log cut back to it, and ``train.json`` read and written."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from counterfactual.train.config import TrainConfig
 
 if TYPE_CHECKING:
-    from counterfactual.train.families import _Step
+    from counterfactual.train.families import Step
 
 # Config fields a resumed run may change: they do not change which samples are drawn.
 _MAY_CHANGE_ON_RESUME = ("epochs", "device", "num_workers", "log_every", "precision")
@@ -25,11 +25,11 @@ _BEFORE_FIELD = {"recipe": "clip", "mix": "ratio"}
 _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 
 
-def _epoch_name(epoch: int) -> str:
+def epoch_name(epoch: int) -> str:
     return f"epoch-{epoch:02d}"
 
 
-def _last_epoch(out: Path) -> int:
+def last_epoch(out: Path) -> int:
     """The highest complete epoch folder (an epoch folder only appears complete)."""
     found = [
         int(m.group(1)) for p in out.iterdir() if p.is_dir() and (m := _EPOCH_DIR.match(p.name))
@@ -37,10 +37,10 @@ def _last_epoch(out: Path) -> int:
     return max(found, default=0)
 
 
-def _check_same_config(path: Path, config: TrainConfig) -> None:
+def check_same_config(path: Path, config: TrainConfig) -> None:
     if not path.is_file():
         raise ValueError(f"{path.parent} holds epoch folders but no train.json; use a new --out")
-    before = _read_json(path).get("config", {})
+    before = read_json(path).get("config", {})
     now = config.to_dict()
     for key, meant in _BEFORE_FIELD.items():
         before.setdefault(key, meant)
@@ -52,7 +52,7 @@ def _check_same_config(path: Path, config: TrainConfig) -> None:
         )
 
 
-def _keep_log_rows(path: Path, epochs_done: int) -> None:
+def keep_log_rows(path: Path, epochs_done: int) -> None:
     """Drop log rows of epochs that are being redone (all rows of a fresh run)."""
     if not path.exists():
         return
@@ -68,7 +68,7 @@ def _keep_log_rows(path: Path, epochs_done: int) -> None:
     path.write_text("".join(keep), encoding="utf-8")
 
 
-def _save_folder(
+def save_folder(
     folder: Path, model: Any, processor: Any, extra: Callable[[Path], None] | None = None
 ) -> None:
     """Write into ``<folder>.tmp`` and rename it into place, so ``folder`` is always complete."""
@@ -84,8 +84,8 @@ def _save_folder(
     os.replace(tmp, folder)
 
 
-def _save_epoch(
-    out: Path, epoch: int, model: Any, processor: Any, step: _Step, state: dict[str, Any]
+def save_epoch(
+    out: Path, epoch: int, model: Any, processor: Any, step: Step, state: dict[str, Any]
 ) -> None:
     """``epoch-XX/`` with the weights, the processor, the optimizer state and the counters. Only
     the newest epoch keeps its optimizer state (the one a resume needs; it doubles the size)."""
@@ -93,15 +93,15 @@ def _save_epoch(
 
     def extra(folder: Path) -> None:
         torch.save(step.state_dict(), folder / "optimizer.pt")
-        _write_json(folder / "trainer_state.json", {"epoch": epoch, **state})
+        write_json(folder / "trainer_state.json", {"epoch": epoch, **state})
 
-    _save_folder(out / _epoch_name(epoch), model, processor, extra)
-    previous = out / _epoch_name(epoch - 1) / "optimizer.pt"
+    save_folder(out / epoch_name(epoch), model, processor, extra)
+    previous = out / epoch_name(epoch - 1) / "optimizer.pt"
     if epoch > 1 and previous.exists():
         previous.unlink()
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
@@ -111,13 +111,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp = path.with_name(path.name + ".part")
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
-def _versions() -> dict[str, str]:
+def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}

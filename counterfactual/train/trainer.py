@@ -43,11 +43,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from counterfactual._lazy import require
 from counterfactual.models.runtime import resolve_device
-from counterfactual.train.batches import _epoch_batches, _epoch_seed, epoch_samples
+from counterfactual.train.batches import epoch_batches, epoch_samples, epoch_seed
 from counterfactual.train.config import (
     MIXES,
     OPTIMIZERS,
@@ -58,17 +58,17 @@ from counterfactual.train.config import (
     TrainPlan,
     plan_training,
 )
-from counterfactual.train.families import _FAMILIES, BLIP_TEMPERATURE, _Step, contrastive_loss
+from counterfactual.train.families import BLIP_TEMPERATURE, FAMILIES, Step, contrastive_loss
 from counterfactual.train.folders import (
-    _check_same_config,
-    _epoch_name,
-    _keep_log_rows,
-    _last_epoch,
-    _read_json,
-    _save_epoch,
-    _save_folder,
-    _versions,
-    _write_json,
+    check_same_config,
+    epoch_name,
+    keep_log_rows,
+    last_epoch,
+    library_versions,
+    read_json,
+    save_epoch,
+    save_folder,
+    write_json,
 )
 
 if TYPE_CHECKING:
@@ -144,36 +144,74 @@ def fine_tune(
     run of samples is all bad; ``FloatingPointError`` when the loss is not finite (fp32/bf16;
     fp16 lets the scaler skip).
     """
-    torch = require("torch", "models")
+    require("torch", "models")
     start = time.perf_counter()
-    # 1. The folder: half-written epochs removed; a resume checked against its config
     out = Path(out_dir)
     device, precision = _resolve_device(config)
     plan = plan_training(config)
+    resumed_from = _open_folder(out, config)  # 1
+    model, processor, step, state = _load_start(out, config, resumed_from, device, precision)  # 2
+    _record_start(out, config, plan, device, precision, resumed_from)  # 3
+    log_path = out / "train_log.jsonl"
+    keep_log_rows(log_path, resumed_from)
+    skipped: Counter[str] = Counter(state["skipped"])
+    with log_path.open("a", encoding="utf-8") as log:
+        emit = _Emit(log, state, progress)
+        for epoch in range(resumed_from, config.epochs):  # 4
+            _train_epoch(epoch, config, plan, processor, device, step, state, skipped, emit)
+            state["skipped"] = dict(skipped)
+            save_epoch(out, epoch + 1, model, processor, step, state)
+    return _finish(out, config, model, processor, state, resumed_from, start)  # 5
+
+
+def _open_folder(out: Path, config: TrainConfig) -> int:
+    """Step 1, the folder: made, half-written epochs (``*.tmp``) removed, and the last complete
+    epoch found (0: a fresh run), a resume checked against the config its ``train.json`` holds."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):
         if stale.is_dir():
             shutil.rmtree(stale)
-    resumed_from = _last_epoch(out)
+    resumed_from = last_epoch(out)
     if resumed_from > config.epochs:
         raise ValueError(
             f"{out} already holds epoch-{resumed_from:02d}, more than epochs={config.epochs}"
         )
     if resumed_from:
-        _check_same_config(out / "train.json", config)
-    # 2. The model, from the last epoch when resuming, with the optimizer's state
-    source = out / _epoch_name(resumed_from) if resumed_from else config.model
-    family = _FAMILIES[config.recipe]
+        check_same_config(out / "train.json", config)
+    return resumed_from
+
+
+def _load_start(
+    out: Path, config: TrainConfig, resumed_from: int, device: torch.device, precision: str
+) -> tuple[Any, Any, Step, dict[str, Any]]:
+    """Step 2, the model: ``config.model``, or the last epoch's when resuming with the
+    optimizer's state and the counters (``step``, ``samples``, ``synthetic``, ``skipped``,
+    ``first_loss``, ``last_loss``); ``(model, processor, step, state)``."""
+    torch = require("torch", "models")
+    source = out / epoch_name(resumed_from) if resumed_from else config.model
+    family = FAMILIES[config.recipe]
     model, processor = family.load(str(source))
-    step = _Step(model.to(device).train(), family, config, device, precision)
+    step = Step(model.to(device).train(), family, config, device, precision)
     state: dict[str, Any] = {"step": 0, "samples": 0, "synthetic": 0, "skipped": {}}
     state.update(first_loss=None, last_loss=None)
     if resumed_from:
-        folder = out / _epoch_name(resumed_from)
+        folder = out / epoch_name(resumed_from)
         step.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-        state.update(_read_json(folder / "trainer_state.json"))
-    # 3. The run's record (train.json, "running") and its log, cut back to the resumed epoch
-    _write_json(
+        state.update(read_json(folder / "trainer_state.json"))
+    return model, processor, step, state
+
+
+def _record_start(
+    out: Path,
+    config: TrainConfig,
+    plan: TrainPlan,
+    device: torch.device,
+    precision: str,
+    resumed_from: int,
+) -> None:
+    """Step 3, the run's record: ``train.json`` with the config, recipe, plan and versions,
+    ``"status": "running"`` (the log is cut back to the resumed epoch beside it)."""
+    write_json(
         out / "train.json",
         {
             "config": config.to_dict(),
@@ -181,61 +219,89 @@ def fine_tune(
             "device": str(device),
             "precision": precision,
             "plan": plan.to_dict(),
-            "versions": _versions(),
+            "versions": library_versions(),
             "status": "running",
             "resumed_from": resumed_from,
         },
     )
-    log_path = out / "train_log.jsonl"
-    _keep_log_rows(log_path, resumed_from)
-    skipped: Counter[str] = Counter(state["skipped"])
+
+
+class _Emit:
+    """Writes a log row to ``train_log.jsonl`` (flushed), keeps the first and last loss in the
+    run's state and hands the row to ``progress``."""
+
+    def __init__(
+        self, log: IO[str], state: dict[str, Any], progress: Callable[[TrainLog], None] | None
+    ) -> None:
+        self.log, self.state, self.progress = log, state, progress
+
+    def __call__(self, row: TrainLog) -> None:
+        self.log.write(json.dumps(row.to_dict()) + "\n")
+        self.log.flush()
+        if self.state["first_loss"] is None:
+            self.state["first_loss"] = row.loss
+        self.state["last_loss"] = row.loss
+        if self.progress is not None:
+            self.progress(row)
+
+
+def _train_epoch(
+    epoch: int,
+    config: TrainConfig,
+    plan: TrainPlan,
+    processor: Any,
+    device: torch.device,
+    step: Step,
+    state: dict[str, Any],
+    skipped: Counter[str],
+    emit: Callable[[TrainLog], None],
+) -> None:
+    """Step 4, one 0-based epoch: its seeded batches, steps at the schedule's lr, a log row every
+    ``log_every`` steps and at the epoch's end; ``state`` and ``skipped`` counted on. An epoch
+    without a batch is a ``ValueError``, a loss that is not finite (no fp16 scaler) a
+    ``FloatingPointError``."""
+    torch = require("torch", "models")
     per_epoch = plan.steps_per_epoch
+    torch.manual_seed(epoch_seed(config.seed, epoch))
+    batches = epoch_batches(config, plan, processor, epoch, device)
+    window = _Window()
+    lr, index = config.lr_at(epoch), -1
+    for index, batch in enumerate(itertools.islice(batches, per_epoch)):
+        lr = config.lr_at(Fraction(epoch * per_epoch + index, per_epoch))
+        step.set_lr(lr)
+        value = step(batch["inputs"])
+        if not math.isfinite(value) and step.scaler is None:
+            raise FloatingPointError(f"loss is {value} at step {state['step'] + 1}")
+        window.add(value, batch["size"])  # fp16: a skipped step's inf is left out
+        state["step"] += 1
+        state["samples"] += batch["size"]
+        state["synthetic"] += batch["synthetic"]
+        skipped.update(batch["skipped"])
+        if state["step"] % config.log_every == 0 or index == per_epoch - 1:
+            emit(window.row(state, epoch + 1, lr, sum(skipped.values())))
+    batches.close()  # ends the DataLoader workers of this epoch
+    if index < 0:
+        raise ValueError(
+            f"epoch {epoch + 1} trained no batch: no good sample in the shards "
+            f"(skipped so far: {dict(skipped)})"
+        )
+    if window.steps:  # a union epoch shortened by bad samples
+        emit(window.row(state, epoch + 1, lr, sum(skipped.values())))
 
-    with log_path.open("a", encoding="utf-8") as log:
 
-        def emit(row: TrainLog) -> None:
-            log.write(json.dumps(row.to_dict()) + "\n")
-            log.flush()
-            if state["first_loss"] is None:
-                state["first_loss"] = row.loss
-            state["last_loss"] = row.loss
-            if progress is not None:
-                progress(row)
-
-        # 4. The epochs: steps at the schedule's rate, a log row every log_every steps, each
-        # epoch saved whole (model, processor, optimizer, counters)
-        for epoch in range(resumed_from, config.epochs):
-            torch.manual_seed(_epoch_seed(config.seed, epoch))
-            batches = _epoch_batches(config, plan, processor, epoch, device)
-            window = _Window()
-            lr, index = config.lr_at(epoch), -1
-            for index, batch in enumerate(itertools.islice(batches, per_epoch)):
-                lr = config.lr_at(Fraction(epoch * per_epoch + index, per_epoch))
-                step.set_lr(lr)
-                value = step(batch["inputs"])
-                if not math.isfinite(value) and step.scaler is None:
-                    raise FloatingPointError(f"loss is {value} at step {state['step'] + 1}")
-                window.add(value, batch["size"])  # fp16: a skipped step's inf is left out
-                state["step"] += 1
-                state["samples"] += batch["size"]
-                state["synthetic"] += batch["synthetic"]
-                skipped.update(batch["skipped"])
-                if state["step"] % config.log_every == 0 or index == per_epoch - 1:
-                    emit(window.row(state, epoch + 1, lr, sum(skipped.values())))
-            batches.close()  # ends the DataLoader workers of this epoch
-            if index < 0:
-                raise ValueError(
-                    f"epoch {epoch + 1} trained no batch: no good sample in the shards "
-                    f"(skipped so far: {dict(skipped)})"
-                )
-            if window.steps:  # a union epoch shortened by bad samples
-                emit(window.row(state, epoch + 1, lr, sum(skipped.values())))
-            state["skipped"] = dict(skipped)
-            _save_epoch(out, epoch + 1, model, processor, step, state)
-
-    # 5. The final model and the record's result ("done")
+def _finish(
+    out: Path,
+    config: TrainConfig,
+    model: Any,
+    processor: Any,
+    state: dict[str, Any],
+    resumed_from: int,
+    start: float,
+) -> TrainResult:
+    """Step 5, the end: ``final/`` (model and processor) and the record's result,
+    ``"status": "done"``."""
     final = out / "final"
-    _save_folder(final, model, processor)
+    save_folder(final, model, processor)
     result = TrainResult(
         out_dir=out,
         final_dir=final,
@@ -243,14 +309,14 @@ def fine_tune(
         steps=state["step"],
         samples=state["samples"],
         synthetic=state["synthetic"],
-        skipped=dict(skipped),
+        skipped=dict(state["skipped"]),
         first_loss=state["first_loss"],
         last_loss=state["last_loss"],
         resumed_from=resumed_from,
         seconds=time.perf_counter() - start,
     )
-    info = _read_json(out / "train.json")
-    _write_json(out / "train.json", {**info, "status": "done", "result": result.to_dict()})
+    info = read_json(out / "train.json")
+    write_json(out / "train.json", {**info, "status": "done", "result": result.to_dict()})
     return result
 
 

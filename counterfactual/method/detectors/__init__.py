@@ -34,3 +34,6 @@ def backend_for(model_type: str) -> Backend:
             f"a {model_type!r} model is not a supported detector (one of {', '.join(MODEL_TYPES)})"
         )
     return _backends()[model_type]
+
+
+__all__ = ["MODEL_TYPES", "Backend", "Candidates", "ModelCall", "backend_for"]

@@ -32,11 +32,11 @@ ID_COLUMNS = ("key", "id", "image_id")
 MAX_TEXT_BYTES = 1 << 20
 """A ``txt`` or ``json`` member larger than this is not read (``bad-metadata``)."""
 
-_GLOB_MAGIC = re.compile(r"[*?\[]")
+GLOB_MAGIC = re.compile(r"[*?\[]")
 # webdataset.tariterators.base_plus_ext: the key is everything before the first dot of the base
 # name, directory kept; the field is the rest (lower-cased by webdataset.group_by_keys)
-_KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-_PLAN_THREADS = 8
+KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+PLAN_THREADS = 8
 """Table headers and footers read at once when planning files behind URLs."""
 
 
@@ -89,7 +89,7 @@ class InputPiece:
 
 
 @dataclass(frozen=True, slots=True)
-class _File:
+class PlannedFile:
     """One input file as planned: its layout, and where its rows lie (Parquet: ``rows``, the
     row count from the footer; CSV: ``offset``, the byte offset just after the header)."""
 
@@ -131,12 +131,12 @@ class CorpusFormat(Protocol):
         (``None``: the format's own default, e.g. a table's folder)."""
         ...
 
-    def plan(self, paths: Sequence[str], options: PlanOptions) -> list[_File | Status]:
+    def plan(self, paths: Sequence[str], options: PlanOptions) -> list[PlannedFile | Status]:
         """The expanded pattern's files as planned, in order; a table's header or footer read,
         its columns chosen (``ValueError`` for a bad option)."""
         ...
 
-    def keys(self, file: _File) -> np.ndarray | None:
+    def keys(self, file: PlannedFile) -> np.ndarray | None:
         """The :func:`~counterfactual.readers.keyset.key_hashes` of the keys a worker gives the
         file's rows, in its order (read ahead on threads); ``None`` when :meth:`cut` reads them
         itself or the file cannot be read (its worker reports it)."""
@@ -144,7 +144,7 @@ class CorpusFormat(Protocol):
 
     def cut(
         self,
-        file: _File,
+        file: PlannedFile,
         rows_per_piece: int | None,
         keys: KeySet | None,
         hashes: np.ndarray | None,
@@ -159,9 +159,9 @@ class CorpusFormat(Protocol):
         ...
 
 
-def _listed(kind: str, paths: Sequence[str]) -> list[_File | Status]:
+def _listed(kind: str, paths: Sequence[str]) -> list[PlannedFile | Status]:
     """Files planned without reading them (a tar, a shard folder)."""
-    return [_File(kind, path, i) for i, path in enumerate(paths)]
+    return [PlannedFile(kind, path, i) for i, path in enumerate(paths)]
 
 
 class WholeFiles:
@@ -170,12 +170,12 @@ class WholeFiles:
 
     kind: str
 
-    def plan(self, paths: Sequence[str], options: PlanOptions) -> list[_File | Status]:
+    def plan(self, paths: Sequence[str], options: PlanOptions) -> list[PlannedFile | Status]:
         return _listed(self.kind, paths)
 
     def cut(
         self,
-        file: _File,
+        file: PlannedFile,
         rows_per_piece: int | None,
         keys: KeySet | None,
         hashes: np.ndarray | None,
@@ -183,7 +183,9 @@ class WholeFiles:
         return _whole(file, keys, hashes)
 
 
-def _whole(file: _File, keys: KeySet | None, hashes: np.ndarray | None) -> Iterator[InputPiece]:
+def _whole(
+    file: PlannedFile, keys: KeySet | None, hashes: np.ndarray | None
+) -> Iterator[InputPiece]:
     """A file read whole as one piece, carrying the hashes of its keys that the run had
     already (``repeated_keys``)."""
     piece = InputPiece(file.kind, file.path, file.index)
@@ -196,43 +198,43 @@ def _whole(file: _File, keys: KeySet | None, hashes: np.ndarray | None) -> Itera
     yield piece
 
 
-def _again(piece: InputPiece) -> frozenset[int]:
+def repeated_hashes(piece: InputPiece) -> frozenset[int]:
     """The hashes of the keys an earlier piece of the run had (``piece.repeated_keys``)."""
     return frozenset(np.frombuffer(piece.repeated_keys, dtype="<u8").tolist())
 
 
-def _read_ahead(
-    items: Sequence[_File | Status], read: Callable[[_File | Status], np.ndarray | None]
+def read_ahead(
+    items: Sequence[PlannedFile | Status], read: Callable[[PlannedFile | Status], np.ndarray | None]
 ) -> Iterator[np.ndarray | None]:
-    """``read(item)`` for each item, in order, at most ``2 * _PLAN_THREADS`` read ahead on
+    """``read(item)`` for each item, in order, at most ``2 * PLAN_THREADS`` read ahead on
     threads (tar headers and Parquet id columns: waiting on storage, above all a URL's)."""
-    with ThreadPoolExecutor(_PLAN_THREADS) as pool:
+    with ThreadPoolExecutor(PLAN_THREADS) as pool:
         window: deque[Any] = deque()
         for item in items:
             window.append(pool.submit(read, item))
-            if len(window) > 2 * _PLAN_THREADS:
+            if len(window) > 2 * PLAN_THREADS:
                 yield window.popleft().result()
         while window:
             yield window.popleft().result()
 
 
-def _raise_if_store_down(err: BaseException) -> None:
+def raise_if_store_down(err: BaseException) -> None:
     """Raise the cause of ``err`` when it is an object store down or stalled
     (:func:`counterfactual.fs.store_error`): the keys cannot be known, so planning stops (one
     line; the rerun plans again) rather than miss them. Any other fault is the file's own,
     which its worker meets and reports the same way."""
-    cause = err.__cause__ if isinstance(err, _BadShard) else err
+    cause = err.__cause__ if isinstance(err, BadShard) else err
     if isinstance(cause, BaseException) and fs.store_error(cause) is not None:
         raise cause
 
 
-def _piece(
-    file: _File, start: int, stop: int | None, offset: int = 0, end: int | None = None
+def table_piece(
+    file: PlannedFile, start: int, stop: int | None, offset: int = 0, end: int | None = None
 ) -> InputPiece:
     return InputPiece(file.kind, file.path, file.index, start, stop, offset, end, file.table)
 
 
-def _open(path: str, cache_type: str | None = None) -> IO[bytes]:
+def open_binary(path: str, cache_type: str | None = None) -> IO[bytes]:
     """A local file or URL opened for binary reading; ``cache_type`` is fsspec's (URLs only:
     ``"none"`` when the reader makes its own ranged reads, as pyarrow does)."""
     if cache_type is not None and fs.is_url(path):
@@ -240,7 +242,7 @@ def _open(path: str, cache_type: str | None = None) -> IO[bytes]:
     return fs.open_file(path, "rb")
 
 
-def _absolute(path: str) -> str:
+def absolute_source(path: str) -> str:
     """A URL as it is, a local path made absolute (the form a record's ``source`` keeps)."""
     p = fs.as_path(path)
     return p if isinstance(p, str) else str(p.absolute())
@@ -261,38 +263,38 @@ def collect(name: str, rows: Iterator[ImageRecord | Status], limit: int | None =
     return Dataset(name, tuple(records), class_names=(), failures=tuple(failures))
 
 
-class _BadShard(Exception):
+class BadShard(Exception):
     """A shard or table cannot be read further; the message says why."""
 
 
-def _picture_name(name: str) -> bool:
-    match = _KEY_FIELD.match(name)
+def is_picture_name(name: str) -> bool:
+    match = KEY_FIELD.match(name)
     return match is not None and match.group(2).lower() in PICTURE_FIELDS
 
 
-def _captions(text: str) -> tuple[Caption, ...]:
+def record_captions(text: str) -> tuple[Caption, ...]:
     """The record's caption ``"0"``, cleaned (:func:`counterfactual.readers.clean.clean_text`); none
     when it is empty after cleaning."""
     clean = clean_text(text)
     return (Caption("0", clean.text, None, clean.removed),) if clean.text else ()
 
 
-def _row_id(stem: str, row: int, ident: Any) -> str:
+def row_id(stem: str, row: int, ident: Any) -> str:
     """A table row's id: its id cell, else ``STEM-ROW`` (the file's stem, the row from 0)."""
     return f"{stem}-{row:08d}" if ident is None or ident == "" else str(ident)
 
 
-def _pyarrow() -> tuple[ModuleType, ModuleType]:
+def pyarrow_modules() -> tuple[ModuleType, ModuleType]:
     return require("pyarrow", "corpora"), require("pyarrow.parquet", "corpora")
 
 
 @contextlib.contextmanager
-def _parquet(path: str) -> Iterator[Any]:
+def parquet_file(path: str) -> Iterator[Any]:
     """A ``pyarrow.parquet.ParquetFile`` on a local path, or on an fsspec file for a URL."""
-    _, pq = _pyarrow()
+    _, pq = pyarrow_modules()
     if not fs.is_url(path):
         with pq.ParquetFile(path) as pf:
             yield pf
         return
-    with _open(path, cache_type="none") as fh, pq.ParquetFile(fh) as pf:
+    with open_binary(path, cache_type="none") as fh, pq.ParquetFile(fh) as pf:
         yield pf

@@ -20,16 +20,16 @@ import numpy as np
 
 from counterfactual import fs
 from counterfactual.readers.corpus.common import (
+    BadShard,
     InputPiece,
+    PlannedFile,
     TableLayout,
-    _BadShard,
-    _File,
-    _open,
-    _piece,
-    _raise_if_store_down,
-    _row_id,
+    open_binary,
+    raise_if_store_down,
+    row_id,
+    table_piece,
 )
-from counterfactual.readers.corpus.table import TableFormat, _Row, _Schema
+from counterfactual.readers.corpus.table import TableFormat, TableRow, TableSchema
 from counterfactual.readers.keyset import KeySet
 from counterfactual.records import Origin, Status
 
@@ -64,19 +64,19 @@ class Csv(TableFormat):
     suffix = ".csv"
     root_help = "its files or their folder, e.g. 'data/{00000..00009}.csv' or 'data'"
 
-    def schema(self, path: str) -> _Schema:
+    def schema(self, path: str) -> TableSchema:
         header, offset = _csv_header(path)
-        return _Schema(list(header), offset=offset, header=tuple(header))
+        return TableSchema(list(header), offset=offset, header=tuple(header))
 
-    def keys(self, file: _File) -> np.ndarray | None:
+    def keys(self, file: PlannedFile) -> np.ndarray | None:
         return None  # read by split, in the same order as its scan
 
     def split(
-        self, file: _File, rows_per_piece: int, keys: KeySet | None, hashes: np.ndarray | None
+        self, file: PlannedFile, rows_per_piece: int, keys: KeySet | None, hashes: np.ndarray | None
     ) -> Iterator[InputPiece | Status]:
         return _csv_pieces(file, rows_per_piece, keys)
 
-    def rows(self, piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
+    def rows(self, piece: InputPiece, table: TableLayout) -> Iterator[TableRow]:
         return _csv_rows(piece, table)
 
 
@@ -86,7 +86,7 @@ FORMAT = Csv()
 def _csv_header(path: str) -> tuple[list[str], int]:
     """The header row and the byte offset just after it."""
     try:
-        with _open(path) as fh:
+        with open_binary(path) as fh:
             end = next(_csv_records(_binary_lines(fh), 0), (0, True))[0]
             fh.seek(0)
             data = fh.read(end)
@@ -95,9 +95,9 @@ def _csv_header(path: str) -> tuple[list[str], int]:
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, csv.Error) as err:
-        raise _BadShard(f"{type(err).__name__}: {err}") from err
+        raise BadShard(f"{type(err).__name__}: {err}") from err
     if not header:
-        raise _BadShard("no header row")
+        raise BadShard("no header row")
     return header, end
 
 
@@ -163,7 +163,7 @@ def _csv_records(lines: Iterable[bytes], pos: int) -> Iterator[tuple[int, bool]]
 
 
 def _csv_pieces(
-    file: _File, rows_per_piece: int, keys: KeySet | None = None
+    file: PlannedFile, rows_per_piece: int, keys: KeySet | None = None
 ) -> Iterator[InputPiece | Status]:
     """Cut a CSV after every ``rows_per_piece``-th non-blank record, scanning it once; with
     ``keys``, each piece's rows whose id the run had already (:func:`_csv_ids`, a second
@@ -173,7 +173,7 @@ def _csv_pieces(
 
     def piece(start: int, stop: int, end: int | None) -> InputPiece:
         nonlocal ids
-        found = _piece(file, start, stop, offset, end)
+        found = table_piece(file, start, stop, offset, end)
         if keys is None or ids is None:
             return found
         batch = [next(ids, _NO_MORE) for _ in range(stop - start)]
@@ -181,12 +181,12 @@ def _csv_pieces(
             ids = None  # the second pass ended early: the rest is checked within pieces
             return found
         stem = PurePosixPath(fs.name(file.path)).stem
-        repeats = keys.add([_row_id(stem, start + i, ident) for i, ident in enumerate(batch)])
+        repeats = keys.add([row_id(stem, start + i, ident) for i, ident in enumerate(batch)])
         repeated = frozenset(start + i for i, again in enumerate(repeats) if again)
         return replace(found, repeated=repeated) if repeated else found
 
     try:
-        with _open(file.path) as fh:
+        with open_binary(file.path) as fh:
             fh.seek(file.offset)
             for end, blank in _csv_records(_binary_lines(fh), file.offset):
                 if blank:
@@ -199,7 +199,7 @@ def _csv_pieces(
         yield Status(file.path, "failed", "missing-file", f"no such {file.kind}")
         return
     except OSError as err:
-        _raise_if_store_down(err)  # the store's fault, not the file's: the run stops
+        raise_if_store_down(err)  # the store's fault, not the file's: the run stops
         yield Status(file.path, "failed", "bad-shard", f"{type(err).__name__}: {err}")
         return
     if rows % rows_per_piece:
@@ -209,7 +209,7 @@ def _csv_pieces(
 _NO_MORE = object()
 
 
-def _csv_ids(file: _File) -> Iterator[str | None]:
+def _csv_ids(file: PlannedFile) -> Iterator[str | None]:
     """The id cell of each non-blank data row of a CSV (``None`` when empty or absent; all
     ``None`` without an id column), read as :func:`_csv_rows` reads them. Bytes that are not
     UTF-8 are replaced (the worker fails the piece that holds them); a file that cannot be
@@ -220,7 +220,7 @@ def _csv_ids(file: _File) -> Iterator[str | None]:
             yield None
     at = table.header.index(table.id)
     try:
-        with _open(file.path) as fh:
+        with open_binary(file.path) as fh:
             fh.seek(file.offset)
             buffered = io.BufferedReader(_Window(fh, None), _SCAN_BLOCK)
             text = io.TextIOWrapper(buffered, encoding="utf-8", errors="replace", newline="")
@@ -251,14 +251,14 @@ class _Window(io.RawIOBase):
         return len(data)
 
 
-def _csv_rows(piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
+def _csv_rows(piece: InputPiece, table: TableLayout) -> Iterator[TableRow]:
     """``(row in file, id, caption, path, origin)`` for each non-blank data row of the piece;
     empty cells are ``None``."""
     at = {name: table.header.index(name) for name in dict.fromkeys(table.header)}
     index = [None if name is None else at[name] for name in (table.id, table.caption, table.image)]
     origin_at = {name: at[name] for name in table.origin}
     try:
-        with _open(piece.path) as fh:
+        with open_binary(piece.path) as fh:
             fh.seek(piece.offset)
             limit = None if piece.end is None else piece.end - piece.offset
             buffered = io.BufferedReader(_Window(fh, limit), _SCAN_BLOCK)
@@ -277,4 +277,4 @@ def _csv_rows(piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, csv.Error) as err:
-        raise _BadShard(f"{type(err).__name__}: {err}") from err
+        raise BadShard(f"{type(err).__name__}: {err}") from err

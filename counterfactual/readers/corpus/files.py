@@ -15,24 +15,24 @@ import numpy as np
 
 from counterfactual import fs
 from counterfactual.readers.corpus.common import (
-    _GLOB_MAGIC,
-    _KEY_FIELD,
+    GLOB_MAGIC,
+    KEY_FIELD,
     MAX_TEXT_BYTES,
     PICTURE_FIELDS,
     InputPiece,
+    PlannedFile,
     WholeFiles,
-    _again,
-    _captions,
-    _File,
-    _open,
-    _picture_name,
-    _raise_if_store_down,
+    is_picture_name,
+    open_binary,
+    raise_if_store_down,
+    record_captions,
+    repeated_hashes,
 )
 from counterfactual.readers.corpus.members import (
-    _caption_origin,
-    _downloader_rows,
-    _repeated,
-    _TextMember,
+    TextMember,
+    caption_origin,
+    downloader_rows,
+    duplicate_key,
 )
 from counterfactual.readers.keyset import key_hash, key_hashes
 from counterfactual.records import ImageRecord, Status
@@ -50,15 +50,15 @@ class Files(WholeFiles):
     def default_images(self, root: str) -> str | None:
         return files_root(root)
 
-    def keys(self, file: _File) -> np.ndarray | None:
+    def keys(self, file: PlannedFile) -> np.ndarray | None:
         try:
             return key_hashes(sorted(_folder_groups(fs.listdir(file.path))))
         except OSError as err:
-            _raise_if_store_down(err)
+            raise_if_store_down(err)
             return None
 
     def read(self, piece: InputPiece, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
-        return _read_folder(piece.path, seen, _again(piece))
+        return _read_folder(piece.path, seen, repeated_hashes(piece))
 
 
 FORMAT = Files()
@@ -70,12 +70,12 @@ def files_root(pattern: str | Path) -> str | None:
     or of a pattern whose last part alone has braces or globs; ``None`` when the shard folders
     may lie in several folders."""
     text = os.fspath(pattern).rstrip("/") or "/"
-    if not _GLOB_MAGIC.search(text) and "{" not in text:
-        if fs.isdir(text) and not any(_picture_name(n) for n in fs.listdir(text)):
+    if not GLOB_MAGIC.search(text) and "{" not in text:
+        if fs.isdir(text) and not any(is_picture_name(n) for n in fs.listdir(text)):
             return text
         return str(fs.parent(text))
     parent = str(fs.parent(text))
-    return None if _GLOB_MAGIC.search(parent) or "{" in parent else parent
+    return None if GLOB_MAGIC.search(parent) or "{" in parent else parent
 
 
 def _read_folder(
@@ -87,20 +87,20 @@ def _read_folder(
             return
         names = fs.listdir(folder)
     except OSError as err:
-        _raise_if_store_down(err)  # the store's fault, not the folder's: the run stops
+        raise_if_store_down(err)  # the store's fault, not the folder's: the run stops
         yield Status(folder, "failed", "bad-shard", f"{type(err).__name__}: {err}")
         return
     groups = _folder_groups(names)
     for key in sorted(groups):
         yield _file_row(folder, key, groups[key], seen, again)
-    yield from _downloader_rows(folder, seen)
+    yield from downloader_rows(folder, seen)
 
 
 def _folder_groups(names: Iterable[str]) -> dict[str, dict[str, str]]:
     """A shard folder's files by key, then field (``KEY.jpg`` -> ``{KEY: {"jpg": ...}}``)."""
     groups: dict[str, dict[str, str]] = {}
     for name in names:
-        match = _KEY_FIELD.match(name)
+        match = KEY_FIELD.match(name)
         if match is not None and not name.startswith("."):
             groups.setdefault(match.group(1), {})[match.group(2).lower()] = name
     return groups
@@ -114,7 +114,7 @@ def _file_row(
         return Status(key, "failed", "duplicate-key", f"first in {seen[key]}, again in {folder}")
     seen[key] = folder
     if again and key_hash(key) in again:
-        return _repeated(key, folder)
+        return duplicate_key(key, folder)
     picture = next((fields[f] for f in PICTURE_FIELDS if f in fields), None)
     if picture is None:
         names = ", ".join(fields)
@@ -132,21 +132,21 @@ def _file_row(
             if isinstance(member, str):
                 return Status(key, "failed", "bad-metadata", member)
             members[field] = member
-    text = _caption_origin(key, members.get("txt"), members.get("json"))
+    text = caption_origin(key, members.get("txt"), members.get("json"))
     if isinstance(text, Status):
         return text
     file = f"{shard}/{picture}"
-    captions = _captions(text[0])
+    captions = record_captions(text[0])
     return ImageRecord(key, file, 0, 0, (), captions, root, None, "files", None, text[1])
 
 
-def _small_file(path: str | Path) -> _TextMember | str:
+def _small_file(path: str | Path) -> TextMember | str:
     """A ``txt`` or ``json`` file, read up to one byte over :data:`MAX_TEXT_BYTES`, or why it
     cannot be read."""
     try:
-        with _open(str(path)) as fh:
+        with open_binary(str(path)) as fh:
             data = fh.read(MAX_TEXT_BYTES + 1)
     except OSError as err:
-        _raise_if_store_down(err)
+        raise_if_store_down(err)
         return f"{fs.name(path)}: {type(err).__name__}: {err}"
-    return _TextMember(fs.name(path), len(data), lambda: data)
+    return TextMember(fs.name(path), len(data), lambda: data)

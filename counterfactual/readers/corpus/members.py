@@ -14,21 +14,21 @@ from counterfactual import fs
 from counterfactual.readers.clean import clean_text
 from counterfactual.readers.corpus.common import (
     MAX_TEXT_BYTES,
-    _parquet,
-    _pyarrow,
-    _raise_if_store_down,
+    parquet_file,
+    pyarrow_modules,
+    raise_if_store_down,
 )
 from counterfactual.records import Origin, Status
 
 
-def _repeated(key: str, where: str) -> Status:
+def duplicate_key(key: str, where: str) -> Status:
     """The ``duplicate-key`` row of a key an earlier piece of the run had."""
     detail = f"{where}: an earlier piece of this run has the same key"
     return Status(key, "failed", "duplicate-key", detail)
 
 
 @dataclass(frozen=True, slots=True)
-class _TextMember:
+class TextMember:
     """A ``txt`` or ``json`` member (or file) of a sample: its name for messages, its size and
     how to read its bytes."""
 
@@ -37,8 +37,8 @@ class _TextMember:
     read: Callable[[], bytes]
 
 
-def _caption_origin(
-    key: str, txt: _TextMember | None, meta: _TextMember | None
+def caption_origin(
+    key: str, txt: TextMember | None, meta: TextMember | None
 ) -> tuple[str, Origin | None] | Status:
     """The stripped caption (``""`` when there is none) and the origin in the ``json``, or a
     ``bad-metadata`` status. The caption is the ``txt``, else the json's ``caption``; a json
@@ -65,7 +65,7 @@ def _caption_origin(
     return text, Origin.from_mapping(value)
 
 
-def _json_object(meta: _TextMember) -> dict[str, Any] | str:
+def _json_object(meta: TextMember) -> dict[str, Any] | str:
     """The member's JSON object, or why it is not one."""
     if meta.size > MAX_TEXT_BYTES:
         return _too_large(meta.name, meta.size)
@@ -96,7 +96,7 @@ def _metadata_path(shard: str) -> str | None:
     return str(fs.join(fs.parent(shard), f"{name}.parquet"))
 
 
-def _downloader_rows(shard: str, seen: dict[str, str]) -> Iterator[Status]:
+def downloader_rows(shard: str, seen: dict[str, str]) -> Iterator[Status]:
     """A ``failed`` status for each url img2dataset's metadata beside ``shard`` lists and the
     shard lacks: ``download-failed`` (its status is not ``success``; ``detail``: its status,
     error_message and url), or ``missing-image`` (a success whose sample is not in the shard,
@@ -110,9 +110,9 @@ def _downloader_rows(shard: str, seen: dict[str, str]) -> Iterator[Status]:
         detail = f"img2dataset's metadata resolves outside {fs.parent(shard)} (a link out)"
         yield Status(meta, "failed", "unsafe-path", detail)
         return
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     try:
-        with _parquet(meta) as pf:
+        with parquet_file(meta) as pf:
             names = pf.schema_arrow.names
             if "key" not in names or "status" not in names:
                 return
@@ -120,7 +120,7 @@ def _downloader_rows(shard: str, seen: dict[str, str]) -> Iterator[Status]:
     except FileNotFoundError:
         return
     except (OSError, pa.ArrowException) as err:
-        _raise_if_store_down(err)
+        raise_if_store_down(err)
         detail = f"img2dataset's metadata: {type(err).__name__}: {err}"
         yield Status(meta, "failed", "bad-shard", detail)
         return

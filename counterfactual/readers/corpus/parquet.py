@@ -19,17 +19,23 @@ import numpy as np
 from counterfactual import fs
 from counterfactual.imageio import SampleError
 from counterfactual.readers.corpus.common import (
+    BadShard,
     InputPiece,
+    PlannedFile,
     TableLayout,
-    _BadShard,
-    _File,
-    _parquet,
-    _piece,
-    _pyarrow,
-    _raise_if_store_down,
-    _row_id,
+    parquet_file,
+    pyarrow_modules,
+    raise_if_store_down,
+    row_id,
+    table_piece,
 )
-from counterfactual.readers.corpus.table import TableFormat, _Cell, _InFile, _Row, _Schema
+from counterfactual.readers.corpus.table import (
+    ImageCell,
+    InFile,
+    TableFormat,
+    TableRow,
+    TableSchema,
+)
 from counterfactual.readers.keyset import KeySet, key_hashes
 from counterfactual.records import Origin, ParquetCell, Status
 
@@ -44,11 +50,11 @@ class Parquet(TableFormat):
     suffix = ".parquet"
     root_help = "its files or their folder, e.g. 'data/{00000..00009}.parquet' or 'data'"
 
-    def schema(self, path: str) -> _Schema:
+    def schema(self, path: str) -> TableSchema:
         columns, types, rows = _parquet_schema(path)
-        return _Schema(columns, types, rows)
+        return TableSchema(columns, types, rows)
 
-    def holds(self, path: str, schema: _Schema, caption: str, image: str) -> str:
+    def holds(self, path: str, schema: TableSchema, caption: str, image: str) -> str:
         types = schema.types
         holds = _image_holds(types[image])
         if holds is None:
@@ -62,87 +68,87 @@ class Parquet(TableFormat):
             )
         return holds
 
-    def textual(self, schema: _Schema, column: str) -> bool:
+    def textual(self, schema: TableSchema, column: str) -> bool:
         return _is_string(schema.types[column])
 
-    def keys(self, file: _File) -> np.ndarray | None:
+    def keys(self, file: PlannedFile) -> np.ndarray | None:
         return _parquet_key_hashes(file)
 
     def split(
-        self, file: _File, rows_per_piece: int, keys: KeySet | None, hashes: np.ndarray | None
+        self, file: PlannedFile, rows_per_piece: int, keys: KeySet | None, hashes: np.ndarray | None
     ) -> Iterator[InputPiece | Status]:
         """Pieces by the footer's row count (a piece may cross row groups); with ``keys``, each
         piece's rows whose id the run had already are its ``repeated``."""
         for start in range(0, file.rows, rows_per_piece):
-            piece = _piece(file, start, min(start + rows_per_piece, file.rows))
+            piece = table_piece(file, start, min(start + rows_per_piece, file.rows))
             if keys is not None and hashes is not None:
                 repeats = keys.add_hashes(hashes[start : piece.stop])
                 rows = frozenset(start + i for i in np.flatnonzero(repeats).tolist())
                 piece = replace(piece, repeated=rows) if rows else piece
             yield piece
 
-    def rows(self, piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
+    def rows(self, piece: InputPiece, table: TableLayout) -> Iterator[TableRow]:
         return _parquet_rows(piece, table)
 
 
 FORMAT = Parquet()
 
 
-def _parquet_key_hashes(file: _File) -> np.ndarray | None:
-    """The hashes of a Parquet file's row ids (:func:`_row_id`), read from the id column alone,
+def _parquet_key_hashes(file: PlannedFile) -> np.ndarray | None:
+    """The hashes of a Parquet file's row ids (:func:`row_id`), read from the id column alone,
     row group by row group; up to a row group that cannot be read."""
     table = file.table
     assert table is not None
     stem = PurePosixPath(fs.name(file.path)).stem
     if table.id is None:
-        return key_hashes([_row_id(stem, row, None) for row in range(file.rows)])
-    pa, _ = _pyarrow()
+        return key_hashes([row_id(stem, row, None) for row in range(file.rows)])
+    pa, _ = pyarrow_modules()
     parts: list[np.ndarray] = []
     row = 0
     try:
-        with _parquet(file.path) as pf:
+        with parquet_file(file.path) as pf:
             for group in range(pf.num_row_groups):
                 ids = pf.read_row_group(group, columns=[table.id]).column(table.id).to_pylist()
-                parts.append(key_hashes([_row_id(stem, row + i, x) for i, x in enumerate(ids)]))
+                parts.append(key_hashes([row_id(stem, row + i, x) for i, x in enumerate(ids)]))
                 row += len(ids)
     except (OSError, pa.ArrowException) as err:
-        _raise_if_store_down(err)  # else the worker meets the same fault
+        raise_if_store_down(err)  # else the worker meets the same fault
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
 
 def _parquet_schema(path: str) -> tuple[list[str], dict[str, Any], int]:
     """The column names, their Arrow types and the row count, from the footer."""
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     try:
-        with _parquet(path) as pf:
+        with parquet_file(path) as pf:
             schema = pf.schema_arrow
             rows = pf.metadata.num_rows
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as err:
-        raise _BadShard(f"not a readable Parquet file: {err}") from err
+        raise BadShard(f"not a readable Parquet file: {err}") from err
     return list(schema.names), {f.name: f.type for f in schema}, int(rows)
 
 
 def _value_type(kind: Any) -> Any:
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     return kind.value_type if pa.types.is_dictionary(kind) else kind
 
 
 def _is_string(kind: Any) -> bool:
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     kind = _value_type(kind)
     string_view = getattr(pa.types, "is_string_view", lambda _: False)
     return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or string_view(kind))
 
 
 def _is_null(kind: Any) -> bool:
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     return bool(pa.types.is_null(kind))
 
 
 def _is_binary(kind: Any) -> bool:
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     binary_view = getattr(pa.types, "is_binary_view", lambda _: False)
     return bool(
         pa.types.is_binary(kind)
@@ -154,7 +160,7 @@ def _is_binary(kind: Any) -> bool:
 
 def _image_holds(kind: Any) -> str | None:
     """What an image column of Arrow type ``kind`` holds, or ``None`` when it cannot be one."""
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     if _is_binary(kind):
         return "bytes"
     if _is_string(kind):
@@ -167,12 +173,12 @@ def _image_holds(kind: Any) -> str | None:
     return None
 
 
-def _parquet_rows(piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
+def _parquet_rows(piece: InputPiece, table: TableLayout) -> Iterator[TableRow]:
     """``(row in file, id, caption, image cell, origin)`` for each row of the piece, one row
     group at a time (a row group the piece only partly covers is read whole and sliced)."""
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     try:
-        with _parquet(piece.path) as pf:
+        with parquet_file(piece.path) as pf:
             meta = pf.metadata
             stop = meta.num_rows if piece.stop is None else piece.stop
             first = 0
@@ -187,12 +193,12 @@ def _parquet_rows(piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as err:
-        raise _BadShard(f"{type(err).__name__}: {err}") from err
+        raise BadShard(f"{type(err).__name__}: {err}") from err
 
 
 def _group_rows(
     pf: Any, table: TableLayout, group: int, first: int, lo: int, hi: int
-) -> Iterator[_Row]:
+) -> Iterator[TableRow]:
     """Rows ``lo`` to ``hi`` (within the group) of row group ``group``, which starts at row
     ``first`` of the file."""
     leaf = f"{table.image}.bytes" if table.holds == "struct" else table.image
@@ -204,9 +210,9 @@ def _group_rows(
     ids = data.column(table.id).to_pylist() if table.id is not None else [None] * count
     captions = data.column(table.caption).to_pylist()
     origins = _origins({c: data.column(c).to_pylist() for c in table.origin}, count)
-    cells: list[_Cell]
+    cells: list[ImageCell]
     if not read_image:
-        cells = [_InFile(group, lo + i) for i in range(count)]
+        cells = [InFile(group, lo + i) for i in range(count)]
     else:
         cells = _image_cells(data.column(table.image).combine_chunks(), table.holds, group, lo)
     for i in range(count):
@@ -232,23 +238,23 @@ def _no_nulls(pf: Any, group: int, leaf: str) -> bool:
     return False
 
 
-def _image_cells(column: Any, holds: str, group: int, lo: int) -> list[_Cell]:
+def _image_cells(column: Any, holds: str, group: int, lo: int) -> list[ImageCell]:
     """The cells of ``column``, whose first row is row ``lo`` of row group ``group``."""
     if holds == "path":
         return column.to_pylist()
     if holds == "bytes":
-        return [None if null else _InFile(group, lo + i) for i, null in enumerate(column.is_null())]
+        return [None if null else InFile(group, lo + i) for i, null in enumerate(column.is_null())]
     fields = dict(zip((f.name for f in column.type), column.flatten(), strict=True))
     has_bytes = fields["bytes"].is_valid().to_pylist()
     paths = fields["path"].to_pylist() if "path" in fields else [None] * len(column)
     return [
-        _InFile(group, lo + i) if b else p
+        InFile(group, lo + i) if b else p
         for i, (b, p) in enumerate(zip(has_bytes, paths, strict=True))
     ]
 
 
-def _read_cell(source: ParquetCell) -> bytes:
-    pa, _ = _pyarrow()
+def read_cell(source: ParquetCell) -> bytes:
+    pa, _ = pyarrow_modules()
     where = f"{source.path} row group {source.row_group} row {source.row} {source.column!r}"
     try:
         if fs.is_url(source.path):
@@ -260,7 +266,7 @@ def _read_cell(source: ParquetCell) -> bytes:
     except FileNotFoundError as err:
         raise SampleError("missing-file", source.path) from err
     except (OSError, KeyError, pa.ArrowException) as err:
-        _raise_if_store_down(err)
+        raise_if_store_down(err)
         raise SampleError("read-error", f"{where}: {type(err).__name__}: {err}") from err
     if not 0 <= source.row < len(column):
         raise SampleError("read-error", f"{where}: the row group has {len(column)} rows")
@@ -288,7 +294,7 @@ def _group_column(path: str, version: tuple[str, int], row_group: int, column: s
     """One column of one row group, kept for the next rows of the same group (a worker reads a
     table's rows in order). ``version`` (modification time or ETag, and size) is part of the key
     so that a rewritten file is read again."""
-    with _parquet(path) as pf:
+    with parquet_file(path) as pf:
         if not 0 <= row_group < pf.num_row_groups:
             raise KeyError(f"no row group {row_group} (the file has {pf.num_row_groups})")
         if column not in pf.schema_arrow.names:

@@ -11,7 +11,7 @@ from pathlib import Path
 from braceexpand import braceexpand
 
 from counterfactual import fs
-from counterfactual.readers.corpus.common import _GLOB_MAGIC, _picture_name
+from counterfactual.readers.corpus.common import GLOB_MAGIC, is_picture_name
 from counterfactual.readers.corpus.formats import corpus_format
 
 
@@ -43,7 +43,7 @@ def expand_pattern(pattern: str | Path, kind: str | None = None) -> list[str | P
     globbed = False
     passed_over = 0
     for part in braceexpand(text):
-        if _GLOB_MAGIC.search(part):
+        if GLOB_MAGIC.search(part):
             found = _glob_folders(part) if folders else fs.glob(part)
             if suffix is not None:
                 ours = [p for p in found if _has_suffix(p, suffix)]
@@ -84,7 +84,7 @@ def pattern_root(pattern: str | Path, kind: str | None = None) -> str:
         head = text[: magic.start()]
         return (head[: head.rfind("/")] or "/") if "/" in head else "."
     if fs.isdir(text):
-        named_shard = kind == "files" and any(_picture_name(n) for n in fs.listdir(text))
+        named_shard = kind == "files" and any(is_picture_name(n) for n in fs.listdir(text))
         return str(fs.parent(text)) if named_shard else text
     return str(fs.parent(text))
 
@@ -123,7 +123,7 @@ def _folder_inputs(folder: str, suffix: str | None) -> list[str | Path]:
     ``*.csv``) files, by the format's ``suffix``; for shard folders (``suffix=None``: ``files``),
     itself when it holds a picture, else its subfolders."""
     if suffix is None:
-        if any(_picture_name(n) for n in fs.listdir(folder)):
+        if any(is_picture_name(n) for n in fs.listdir(folder)):
             return [fs.as_path(folder)]
         return [f for f in _subfolders(folder) if not _skipped_folder(fs.name(f))]
     names = [n for n in fs.listdir(folder) if n.lower().endswith(suffix)]

@@ -15,15 +15,15 @@ import numpy as np
 from counterfactual import fs
 from counterfactual.readers.corpus.common import (
     InputPiece,
+    PlannedFile,
     PlanOptions,
-    _File,
-    _read_ahead,
     collect,
+    read_ahead,
 )
 from counterfactual.readers.corpus.formats import FORMATS, PIECE_KINDS, TABLE_KINDS
-from counterfactual.readers.corpus.parquet import _read_cell
+from counterfactual.readers.corpus.parquet import read_cell
 from counterfactual.readers.corpus.pattern import expand_pattern, pattern_root
-from counterfactual.readers.corpus.wds import _read_member
+from counterfactual.readers.corpus.wds import read_member
 from counterfactual.readers.keyset import KeySet
 from counterfactual.records import Dataset, ImageRecord, ImageSource, ParquetCell, Status, TarMember
 
@@ -82,7 +82,7 @@ def _plan_files(
     caption_column: str | None,
     image_column: str | None,
     id_column: str | None,
-) -> list[_File | Status]:
+) -> list[PlannedFile | Status]:
     """The pattern's files planned by their format, in pattern order; a file (a tar, a
     table, a shard folder) that resolves outside :func:`pattern_root` is an ``unsafe-path``
     row, never opened."""
@@ -93,25 +93,25 @@ def _plan_files(
     planned = iter(
         FORMATS[kind].plan([p for i, p in enumerate(paths) if i not in outside], options)
     )
-    files: list[_File | Status] = []
+    files: list[PlannedFile | Status] = []
     for i, path in enumerate(paths):
         if i in outside:
             detail = f"{path}: resolves outside {root} (a link out of the corpus folder)"
             files.append(Status(path, "failed", "unsafe-path", detail))
             continue
         file = next(planned)
-        files.append(replace(file, index=i) if isinstance(file, _File) else file)
+        files.append(replace(file, index=i) if isinstance(file, PlannedFile) else file)
     return files
 
 
 def _pieces(
-    files: list[_File | Status], rows_per_piece: int | None, keys: KeySet | None = None
+    files: list[PlannedFile | Status], rows_per_piece: int | None, keys: KeySet | None = None
 ) -> Iterator[InputPiece | Status]:
     """Cut each planned file; ``rows_per_piece=None``: one piece per file, nothing scanned.
     ``keys``: the run's keys so far, to find the rows that repeat one (:func:`_file_keys`:
     read ahead on threads, taken in file order, so that which occurrence is first depends
     only on the input)."""
-    ahead = _read_ahead(files, _file_keys) if keys is not None else None
+    ahead = read_ahead(files, _file_keys) if keys is not None else None
     for file in files:
         hashes = next(ahead) if ahead is not None else None
         if isinstance(file, Status):
@@ -120,7 +120,7 @@ def _pieces(
             yield from FORMATS[file.kind].cut(file, rows_per_piece, keys, hashes)
 
 
-def _file_keys(file: _File | Status) -> np.ndarray | None:
+def _file_keys(file: PlannedFile | Status) -> np.ndarray | None:
     """The :func:`~counterfactual.readers.keyset.key_hashes` of the keys a worker gives the
     file's rows, in its order: a tar's sample keys from its headers (as :func:`read_piece`
     groups them, up to a fault), a shard folder's keys, a Parquet file's ids (its id column
@@ -251,7 +251,7 @@ def read_source(source: ImageSource) -> bytes:
     on its size and ETag, asked for at most once a minute.
     """
     if isinstance(source, TarMember):
-        return _read_member(source)
+        return read_member(source)
     if isinstance(source, ParquetCell):
-        return _read_cell(source)
+        return read_cell(source)
     raise TypeError(f"not an image source: {source!r}")

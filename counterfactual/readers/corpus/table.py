@@ -16,21 +16,21 @@ import numpy as np
 from counterfactual import fs
 from counterfactual.fs import safe_relative_path
 from counterfactual.readers.corpus.common import (
-    _PLAN_THREADS,
     CAPTION_COLUMNS,
     ID_COLUMNS,
     IMAGE_COLUMNS,
     MAX_TEXT_BYTES,
+    PLAN_THREADS,
+    BadShard,
     InputPiece,
+    PlannedFile,
     PlanOptions,
     TableLayout,
-    _absolute,
-    _BadShard,
-    _captions,
-    _File,
-    _piece,
-    _raise_if_store_down,
-    _row_id,
+    absolute_source,
+    raise_if_store_down,
+    record_captions,
+    row_id,
+    table_piece,
 )
 from counterfactual.readers.corpus.members import download_detail
 from counterfactual.readers.keyset import KeySet
@@ -38,21 +38,21 @@ from counterfactual.records import ImageRecord, Origin, ParquetCell, Status
 
 
 @dataclass(frozen=True, slots=True)
-class _InFile:
+class InFile:
     """An image cell whose picture lies in the table itself."""
 
     row_group: int
     row: int
 
 
-_Cell = _InFile | str | None
+ImageCell = InFile | str | None
 """An image cell: the picture in the table, a path, or nothing."""
-_Row = tuple[int, Any, Any, _Cell, Origin | None]
+TableRow = tuple[int, Any, Any, ImageCell, Origin | None]
 """A table row as read: row in file, id, caption, image cell, origin."""
 
 
 @dataclass(frozen=True, slots=True)
-class _Schema:
+class TableSchema:
     """A table's columns as its header or footer gives them: ``types``, their Arrow types
     (Parquet; empty for CSV), ``rows``, the row count (Parquet), ``offset``, the byte offset
     just after the header (CSV), ``header``, the header row (CSV)."""
@@ -76,28 +76,28 @@ class TableFormat:
     def default_images(self, root: str) -> str | None:
         return None  # path cells are relative to the table's folder
 
-    def plan(self, paths: Sequence[str], options: PlanOptions) -> list[_File | Status]:
+    def plan(self, paths: Sequence[str], options: PlanOptions) -> list[PlannedFile | Status]:
         """Every file's columns, its header or footer read (on threads for URLs)."""
         images = None if options.images is None else str(fs.as_path(options.images))
 
-        def plan(item: tuple[int, str]) -> _File | Status:
+        def plan(item: tuple[int, str]) -> PlannedFile | Status:
             index, path = item
             return self._plan_file(path, index, images, options)
 
         if len(paths) > 1 and any(fs.is_url(p) for p in paths):
-            with ThreadPoolExecutor(_PLAN_THREADS) as pool:
+            with ThreadPoolExecutor(PLAN_THREADS) as pool:
                 return list(pool.map(plan, enumerate(paths)))
         return [plan(item) for item in enumerate(paths)]
 
     def cut(
         self,
-        file: _File,
+        file: PlannedFile,
         rows_per_piece: int | None,
         keys: KeySet | None,
         hashes: np.ndarray | None,
     ) -> Iterator[InputPiece | Status]:
         if rows_per_piece is None:
-            yield _piece(file, 0, None, file.offset, None)
+            yield table_piece(file, 0, None, file.offset, None)
         else:
             yield from self.split(file, rows_per_piece, keys, hashes)
 
@@ -106,44 +106,44 @@ class TableFormat:
             raise ValueError(f"{piece.path}: a {piece.kind} piece needs its table layout")
         return _read_table_piece(piece, piece.table, self.rows(piece, piece.table), seen)
 
-    def keys(self, file: _File) -> np.ndarray | None:
+    def keys(self, file: PlannedFile) -> np.ndarray | None:
         raise NotImplementedError
 
-    def schema(self, path: str) -> _Schema:
-        """The file's columns; raises ``FileNotFoundError``, or ``_BadShard`` saying why the
+    def schema(self, path: str) -> TableSchema:
+        """The file's columns; raises ``FileNotFoundError``, or ``BadShard`` saying why the
         file cannot be read."""
         raise NotImplementedError
 
     def split(
-        self, file: _File, rows_per_piece: int, keys: KeySet | None, hashes: np.ndarray | None
+        self, file: PlannedFile, rows_per_piece: int, keys: KeySet | None, hashes: np.ndarray | None
     ) -> Iterator[InputPiece | Status]:
         """The file's pieces of ``rows_per_piece`` rows (see :meth:`cut`)."""
         raise NotImplementedError
 
-    def rows(self, piece: InputPiece, table: TableLayout) -> Iterator[_Row]:
+    def rows(self, piece: InputPiece, table: TableLayout) -> Iterator[TableRow]:
         """``(row in file, id, caption, image cell, origin)`` for each row of the piece; raises
-        ``FileNotFoundError``, or ``_BadShard`` when the file cannot be read further."""
+        ``FileNotFoundError``, or ``BadShard`` when the file cannot be read further."""
         raise NotImplementedError
 
-    def holds(self, path: str, schema: _Schema, caption: str, image: str) -> str:
+    def holds(self, path: str, schema: TableSchema, caption: str, image: str) -> str:
         """What the image column holds (:attr:`TableLayout.holds`), or ``ValueError`` naming
         a caption or image column whose type cannot hold what it should."""
         return "path"
 
-    def textual(self, schema: _Schema, column: str) -> bool:
+    def textual(self, schema: TableSchema, column: str) -> bool:
         """Whether ``column`` holds strings (an origin column must)."""
         return True
 
     def _plan_file(
         self, path: str, index: int, images: str | None, options: PlanOptions
-    ) -> _File | Status:
+    ) -> PlannedFile | Status:
         """Choose the columns of one file, reading only its header or footer."""
         try:
             schema = self.schema(path)
         except FileNotFoundError:
             return Status(path, "failed", "missing-file", f"no such {self.kind}")
-        except _BadShard as err:
-            _raise_if_store_down(err)  # the store's fault, not the file's: the run stops
+        except BadShard as err:
+            raise_if_store_down(err)  # the store's fault, not the file's: the run stops
             return Status(path, "failed", "bad-shard", str(err))
         columns = schema.columns
         caption = _pick(path, columns, options.caption_column, CAPTION_COLUMNS, "caption")
@@ -162,7 +162,7 @@ class TableFormat:
         if not set(origin) - {"key"}:  # an id column alone is no origin
             origin = ()
         table = TableLayout(caption, image, ident, holds, schema.header, images, origin)
-        return _File(self.kind, path, index, table, schema.rows, schema.offset)
+        return PlannedFile(self.kind, path, index, table, schema.rows, schema.offset)
 
 
 def _pick(
@@ -178,7 +178,7 @@ def _pick(
 
 
 def _read_table_piece(
-    piece: InputPiece, table: TableLayout, rows: Iterator[_Row], seen: dict[str, str]
+    piece: InputPiece, table: TableLayout, rows: Iterator[TableRow], seen: dict[str, str]
 ) -> Iterator[ImageRecord | Status]:
     """The records and statuses of a piece's ``rows``, as its format reads them."""
     root = fs.as_path(table.images) if table.images is not None else fs.parent(piece.path)
@@ -188,8 +188,8 @@ def _read_table_piece(
             yield _table_row(piece, table, stem, root, row, ident, caption, cell, origin, seen)
     except FileNotFoundError:
         yield Status(piece.path, "failed", "missing-file", f"no such {piece.kind}")
-    except _BadShard as err:
-        _raise_if_store_down(err)
+    except BadShard as err:
+        raise_if_store_down(err)
         yield Status(piece.path, "failed", "bad-shard", str(err))
 
 
@@ -201,11 +201,11 @@ def _table_row(
     row: int,
     ident: Any,
     caption: Any,
-    cell: _Cell,
+    cell: ImageCell,
     origin: Origin | None,
     seen: dict[str, str],
 ) -> ImageRecord | Status:
-    image_id = _row_id(stem, row, ident)
+    image_id = row_id(stem, row, ident)
     where = f"{fs.name(piece.path)}#{row}"
     if image_id in seen:
         detail = f"first at {seen[image_id]}, again at {piece.path}#{row}"
@@ -224,10 +224,10 @@ def _table_row(
         if size > MAX_TEXT_BYTES:
             detail = f"{where}: caption of {size} bytes, over the {MAX_TEXT_BYTES} read for text"
             return Status(image_id, "failed", "bad-metadata", detail)
-    captions = _captions(caption if isinstance(caption, str) else "")
+    captions = record_captions(caption if isinstance(caption, str) else "")
     kind = piece.kind
-    if isinstance(cell, _InFile):
-        source = ParquetCell(_absolute(piece.path), cell.row_group, cell.row, table.image)
+    if isinstance(cell, InFile):
+        source = ParquetCell(absolute_source(piece.path), cell.row_group, cell.row, table.image)
         return ImageRecord(image_id, where, 0, 0, (), captions, None, None, kind, source, origin)
     file = _inside(cell, root)
     if file is None:

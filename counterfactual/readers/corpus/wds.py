@@ -20,23 +20,23 @@ from counterfactual import fs
 from counterfactual.imageio import SampleError
 from counterfactual.readers import tarscan
 from counterfactual.readers.corpus.common import (
-    _KEY_FIELD,
+    KEY_FIELD,
     PICTURE_FIELDS,
+    BadShard,
     InputPiece,
+    PlannedFile,
     WholeFiles,
-    _absolute,
-    _again,
-    _BadShard,
-    _captions,
-    _File,
-    _open,
-    _raise_if_store_down,
+    absolute_source,
+    open_binary,
+    raise_if_store_down,
+    record_captions,
+    repeated_hashes,
 )
 from counterfactual.readers.corpus.members import (
-    _caption_origin,
-    _downloader_rows,
-    _repeated,
-    _TextMember,
+    TextMember,
+    caption_origin,
+    downloader_rows,
+    duplicate_key,
 )
 from counterfactual.readers.keyset import key_hash, key_hashes
 from counterfactual.records import ImageRecord, Status, TarMember
@@ -62,11 +62,11 @@ class WebDataset(WholeFiles):
     def default_images(self, root: str) -> str | None:
         return None
 
-    def keys(self, file: _File) -> np.ndarray | None:
+    def keys(self, file: PlannedFile) -> np.ndarray | None:
         return key_hashes(_tar_keys(file.path))
 
     def read(self, piece: InputPiece, seen: dict[str, str]) -> Iterator[ImageRecord | Status]:
-        return _read_shard(piece.path, seen, _again(piece))
+        return _read_shard(piece.path, seen, repeated_hashes(piece))
 
 
 FORMAT = WebDataset()
@@ -85,12 +85,12 @@ def _read_shard(
 ) -> Iterator[ImageRecord | Status]:
     """``again``: the hashes of the keys an earlier piece of the run had."""
     try:
-        fh = _open(shard)
+        fh = open_binary(shard)
     except FileNotFoundError:
         yield Status(shard, "failed", "missing-file", f"no such shard {shard}")
         return
     except OSError as err:
-        _raise_if_store_down(err)  # the store's fault, not the tar's: the run stops
+        raise_if_store_down(err)  # the store's fault, not the tar's: the run stops
         yield Status(shard, "failed", "bad-shard", f"{type(err).__name__}: {err}")
         return
     with fh:
@@ -98,13 +98,13 @@ def _read_shard(
         try:
             for sample in _tar_samples(fh, shard, pending):
                 yield _sample_row(sample, fh, shard, seen, again)
-        except _BadShard as err:
-            _raise_if_store_down(err)
+        except BadShard as err:
+            raise_if_store_down(err)
             detail = str(err)
             if pending:
                 detail += f"; sample {pending[0].key!r} was incomplete and is left out"
             yield Status(shard, "failed", "bad-shard", detail)
-    yield from _downloader_rows(shard, seen)
+    yield from downloader_rows(shard, seen)
 
 
 def _file_size(fh: Any, path: str) -> int:
@@ -122,7 +122,7 @@ def _tar_samples(fh: Any, path: str, pending: list[_Sample]) -> Iterator[_Sample
         head = fh.read(_BLOCK)
         for magic, name in _COMPRESSED_MAGIC.items():
             if head.startswith(magic):
-                raise _BadShard(f"{name}-compressed; only plain tar can be read by seeking")
+                raise BadShard(f"{name}-compressed; only plain tar can be read by seeking")
         size = _file_size(fh, path)
         fh.seek(0)
         walk = tarscan.Walk(fh)
@@ -137,12 +137,12 @@ def _tar_samples(fh: Any, path: str, pending: list[_Sample]) -> Iterator[_Sample
                         yield current
                     pending.append(_Sample(key, {}))
             if info.offset_data + info.size > size:
-                raise _BadShard(f"truncated: member {info.name!r} is cut off")
+                raise BadShard(f"truncated: member {info.name!r} is cut off")
             if key_field is not None:
                 pending[0].members[key_field[1]] = info
         _check_end(fh, walk.offset, size)
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise _BadShard(f"{type(err).__name__}: {err}") from err
+        raise BadShard(f"{type(err).__name__}: {err}") from err
     if pending:
         last = pending.pop()
         yield last
@@ -156,9 +156,9 @@ def _check_end(fh: Any, offset: int, size: int) -> None:
     fh.seek(offset)
     block = fh.read(_BLOCK)
     if len(block) < _BLOCK:
-        raise _BadShard(f"truncated: {len(block)} bytes of a header at offset {offset}")
+        raise BadShard(f"truncated: {len(block)} bytes of a header at offset {offset}")
     if block.count(0) != _BLOCK:
-        raise _BadShard(f"corrupt header at offset {offset}")
+        raise BadShard(f"corrupt header at offset {offset}")
 
 
 def member_key_field(info: tarfile.TarInfo) -> tuple[str, str] | None:
@@ -170,7 +170,7 @@ def member_key_field(info: tarfile.TarInfo) -> tuple[str, str] | None:
         return None
     if _SKIP_META.match(name):
         return None
-    match = _KEY_FIELD.match(name)
+    match = KEY_FIELD.match(name)
     return (match.group(1), match.group(2).lower()) if match else None
 
 
@@ -182,18 +182,18 @@ def _sample_row(
         return Status(key, "failed", "duplicate-key", f"first in {seen[key]}, again in {shard}")
     seen[key] = shard  # also when repeated: img2dataset's metadata rows of it are passed over
     if again and key_hash(key) in again:
-        return _repeated(key, shard)
+        return duplicate_key(key, shard)
     picture = next((sample.members[f] for f in PICTURE_FIELDS if f in sample.members), None)
     name = fs.name(shard)
     if picture is None:
         fields = ", ".join(sample.members)
         return Status(key, "failed", "missing-image", f"{name}: no picture among {fields}")
     members = {
-        f: _TextMember(i.name, i.size, _member_reader(i, fh))
+        f: TextMember(i.name, i.size, _member_reader(i, fh))
         for f in ("txt", "json")
         if (i := sample.members.get(f)) is not None
     }
-    text = _caption_origin(key, members.get("txt"), members.get("json"))
+    text = caption_origin(key, members.get("txt"), members.get("json"))
     if isinstance(text, Status):
         return text
     return ImageRecord(
@@ -202,10 +202,10 @@ def _sample_row(
         width=0,
         height=0,
         objects=(),
-        captions=_captions(text[0]),
+        captions=record_captions(text[0]),
         root=None,
         dataset="wds",
-        source=TarMember(_absolute(shard), picture.offset_data, picture.size),
+        source=TarMember(absolute_source(shard), picture.offset_data, picture.size),
         origin=text[1],
     )
 
@@ -221,9 +221,9 @@ def _member_bytes(info: tarfile.TarInfo, fh: Any) -> bytes:
         fh.seek(info.offset_data)
         data = fh.read(info.size)
     except OSError as err:
-        raise _BadShard(f"{info.name}: {type(err).__name__}: {err}") from err
+        raise BadShard(f"{info.name}: {type(err).__name__}: {err}") from err
     if len(data) != info.size:
-        raise _BadShard(f"truncated: short read of member {info.name!r}")
+        raise BadShard(f"truncated: short read of member {info.name!r}")
     return data
 
 
@@ -232,16 +232,16 @@ def _tar_keys(path: str) -> list[str]:
     (a sample cut off by a fault is left out, as there)."""
     keys: list[str] = []
     try:
-        with _open(path) as fh:
+        with open_binary(path) as fh:
             keys.extend(sample.key for sample in _tar_samples(fh, path, []))
     except FileNotFoundError:
         pass  # its worker reports it missing
-    except (OSError, _BadShard) as err:
-        _raise_if_store_down(err)  # else the worker reports the tar; its keys up to the fault
+    except (OSError, BadShard) as err:
+        raise_if_store_down(err)  # else the worker reports the tar; its keys up to the fault
     return keys
 
 
-def _read_member(source: TarMember) -> bytes:
+def read_member(source: TarMember) -> bytes:
     try:
         if fs.is_url(source.path):
             remote, inside = fs.filesystem(source.path)
@@ -254,7 +254,7 @@ def _read_member(source: TarMember) -> bytes:
     except FileNotFoundError as err:
         raise SampleError("missing-file", source.path) from err
     except OSError as err:
-        _raise_if_store_down(err)
+        raise_if_store_down(err)
         raise SampleError("read-error", f"{source.path}: {type(err).__name__}: {err}") from err
     if len(data) != source.size:
         raise SampleError(
