@@ -170,9 +170,9 @@ def _add_eraser_args(group: argparse._ArgumentGroup) -> None:
 
 def _add_text_args(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("text")
-    add_options(t, declared(TextConfig, "method", "model", "spacy_model"))
-    add_options(t, declared(SynthConfig, "vocabulary"))
-    add_options(t, declared(TextConfig, "skip_unchanged", "repair"))
+    text = declared(TextConfig)  # in the order --help shows them
+    beside = [d.field for d in text].index("spacy_model") + 1  # the vocabulary after the parser
+    add_options(t, [*text[:beside], *declared(SynthConfig, "vocabulary"), *text[beside:]])
     add_options(t, declared(SynthConfig, "captions"))
 
 
