@@ -90,13 +90,22 @@ def option(help: str, **kwargs: Any) -> dict[str, CliOption]:
     return {_KEY: CliOption(help, **kwargs)}
 
 
-def declare(default: Any = MISSING, *, help: str, **kwargs: Any) -> Any:
+def declare(
+    default: Any = MISSING,
+    *,
+    help: str,
+    metadata: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
     """A dataclass field with ``default`` (none: a required option) that declares its
     option: ``field(default=default, metadata=option(help, **kwargs))``; a list default is
-    copied for each instance (``default_factory``)."""
+    copied for each instance (``default_factory``). ``metadata``: more of the field's metadata,
+    for its other readers (how an eraser's runs record it:
+    :func:`counterfactual.image.base.recorded`)."""
+    more = {**option(help, **kwargs), **(metadata or {})}
     if isinstance(default, list):
-        return field(default_factory=default.copy, metadata=option(help, **kwargs))
-    return field(default=default, metadata=option(help, **kwargs))
+        return field(default_factory=default.copy, metadata=more)
+    return field(default=default, metadata=more)
 
 
 @dataclass(frozen=True, slots=True)

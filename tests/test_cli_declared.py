@@ -19,7 +19,6 @@ CLI = Path(counterfactual.cli.__file__).parent
 LEFT = {
     "__init__.py": 3,  # --debug on every parser (SUPPRESS below the top) and --version's action
     "options.py": 1,  # the one call that adds a declared option
-    "synth.py": 2,  # the erasers' options, declared on their Eraser (the eraser registry's part)
 }
 """The files of ``cli/`` that still call ``add_argument``, and how often at most."""
 

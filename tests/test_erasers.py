@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,13 @@ from counterfactual.image import (
     EditRequest,
     Eraser,
     ImageConfig,
-    Option,
     cli_options,
     make_editor,
 )
-from counterfactual.image.base import output_failure
+from counterfactual.image.base import output_failure, recorded
 from counterfactual.image.checks import feather_alpha, paste
 from counterfactual.image.diffusion import RECIPES, canvas_side, crop_box, work_size
+from counterfactual.options import declare, declared
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -45,23 +46,43 @@ def test_every_declared_option_is_a_flat_key_a_part_field_and_a_flag():
     for eraser in ERASERS.values():
         part = getattr(config, eraser.name)
         assert isinstance(part, eraser.config)
+        assert [o.field for o in eraser.options] == [f.name for f in fields(eraser.config)]
         for option in eraser.options:
             assert FLAT_KEYS[option.flat][1] == option.field
             assert hasattr(part, option.field)
             if option.cli:
                 assert option.cli in flags, option
-    assert [flag for flag, _, _ in cli_options()] == sorted(
-        {o.cli for e in ERASERS.values() for o in e.options if o.cli},
-        key=[flag for flag, _, _ in cli_options()].index,
+        # the command line's options of a part are the ones its config declares
+        assert [d.field for d in declared(eraser.config)] == [
+            o.field for o in eraser.options if o.cli
+        ]
+    shown = [d.flags[0] for d in cli_options().values()]
+    assert shown == sorted(
+        {o.cli for e in ERASERS.values() for o in e.options if o.cli}, key=shown.index
     )
+    assert {k: d.dest for k, d in cli_options().items() if k != d.dest} == {
+        "model": "inpaint_model",
+        "recipe": "inpaint_recipe",
+        "grow": "inpaint_grow",
+    }
 
 
-def test_a_declaration_must_name_each_field_once():
+def test_an_eraser_declaration_is_checked():
     fill = ERASERS["fill"]
-    with pytest.raises(ValueError, match="must name each field"):
-        Eraser("x", fill.config, (), fill.build, "x")
-    with pytest.raises(ValueError, match="kind 'number'"):
-        Eraser("x", fill.config, (Option("blur_sigma", "s", "h", kind="number"),), fill.build, "x")
+
+    @dataclass(frozen=True)
+    class Twice:
+        a: int = field(default=1, metadata=recorded("x"))
+        b: int = field(default=2, metadata=recorded("x"))
+
+    with pytest.raises(ValueError, match=r"two fields are recorded as \['x'\]"):
+        Eraser("x", Twice, fill.build, "x")
+    with pytest.raises(ValueError, match="model field 'weights' is not a field"):
+        Eraser("x", fill.config, fill.build, "x", model="weights")
+    with pytest.raises(ValueError, match="must be a dataclass"):
+        Eraser("x", dict, fill.build, "x")
+    with pytest.raises(ValueError, match="option kind 'number'"):
+        declare(1.0, help="h", kind="number")
 
 
 def test_new_options_are_recorded_only_when_set_and_runtime_ones_never():

@@ -28,14 +28,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from counterfactual.image.base import Eraser, Option
+from counterfactual.image.base import Eraser, recorded
+from counterfactual.options import declare
 
 COLOUR = (0, 128, 255)
 
 
 @dataclass(frozen=True, slots=True)
 class PaintConfig:
-    shade: int = 255
+    shade: int = declare(
+        255,
+        help="paint: blue, 0-255",
+        flags=("--paint-shade",),
+        kind="nonnegative_int",
+        metadata=recorded("paint_shade"),
+    )
 
 
 class Paint:
@@ -59,8 +66,6 @@ class Paint:
 ERASER = Eraser(
     name="paint",
     config=PaintConfig,
-    options=(Option("shade", "paint_shade", "paint: blue, 0-255", cli="--paint-shade",
-                    kind="nonnegative_int"),),
     build=lambda part, **_: Paint(part),
     summary="paint (one colour)",
     methods=("paint",),

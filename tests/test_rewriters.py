@@ -43,10 +43,13 @@ def test_the_help_names_every_method_once() -> None:
 
 
 def test_a_method_module_loads_only_when_chosen() -> None:
+    """Only ``text/base.py`` (the request, result and options every rewriter shares) loads
+    with the registry; a method's module when it is chosen."""
     code = (
         "import sys\n"
         "from counterfactual.text import RewriteRequest, TextConfig, make_rewriter\n"
-        "assert not [m for m in sys.modules if m.startswith('counterfactual.text.')]\n"
+        "loaded = [m for m in sys.modules if m.startswith('counterfactual.text.')]\n"
+        "assert loaded == ['counterfactual.text.base'], loaded\n"
         "rewriter = make_rewriter(TextConfig(method='prompt'))\n"
         "(result,) = rewriter([RewriteRequest('a dog on a sofa', ('dog',), ('couch',))])\n"
         "print(rewriter.describe()['method'], result.text)\n"
@@ -56,7 +59,7 @@ def test_a_method_module_loads_only_when_chosen() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     assert out[0].startswith("prompt ") and "couch" in out[0]
-    assert out[1] == "['counterfactual.text.prompts']"
+    assert out[1] == "['counterfactual.text.base', 'counterfactual.text.prompts']"
 
 
 def test_each_name_is_served_by_its_declaration() -> None:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from counterfactual import fs
 from counterfactual.cli.common import add_data_args, add_selection_args, data_spec, selection_config
-from counterfactual.cli.options import TYPES, add_options, build
-from counterfactual.image import ImageConfig, cli_options, flat_default
+from counterfactual.cli.options import add_options, build
+from counterfactual.image import ImageConfig, cli_options
 from counterfactual.messages import one_line
 from counterfactual.method.detect import DetectConfig
 from counterfactual.method.masks import MaskConfig
@@ -33,10 +33,6 @@ from counterfactual.text import CUTTING_METHODS, TextConfig
 if TYPE_CHECKING:
     from counterfactual.pipelines.synth import RayOptions
     from counterfactual.readers.spec import DataSpec, RunInput
-
-_IMAGE = ImageConfig()
-"""The image defaults the backends' options show."""
-
 
 LEAD = (
     "--config",
@@ -169,28 +165,14 @@ def _add_eraser_args(group: argparse._ArgumentGroup) -> None:
     """The backends' declared options (:func:`counterfactual.image.cli_options`). Each
     defaults to ``None`` (not given), so that a recipe's values hold where the user gave none;
     the help shows the backend's default."""
-    for flag, key, option in cli_options():
-        default = flat_default(key, _IMAGE.backend)
-        if option.kind == "flag":
-            group.add_argument(flag, action="store_true", default=None, help=option.help)
-            continue
-        shown = f"'{default}'" if isinstance(default, str) else default
-        if option.choices:
-            shown = "none" if default == "" else shown
-        group.add_argument(
-            flag,
-            type=TYPES.get(option.kind, str),
-            choices=option.choices or None,
-            default=None,
-            help=f"{option.help} (default: {shown})",
-        )
+    add_options(group, cli_options().values())
 
 
 def _add_text_args(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("text")
-    add_options(t, declared(TextConfig, "method", "model", "spacy_model"))
-    add_options(t, declared(SynthConfig, "vocabulary"))
-    add_options(t, declared(TextConfig, "skip_unchanged", "repair"))
+    text = declared(TextConfig)  # in the order --help shows them
+    beside = [d.field for d in text].index("spacy_model") + 1  # the vocabulary after the parser
+    add_options(t, [*text[:beside], *declared(SynthConfig, "vocabulary"), *text[beside:]])
     add_options(t, declared(SynthConfig, "captions"))
 
 
@@ -276,8 +258,8 @@ def _image_config(args: argparse.Namespace) -> ImageConfig:
     the diffusers model. Options not given are left out: they take the recipe's value, if
     any, else the default."""
     options = {d.field: getattr(args, d.dest) for d in declared(ImageConfig)}
-    for flag, key, _ in cli_options():
-        value = getattr(args, flag[2:].replace("-", "_"))
+    for key, option in cli_options().items():
+        value = getattr(args, option.dest)
         if value is not None:
             options[key] = value
     return ImageConfig.from_flat(options)

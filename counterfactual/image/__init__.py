@@ -6,7 +6,7 @@ of shape ``(H, W, 3)``; masks are ``uint8`` arrays of shape ``(H, W)`` with 255 
 paste changes the ``feather`` pixels next to the mask too, nothing farther).
 
 A backend is one module that declares itself (:class:`~counterfactual.image.base.Eraser`: its
-name, config, options and model) and one line in :data:`BUILT_IN`, or a package's entry point in
+name, config and model; its config's fields declare their options) and one line in :data:`BUILT_IN`, or a package's entry point in
 the group ``counterfactual.erasers`` (:mod:`counterfactual.plugins`); :class:`ImageConfig` (one
 part per backend), the flat layout runs record (:data:`FLAT_KEYS`), :func:`make_editor` and the
 command line's image options (:func:`cli_options`) all follow from the declarations.
@@ -28,6 +28,7 @@ from counterfactual.image.exemplar import ExemplarConfig
 from counterfactual.image.fills import FILL_METHODS, FillConfig
 from counterfactual.image.lama import LamaConfig
 from counterfactual.image.opencv_inpaint import OPENCV_ALGORITHMS, OpenCVConfig
+from counterfactual.options import Declared
 from counterfactual.options import option as cli_option
 
 BUILT_IN: tuple[Eraser, ...] = (
@@ -74,8 +75,7 @@ def _registered() -> dict[str, Eraser]:
     erasers = {e.name: e for e in BUILT_IN}
     found = plugins.load(plugins.ERASERS, erasers, lambda p, e: _plugin_problem(erasers, p, e))
     for _, eraser in found:
-        sparse = tuple(replace(o, sparse=True) for o in eraser.options)
-        erasers[eraser.name] = replace(eraser, options=sparse)
+        erasers[eraser.name] = replace(eraser, sparse=True)
     return erasers
 
 
@@ -322,15 +322,28 @@ def recorded_mask(config: ImageConfig, mask: np.ndarray) -> np.ndarray:
     return grown_region(backend, mask)
 
 
-def cli_options() -> list[tuple[str, str, Option]]:
-    """The image options on the command line: ``(flag, flat key, option)`` per declared
-    option with a flag, once per flag, in :data:`FLAT_KEYS` order."""
-    out, seen = [], set()
+def cli_options() -> dict[str, Declared]:
+    """The image options on the command line, by flat key in :data:`FLAT_KEYS` order, once per
+    flag: each backend's declaration (:func:`counterfactual.options.declare`) as the command
+    line adds it, unset (``None`` until given, so that a recipe's values hold where the user
+    gave none) and its help ending in the default with the default backend chosen (a flag's
+    help shows none)."""
+    out: dict[str, Declared] = {}
+    seen: set[str] = set()
     for key in FLAT_KEYS:
         option = FLAT_OPTIONS.get(key)
-        if option is not None and option.cli and option.cli not in seen:
-            seen.add(option.cli)
-            out.append((option.cli, key, option))
+        if option is None or option.declared is None or option.cli in seen:
+            continue
+        seen.add(option.cli)
+        spec = option.declared.option
+        help = spec.help
+        if spec.kind != "flag":
+            default = flat_default(key, _ImageBase().backend)
+            shown = f"'{default}'" if isinstance(default, str) else default
+            if spec.choices:
+                shown = "none" if default == "" else shown
+            help = f"{help} (default: {shown})"
+        out[key] = replace(option.declared, option=replace(spec, help=help, unset=True))
     return out
 
 

@@ -2,21 +2,23 @@
 
 Images are ``uint8`` RGB arrays of shape ``(H, W, 3)``; masks are ``uint8`` arrays of shape
 ``(H, W)`` with 255 = repaint and 0 = keep. A backend is one module that defines its config (a
-frozen dataclass), its editor class and an :class:`Eraser` naming both, the options a user sets
-(:class:`Option`: the flat key runs record, the command-line flag, the help) and the model it
-loads; :mod:`counterfactual.image` registers it, and ``ImageConfig``, the flat layout,
-``make_editor`` and the command line follow from the declarations.
+frozen dataclass whose fields declare their options as every config does,
+:func:`counterfactual.options.declare`, and how runs record them, :func:`recorded`), its editor
+class and an :class:`Eraser` naming both and the model it loads; :mod:`counterfactual.image`
+registers it, and ``ImageConfig``, the flat layout, ``make_editor`` and the command line follow
+from the declarations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from counterfactual.imageio import SampleError
+from counterfactual.options import Declared, declared
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,36 +50,68 @@ class ImageEditor(Protocol):
         ...
 
 
+_RECORD = "counterfactual.image.record"
+
+
 @dataclass(frozen=True, slots=True)
-class Option:
-    """One field of a backend's config as users and runs name it.
+class Recorded:
+    """How runs record one field of an eraser's config, beyond its command-line option.
 
     ``flat`` is its key in the flat layout (``manifest.json``, the fingerprint,
-    ``ImageConfig.from_flat``); a key two backends declare (``model``, ``crop_padding``) is
-    shared and goes to the chosen backend's part. ``cli`` is its command-line flag (``""``: not
-    on the command line). ``sparse`` (options added after format 2): recorded only when not at
-    its default, so a run at the defaults records what format 2 did. ``runtime``: how the
-    model runs, not what it makes (never recorded, never in the fingerprint)."""
+    ``ImageConfig.from_flat``; ``""``: the field's name); a key two backends declare
+    (``model``, ``crop_padding``) is shared and goes to the chosen backend's part. ``sparse``
+    (options added after format 2): recorded only when not at its default, so a run at the
+    defaults records what format 2 did. ``runtime``: how the model runs, not what it makes
+    (never recorded, never in the fingerprint)."""
 
-    field: str
-    flat: str
-    help: str
-    cli: str = ""
-    kind: str = "text"
-    choices: tuple[str, ...] = ()
+    flat: str = ""
     sparse: bool = False
     runtime: bool = False
 
 
-OPTION_KINDS = (
-    "text",
-    "flag",
-    "positive_int",
-    "nonnegative_int",
-    "positive_float",
-    "nonnegative_float",
-    "positive_fraction",
-)
+def recorded(flat: str = "", *, sparse: bool = False, runtime: bool = False) -> dict[str, Any]:
+    """The field metadata of :class:`Recorded`: ``declare(..., metadata=recorded(...))`` for a
+    field with a command-line option, ``field(default=..., metadata=recorded(...))`` for one
+    without."""
+    return {_RECORD: Recorded(flat, sparse, runtime)}
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One field of a backend's config as the registry reads it, from the field's declarations:
+    its option (:func:`counterfactual.options.declare`; ``None``: not on the command line) and
+    how runs record it (:class:`Recorded`; absent: under the field's name, always)."""
+
+    field: str
+    flat: str
+    declared: Declared | None = None
+    sparse: bool = False
+    runtime: bool = False
+
+    @property
+    def cli(self) -> str:
+        """Its command-line flag (``""``: none)."""
+        return self.declared.flags[0] if self.declared is not None else ""
+
+
+def field_options(config: type, sparse: bool = False) -> tuple[Option, ...]:
+    """One :class:`Option` per field of ``config``, in field order; ``sparse``: every one
+    recorded only when set (a plugin's)."""
+    declared_of = {d.field: d for d in declared(config)}
+    out = []
+    for f in fields(config):
+        record = f.metadata.get(_RECORD, Recorded())
+        out.append(
+            Option(
+                f.name,
+                record.flat or f.name,
+                declared_of.get(f.name),
+                sparse=record.sparse or sparse,
+                runtime=record.runtime,
+            )
+        )
+    return tuple(out)
+
 
 Build = Callable[..., ImageEditor]
 """``build(part, method=, device=, dtype=, batch_size=)``: the editor of a backend's config."""
@@ -94,8 +128,11 @@ class Eraser:
 
     ``name`` is its part of ``ImageConfig`` and, for an inpainter, its ``--inpaint-backend``
     value; ``methods`` the ``--image-method`` values it serves (``("inpaint",)`` for an
-    inpainter; the fills serve ``zero``, ``mean``, ``blur``); ``config`` its frozen dataclass
-    and ``options`` one :class:`Option` per field; ``model`` the field naming the model it
+    inpainter; the fills serve ``zero``, ``mean``, ``blur``); ``config`` its frozen dataclass,
+    whose fields declare their options (:func:`counterfactual.options.declare`) and how runs
+    record them (:func:`recorded`): ``options`` (one :class:`Option` per field) follows;
+    ``sparse``: every option recorded only when set (a plugin's, so installing one changes no
+    other run's record). ``model`` the field naming the model it
     loads (``""``: none, a CPU backend); ``seeded``: its output depends on the request's seed
     (best-of-n draws candidates from it); ``build`` makes the editor; ``summary`` is the
     command line's one phrase about it; ``region`` (:data:`Region`, optional) lets a runner send
@@ -105,7 +142,6 @@ class Eraser:
 
     name: str
     config: type
-    options: tuple[Option, ...]
     build: Build
     summary: str
     methods: tuple[str, ...] = ("inpaint",)
@@ -114,20 +150,19 @@ class Eraser:
     region: Region | None = None
     model_file: bool = False
     candidates: str = ""
+    sparse: bool = False
+    options: tuple[Option, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        names = [f.name for f in fields(self.config)]
-        declared = [o.field for o in self.options]
-        if sorted(names) != sorted(declared):
-            raise ValueError(
-                f"eraser {self.name!r}: options {declared} must name each field of "
-                f"{self.config.__name__} once ({names})"
-            )
-        for option in self.options:
-            if option.kind not in OPTION_KINDS:
-                raise ValueError(
-                    f"eraser {self.name!r}: option {option.flat!r} kind {option.kind!r}"
-                )
+        if not is_dataclass(self.config):
+            raise ValueError(f"eraser {self.name!r}: its config must be a dataclass")
+        options = field_options(self.config, self.sparse)
+        flat = [o.flat for o in options]
+        twice = sorted({k for k in flat if flat.count(k) > 1})
+        if twice:
+            raise ValueError(f"eraser {self.name!r}: two fields are recorded as {twice}")
+        object.__setattr__(self, "options", options)
+        names = [o.field for o in options]
         for role in ("model", "candidates"):
             named = getattr(self, role)
             if named and named not in names:

@@ -48,14 +48,15 @@ from counterfactual.image.base import (
     Edited,
     EditRequest,
     Eraser,
-    Option,
     at_least,
     output_failure,
+    recorded,
 )
 from counterfactual.image.checks import check_request, paste
 from counterfactual.method.masks import mask_bounds
 from counterfactual.models.runtime import ModelRuntime
 from counterfactual.models.trust import check_diffusers, read_json, weight_errors, weights_failure
+from counterfactual.options import declare
 
 BACKGROUND = "empty background, nothing there"
 """What ``{background}`` in the prompt templates expands to."""
@@ -97,38 +98,121 @@ at the working size, not at the picture's). ``sdxl``:
 the SDXL inpainting 0.1 model card (1024 px, 20 steps, guidance 8.0, strength 0.99)."""
 
 
+def model_field(default: str) -> Any:
+    """The learned inpainter's weights, ``--inpaint-model`` (one flat key, ``model``, shared by
+    diffusers and LaMa): a field of their configs with ``default``."""
+    return declare(
+        default,
+        help="diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt)",
+        flags=("--inpaint-model",),
+    )
+
+
+def feather_field() -> Any:
+    """The feathered paste, ``--feather``, an option of every learned inpainter (one flat key,
+    shared): a field of their configs, 0 by default."""
+    return declare(
+        0,
+        help="diffusers, lama: fade the fill into the picture over N px outside the mask, >= 0 "
+        "(0: a hard paste, only masked pixels change)",
+        flags=("--feather",),
+        kind="nonnegative_int",
+        metadata=recorded(sparse=True),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DiffusersConfig:
     """A diffusers inpainting pipeline and how it is run."""
 
-    model: str = "sd2-community/stable-diffusion-2-inpainting"
+    model: str = model_field("sd2-community/stable-diffusion-2-inpainting")
     """A hub id or a folder written by ``save_pretrained``."""
-    steps: int = 30
-    guidance_scale: float = 7.5
-    strength: float = 1.0
-    prompt: str = "{background}"
-    negative_prompt: str = "{removed}"
-    resolution: int = 512
+    steps: int = declare(
+        30, help="diffusers: denoising steps, >= 1", flags=("--steps",), kind="positive_int"
+    )
+    guidance_scale: float = declare(
+        7.5,
+        help="diffusers: classifier-free guidance scale, >= 0 (<= 1: none)",
+        flags=("--guidance-scale",),
+        kind="nonnegative_float",
+    )
+    strength: float = declare(
+        1.0,
+        help="diffusers: how far the masked area is noised, in (0, 1]",
+        flags=("--strength",),
+        kind="positive_fraction",
+    )
+    prompt: str = declare(
+        "{background}",
+        help="diffusers: the prompt template; {background} is 'empty background, nothing "
+        "there', {kept} and {removed} the class names",
+        flags=("--prompt",),
+    )
+    negative_prompt: str = declare(
+        "{removed}",
+        help="diffusers: the negative prompt template, same fields as --prompt",
+        flags=("--negative-prompt",),
+    )
+    resolution: int = declare(
+        512,
+        help="diffusers: working size in px, >= 0 (0: native, the crop's size, at least 512)",
+        flags=("--resolution",),
+        kind="nonnegative_int",
+    )
     """Working size of a crop's long side, px, a multiple of 8 (0 = native, at least 512)."""
-    candidates: int = 1
+    candidates: int = declare(
+        1,
+        help="diffusers: best-of-n, draw N seeded candidates per image and keep the one the "
+        "verifier's model (--verify-model) sees the removed classes least in (1: no "
+        "best-of-n)",
+        flags=("--candidates",),
+        kind="positive_int",
+    )
     """Best-of-n: candidates drawn per image; a zero-shot model keeps the one that shows the
     removed classes least (:mod:`counterfactual.image.best_of_n`)."""
     crop_padding: float = 0.25
     """Context around the mask's bounding box, as a fraction of its size, for the crop."""
-    recipe: str = ""
+    recipe: str = declare(
+        "",
+        help="diffusers: a published model with its authors' settings, which the options given "
+        "override: " + ", ".join(RECIPES),
+        flags=("--inpaint-recipe",),
+        choices=tuple(RECIPES),
+        metadata=recorded(sparse=True),
+    )
     """The :data:`RECIPES` entry whose settings the other fields took (``""``: none)."""
-    feather: int = 0
+    feather: int = feather_field()
     """Soft paste: the fill fades into the picture over this many px outside the mask (0: a
     hard paste, only masked pixels change)."""
-    compile: bool = False
+    compile: bool = declare(
+        False,
+        help="diffusers: torch.compile the denoiser (slow first batch)",
+        flags=("--compile",),
+        kind="flag",
+        metadata=recorded(runtime=True),
+    )
     """``torch.compile`` the denoiser (a slow first batch, faster after; one working size per
     run keeps it from recompiling)."""
-    channels_last: bool = False
-    """Denoiser and VAE in channels-last memory format (often faster convolutions on GPUs)."""
-    grow: int = 0
+    grow: int = declare(
+        0,
+        help="diffusers: dilate the working mask by an N x N square kernel at the working size, "
+        "repaint that and record it as the sample's mask (RORem's recipe: 20 at 512 px; 0: "
+        "the mask as it is)",
+        flags=("--inpaint-grow",),
+        kind="nonnegative_int",
+        metadata=recorded(sparse=True),
+    )
     """The working mask dilated by a ``grow`` x ``grow`` square kernel at the working size (RORem's
     README: 20 at 512 px, ``cv2.dilate(mask, np.ones((20, 20)))``); the grown region is what
     is repainted and pasted back. 0: the mask as it is."""
+    channels_last: bool = declare(
+        False,
+        help="diffusers: denoiser and VAE in channels-last memory format",
+        flags=("--channels-last",),
+        kind="flag",
+        metadata=recorded(runtime=True),
+    )
+    """Denoiser and VAE in channels-last memory format (often faster convolutions on GPUs)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -572,119 +656,9 @@ def _build(config: DiffusersConfig, *, device: str, dtype: str, batch_size: int,
     return DiffusionInpainter(config, device=device, dtype=dtype, batch_size=batch_size)
 
 
-FEATHER_OPTION = Option(
-    "feather",
-    "feather",
-    "diffusers, lama: fade the fill into the picture over N px outside the mask, >= 0 (0: a "
-    "hard paste, only masked pixels change)",
-    cli="--feather",
-    kind="nonnegative_int",
-    sparse=True,
-)
-"""The feathered paste, an option of every learned inpainter (one flat key, shared)."""
-
-MODEL_OPTION = Option(
-    "model",
-    "model",
-    "diffusers: a hub id or folder; lama: a TorchScript .pt file (e.g. big-lama.pt)",
-    cli="--inpaint-model",
-)
-"""The learned inpainter's weights (one flat key, shared by diffusers and LaMa)."""
-
-
-def _options() -> tuple[Option, ...]:
-    return (
-        MODEL_OPTION,
-        Option(
-            "steps", "steps", "diffusers: denoising steps, >= 1", cli="--steps", kind="positive_int"
-        ),
-        Option(
-            "guidance_scale",
-            "guidance_scale",
-            "diffusers: classifier-free guidance scale, >= 0 (<= 1: none)",
-            cli="--guidance-scale",
-            kind="nonnegative_float",
-        ),
-        Option(
-            "strength",
-            "strength",
-            "diffusers: how far the masked area is noised, in (0, 1]",
-            cli="--strength",
-            kind="positive_fraction",
-        ),
-        Option(
-            "prompt",
-            "prompt",
-            "diffusers: the prompt template; {background} is 'empty background, nothing "
-            "there', {kept} and {removed} the class names",
-            cli="--prompt",
-        ),
-        Option(
-            "negative_prompt",
-            "negative_prompt",
-            "diffusers: the negative prompt template, same fields as --prompt",
-            cli="--negative-prompt",
-        ),
-        Option(
-            "resolution",
-            "resolution",
-            "diffusers: working size in px, >= 0 (0: native, the crop's size, at least 512)",
-            cli="--resolution",
-            kind="nonnegative_int",
-        ),
-        Option(
-            "candidates",
-            "candidates",
-            "diffusers: best-of-n, draw N seeded candidates per image and keep the one the "
-            "verifier's model (--verify-model) sees the removed classes least in (1: no "
-            "best-of-n)",
-            cli="--candidates",
-            kind="positive_int",
-        ),
-        Option("crop_padding", "crop_padding", "context around the mask box, fraction of its size"),
-        Option(
-            "recipe",
-            "recipe",
-            "diffusers: a published model with its authors' settings, which the options given "
-            "override: " + ", ".join(RECIPES),
-            cli="--inpaint-recipe",
-            choices=tuple(RECIPES),
-            sparse=True,
-        ),
-        FEATHER_OPTION,
-        Option(
-            "compile",
-            "compile",
-            "diffusers: torch.compile the denoiser (slow first batch)",
-            cli="--compile",
-            kind="flag",
-            runtime=True,
-        ),
-        Option(
-            "grow",
-            "grow",
-            "diffusers: dilate the working mask by an N x N square kernel at the working size, "
-            "repaint that and record it as the sample's mask (RORem's recipe: 20 at 512 px; 0: "
-            "the mask as it is)",
-            cli="--inpaint-grow",
-            kind="nonnegative_int",
-            sparse=True,
-        ),
-        Option(
-            "channels_last",
-            "channels_last",
-            "diffusers: denoiser and VAE in channels-last memory format",
-            cli="--channels-last",
-            kind="flag",
-            runtime=True,
-        ),
-    )
-
-
 ERASER = Eraser(
     name="diffusers",
     config=DiffusersConfig,
-    options=_options(),
     build=_build,
     summary="diffusers (any diffusers inpainting pipeline: SD 1.5/2, SDXL, RORem)",
     model="model",

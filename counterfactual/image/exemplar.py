@@ -22,9 +22,10 @@ from typing import Any
 import cv2
 import numpy as np
 
-from counterfactual.image.base import EditRequest, Eraser, Option, at_least
+from counterfactual.image.base import EditRequest, Eraser, at_least, recorded
 from counterfactual.image.checks import check_request, padded_box, paste
 from counterfactual.method.masks import mask_bounds
+from counterfactual.options import declare
 
 _COARSEST = 24
 """The pyramid stops halving when the crop's long side would go below this, px."""
@@ -36,15 +37,39 @@ _ITERATIONS = 2
 class ExemplarConfig:
     """The exemplar fill's options."""
 
-    patch: int = 7
+    patch: int = declare(
+        7,
+        help="exemplar: patch side in px, odd, >= 3",
+        flags=("--exemplar-patch",),
+        kind="positive_int",
+        metadata=recorded("exemplar_patch", sparse=True),
+    )
     """Side of the square patches compared and copied, px at the working size, odd, >= 3."""
-    max_side: int = 160
+    max_side: int = declare(
+        160,
+        help="exemplar: cap the crop's long side in px, >= 0 (0: native resolution)",
+        flags=("--exemplar-max-side",),
+        kind="nonnegative_int",
+        metadata=recorded("exemplar_max_side", sparse=True),
+    )
     """The padded crop is filled at most this many pixels on its long side and scaled back
     (0 = native resolution: slower, sharper)."""
-    context: float = 0.75
+    context: float = declare(
+        0.75,
+        help="exemplar: context around the mask box to copy from, fraction of its longer side",
+        flags=("--exemplar-context",),
+        kind="nonnegative_float",
+        metadata=recorded("exemplar_context", sparse=True),
+    )
     """Context around the mask's bounding box, as a fraction of its longer side: where the
     patches are taken from."""
-    passes: int = 3
+    passes: int = declare(
+        3,
+        help="exemplar: search-and-vote passes per pyramid level, >= 1",
+        flags=("--exemplar-passes",),
+        kind="positive_int",
+        metadata=recorded("exemplar_passes", sparse=True),
+    )
     """Search-and-vote passes per pyramid level, >= 1."""
 
     def __post_init__(self) -> None:
@@ -308,40 +333,6 @@ def _build(config: ExemplarConfig, **runtime: Any) -> ExemplarInpainter:
 ERASER = Eraser(
     name="exemplar",
     config=ExemplarConfig,
-    options=(
-        Option(
-            "patch",
-            "exemplar_patch",
-            "exemplar: patch side in px, odd, >= 3",
-            cli="--exemplar-patch",
-            kind="positive_int",
-            sparse=True,
-        ),
-        Option(
-            "max_side",
-            "exemplar_max_side",
-            "exemplar: cap the crop's long side in px, >= 0 (0: native resolution)",
-            cli="--exemplar-max-side",
-            kind="nonnegative_int",
-            sparse=True,
-        ),
-        Option(
-            "context",
-            "exemplar_context",
-            "exemplar: context around the mask box to copy from, fraction of its longer side",
-            cli="--exemplar-context",
-            kind="nonnegative_float",
-            sparse=True,
-        ),
-        Option(
-            "passes",
-            "exemplar_passes",
-            "exemplar: search-and-vote passes per pyramid level, >= 1",
-            cli="--exemplar-passes",
-            kind="positive_int",
-            sparse=True,
-        ),
-    ),
     build=_build,
     summary="exemplar (patches of the picture around the hole, CPU)",
     region=region,

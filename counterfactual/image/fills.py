@@ -12,9 +12,10 @@ from typing import Any
 import cv2
 import numpy as np
 
-from counterfactual.image.base import EditRequest, Eraser, Option
+from counterfactual.image.base import EditRequest, Eraser
 from counterfactual.image.checks import check_request, padded_box, paste
 from counterfactual.method.masks import mask_bounds
+from counterfactual.options import declare
 
 FILL_METHODS = ("zero", "mean", "blur")
 
@@ -27,7 +28,9 @@ _SMALL_SIGMA = 3.0
 class FillConfig:
     """The fills' options (``zero``, ``mean``, ``blur``)."""
 
-    blur_sigma: float = 15.0
+    blur_sigma: float = declare(
+        15.0, help="blur: Gaussian sigma in px, > 0", flags=("--blur-sigma",), kind="positive_float"
+    )
     """``blur``: the Gaussian's standard deviation, px, > 0."""
 
     def __post_init__(self) -> None:
@@ -102,15 +105,6 @@ def _build(config: FillConfig, *, method: str, **runtime: Any) -> FillEditor:
 ERASER = Eraser(
     name="fill",
     config=FillConfig,
-    options=(
-        Option(
-            "blur_sigma",
-            "blur_sigma",
-            "blur: Gaussian sigma in px, > 0",
-            cli="--blur-sigma",
-            kind="positive_float",
-        ),
-    ),
     build=_build,
     summary="zero (black), mean (the picture's mean colour) or blur",
     methods=FILL_METHODS,

@@ -50,14 +50,15 @@ from counterfactual.image.base import (
     Edited,
     EditRequest,
     Eraser,
-    Option,
     at_least,
     output_failure,
+    recorded,
 )
 from counterfactual.image.checks import check_request, paste
-from counterfactual.image.diffusion import FEATHER_OPTION, MODEL_OPTION, crop_box
+from counterfactual.image.diffusion import crop_box, feather_field, model_field
 from counterfactual.method.masks import mask_bounds
 from counterfactual.models.runtime import ModelRuntime
+from counterfactual.options import declare
 
 MIN_CROP = 256
 """The least long side, in pixels, of the crop given to the model (the whole image if smaller)."""
@@ -82,17 +83,30 @@ _PROBE = 64  # side of the blank image the model is tried on when loaded
 class LamaConfig:
     """A TorchScript LaMa; it always runs in float32."""
 
-    model: str = ""
+    model: str = model_field("")
     """The ``.pt`` file (e.g. ``big-lama.pt``); the lama backend needs one."""
-    max_side: int = 0
+    max_side: int = declare(
+        0,
+        help="lama: cap the crop's long side in px, >= 0 (0: native resolution)",
+        flags=("--lama-max-side",),
+        kind="nonnegative_int",
+        metadata=recorded("lama_max_side"),
+    )
     """A crop whose long side is larger is inpainted at this size and scaled back
     (0 = native resolution)."""
     crop_padding: float = 0.25
     """Context around the mask's bounding box, as a fraction of its size, for the crop."""
-    feather: int = 0
+    feather: int = feather_field()
     """Soft paste: the fill fades into the picture over this many px outside the mask (0: a
     hard paste, only masked pixels change)."""
-    work_side: int = WORK_SIDE
+    work_side: int = declare(
+        WORK_SIDE,
+        help="lama: the largest square canvas crops are batched on, a multiple of 8 >= 64; the "
+        "others are its halves (0: each crop at its own size)",
+        flags=("--lama-work-side",),
+        kind="nonnegative_int",
+        metadata=recorded("lama_work_side", sparse=True),
+    )
     """The largest square canvas crops are batched on (:func:`canvas_side`); 0: each crop at
     its own size padded to a multiple of 8, batched only with crops of that exact size."""
 
@@ -369,27 +383,6 @@ def _build(config: LamaConfig, *, device: str, batch_size: int, **runtime: Any) 
 ERASER = Eraser(
     name="lama",
     config=LamaConfig,
-    options=(
-        MODEL_OPTION,
-        Option(
-            "max_side",
-            "lama_max_side",
-            "lama: cap the crop's long side in px, >= 0 (0: native resolution)",
-            cli="--lama-max-side",
-            kind="nonnegative_int",
-        ),
-        Option("crop_padding", "crop_padding", "context around the mask box, fraction of its size"),
-        FEATHER_OPTION,
-        Option(
-            "work_side",
-            "lama_work_side",
-            "lama: the largest square canvas crops are batched on, a multiple of 8 >= 64; the "
-            "others are its halves (0: each crop at its own size)",
-            cli="--lama-work-side",
-            kind="nonnegative_int",
-            sparse=True,
-        ),
-    ),
     build=_build,
     summary="lama (a TorchScript LaMa)",
     model="model",

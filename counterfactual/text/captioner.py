@@ -17,7 +17,7 @@ from PIL import Image
 from counterfactual._lazy import require
 from counterfactual.models.hf import Words, load_pretrained, load_tokenizer
 from counterfactual.models.runtime import ModelRuntime
-from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
+from counterfactual.text.base import RewriteRequest, RewriteResult, TextOptions
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +41,7 @@ class Captioner:
 
     def __init__(
         self,
-        config: TextConfig,
+        config: TextOptions,
         device: str = "cpu",
         dtype: str = "float32",
         batch_size: int = 256,

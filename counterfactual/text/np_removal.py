@@ -25,7 +25,7 @@ from typing import Any
 from counterfactual.fold import Folded, folds, readings
 from counterfactual.models.runtime import check_batch_size
 from counterfactual.records import Phrase
-from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
+from counterfactual.text.base import RewriteRequest, RewriteResult, TextOptions
 from counterfactual.text.nlp import default_model_name, load_spacy
 from counterfactual.text.repair import cut_offsets, repair_caption
 from counterfactual.text.tidy import has_words, tidy
@@ -207,13 +207,13 @@ class NounPhraseRemover:
 
     def __init__(
         self,
-        config: TextConfig | None = None,
+        config: TextOptions | None = None,
         vocabulary: ClassVocabulary | None = None,
         cache_size: int = 100_000,
         batch_size: int = 256,
     ) -> None:
         self.batch_size = check_batch_size(batch_size)
-        self.config = config or TextConfig()
+        self.config = config or TextOptions()
         self.vocabulary = vocabulary or load_vocabulary()
         self.model_name = self.config.spacy_model or default_model_name()
         self.nlp = load_spacy(self.model_name, fast_pos=True)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from counterfactual.jsonl import JsonLine, json_objects
 from counterfactual.models.runtime import check_batch_size
-from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
+from counterfactual.text.base import RewriteRequest, RewriteResult, TextOptions
 
 if TYPE_CHECKING:
     from spacy.language import Language
@@ -310,7 +310,7 @@ class PerturbRewriter:
     pipeline ``config.spacy_model`` (default: ``en_core_web_sm`` if installed) once and parses
     ``batch_size`` captions at a time."""
 
-    def __init__(self, config: TextConfig, batch_size: int = 256) -> None:
+    def __init__(self, config: TextOptions, batch_size: int = 256) -> None:
         if config.method not in PERTURB_METHODS:
             raise ValueError(f"text method {config.method!r} is not one of {PERTURB_METHODS}")
         self.config = config

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from counterfactual.draws import draw_index
-from counterfactual.text import RewriteRequest, RewriteResult, TextConfig
+from counterfactual.text.base import RewriteRequest, RewriteResult, TextOptions
 
 # The 80 templates of CLIP's ImageNet prompt ensemble (Radford et al. 2021), verbatim.
 TEMPLATES: tuple[str, ...] = (
@@ -124,8 +124,8 @@ class PromptWriter:
     """Callable rewriter: one template per request, drawn reproducibly from the request's seed
     and caption."""
 
-    def __init__(self, config: TextConfig | None = None) -> None:
-        self.config = config or TextConfig(method="prompt")
+    def __init__(self, config: TextOptions | None = None) -> None:
+        self.config = config or TextOptions(method="prompt")
 
     def describe(self) -> dict[str, Any]:
         return {"method": "prompt", "templates": "clip-imagenet-80"}
