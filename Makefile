@@ -41,6 +41,10 @@ export HF_HUB_DISABLE_TELEMETRY ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 DEMO_OFFLINE = $(if $(filter demo,$(DATASET)),$(OFFLINE))
+# make test: pytest-xdist workers (auto: one per core); each test file runs whole on one worker,
+# so its module fixtures (a Ray, tiny models, a generated COCO) are built once (tests/conftest.py)
+WORKERS ?= auto
+PARALLEL = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 # make experiment: where and how many seeds
 EXP_OUT ?= out/experiment
 SEEDS ?= 3
@@ -91,11 +95,11 @@ data: $(DEMO_STAMP) ## fetch and verify the official files: DATASET=coco|flickr3
 	$(BIN)/counterfactual data --dataset $(DATASET) --root $(or $(ROOT),data/$(DATASET)) \
 		$(if $(filter 1 yes true,$(DOWNLOAD)),--download) $(ARGS)
 
-test: $(STAMP) ## the offline test suite
-	$(OFFLINE) $(BIN)/python -m pytest -q
+test: $(STAMP) ## the offline test suite, in parallel [WORKERS=auto|N|0: pytest-xdist workers, 0 runs in-process]
+	$(OFFLINE) $(BIN)/python -m pytest -q $(PARALLEL)
 
-test-fast: $(STAMP) ## the suite without the slow (model-loading, end-to-end) tests
-	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow"
+test-fast: $(STAMP) ## the suite without the slow (model-loading, end-to-end) tests [WORKERS=]
+	$(OFFLINE) $(BIN)/python -m pytest -q $(PARALLEL) -m "not slow"
 
 gpu-check: $(STAMP) ## every model path on CUDA with tiny models [CF_GPU_INPAINT_MODEL=real weights: a 50-image run, images/s]
 	$(BIN)/python -m pytest -q -s -m gpu tests/test_gpu.py

@@ -22,6 +22,7 @@ says, every time. Only the point of the kill is hooked: the run is the real comm
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -35,11 +36,19 @@ from counterfactual.cli import main
 
 
 def _kill_a_worker() -> None:
-    workers = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if any("ShardWorker" in part for part in (p.info["cmdline"] or []))
-    ]
+    """SIGKILL one shard worker of this run's Ray (its raylet's ``--gcs-address`` is the
+    driver's), never one of another Ray on the same machine (a test running in parallel)."""
+    import ray
+
+    flag = f"--gcs-address={ray.get_runtime_context().gcs_address}"
+    workers = []
+    for p in psutil.process_iter(["cmdline"]):
+        if not any("ShardWorker" in part for part in (p.info["cmdline"] or [])):
+            continue
+        with contextlib.suppress(psutil.Error):
+            raylet = p.parent()
+            if raylet is not None and any(flag in part.split() for part in raylet.cmdline()):
+                workers.append(p)
     if not workers:
         sys.exit("no shard worker to kill")
     workers[0].send_signal(signal.SIGKILL)

@@ -182,7 +182,7 @@ def test_ray_data_reads_the_run(out, written, tmp_path):
     """Ours, and Ray's own call with the extension filter; the plain folder fails."""
     script = f"""
 import json, ray
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 from counterfactual.pipelines.load import ray_dataset
 ours = ray_dataset({str(out)!r}).take_all()
 plain = ray.data.read_webdataset({str(out)!r}, file_extensions=["tar"]).take_all()

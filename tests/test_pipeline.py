@@ -40,8 +40,9 @@ def coco(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    """Enough work that a kill lands mid-run: every image has a removable class."""
-    return make_bad_coco(tmp_path_factory.mktemp("big"), n=240, size=(320, 240))
+    """Enough work that a kill lands mid-run (16 shards of 4; the kills land after 2 and 8,
+    killing_run.py times them): every image has a removable class."""
+    return make_bad_coco(tmp_path_factory.mktemp("big"), n=64, size=(320, 240))
 
 
 def args(files, out, *extra):

@@ -83,6 +83,7 @@ def metrics_ray():
         ray.shutdown()
     port = free_port()
     ray.init(
+        address="local",  # a Ray of its own, not the machine's latest cluster
         num_cpus=3,
         include_dashboard=False,
         log_to_driver=False,

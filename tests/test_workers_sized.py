@@ -133,7 +133,9 @@ def test_dry_run_on_two_nodes_of_four_gpus_shows_workers_and_rule(tmp_path):
 def local_ray():
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a Ray of its own, never the latest cluster on the machine (a test's
+    # Cluster in another pytest worker writes /tmp/ray/ray_current_cluster)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
