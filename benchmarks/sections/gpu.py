@@ -93,7 +93,7 @@ SECTION = Section(
         ),
     ),
     note="synth on a local Ray (LaMa inpainting, verify record) with a LaMa-like FFC generator "
-    "(gpu_bench.lama_like, TorchScript, big-lama's inputs and outputs; 51M parameters on "
+    "(gpu_models.lama_like, TorchScript, big-lama's inputs and outputs; 51M parameters on "
     "CUDA) and CLIP of ViT-L/14's sizes, random weights, float32. Without CUDA it runs "
     "reduced (a narrow generator, a tiny 224 px CLIP) and the GPU rows (items/s per GPU, "
     "NVML busy fraction, ratio to the bare loop) are not measured. bare loop: the model "

@@ -157,7 +157,7 @@ SECTION = Section(
     "gpu-node",
     run,
     args=(Arg("--gpu-node-images", {"type": int, "default": 1_200}),),
-    note="benchmarks/gpu_node.py: run_ray on a local Ray declaring 8 GPUs, each Inpaint actor a "
+    note="benchmarks/sections/gpu_node.py: run_ray on a local Ray declaring 8 GPUs, each Inpaint actor a "
     "1 s sleep per batch of 8 (64 items/s for the node: long enough that this machine's 2 "
     "cores are not the limit) then a blur; busy_fraction: the GPUs' sleep over the window "
     "where all 8 had work; items_per_s includes Ray's start-up",
