@@ -197,11 +197,12 @@ def local_run(records: list, out: Path, config) -> tuple[float, int, Clock]:
 
 
 def ray_run(
-    records: list, out: Path, config, memory: bool = False
+    records: list, out: Path, config, memory: bool = False, runtime=None
 ) -> tuple[float, float, int, float, Clock]:
     """One Ray run on a fresh local Ray: seconds with Ray already up (as on a cluster), seconds
     including ``ray.init``, samples, peak PSS (bytes; with ``memory`` only, since reading every
-    process's smaps costs CPU) during the run, and its clock."""
+    process's smaps costs CPU) during the run, and its clock. ``runtime``: where and in what
+    the models run (default: ``Runtime()``)."""
     import ray
 
     from counterfactual.pipelines.synth import RayOptions, init_ray, run_ray
@@ -216,7 +217,9 @@ def ray_run(
         sampler.start()
     start = time.perf_counter()
     clock = Clock()
-    result = run_ray(records, out, config, RayOptions(dashboard=False), on_shard=clock)
+    result = run_ray(
+        records, out, config, RayOptions(dashboard=False), on_shard=clock, runtime=runtime
+    )
     end = time.perf_counter()
     stop.set()
     if memory:

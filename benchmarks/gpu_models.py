@@ -364,3 +364,206 @@ class NoBusy:
 
     def fraction(self) -> None:
         return None
+
+
+SD2_INPAINT = {
+    "unet": {
+        "in_channels": 9,
+        "out_channels": 4,
+        "block_out_channels": (320, 640, 1280, 1280),
+        "layers_per_block": 2,
+        "cross_attention_dim": 1024,
+        "attention_head_dim": (5, 10, 20, 20),
+        "use_linear_projection": True,
+        "down_block_types": ("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        "up_block_types": ("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+        "sample_size": 64,
+    },
+    "vae": {"block_out_channels": (128, 256, 512, 512), "latent_channels": 4, "sample_size": 512},
+    "text": [
+        {"hidden_size": 1024, "num_hidden_layers": 23, "num_attention_heads": 16,
+         "intermediate_size": 4096, "projection_dim": 512, "hidden_act": "gelu"},
+    ],
+}  # fmt: skip
+"""stabilityai/stable-diffusion-2-inpainting's published configs (``unet/config.json``,
+``vae/config.json``, ``text_encoder/config.json``: OpenCLIP ViT-H's text tower as a
+``CLIPTextModel``, 23 of its 24 layers, as SD 2 uses the penultimate one)."""
+
+SD2_REDUCED = {
+    "unet": dict(
+        SD2_INPAINT["unet"],
+        block_out_channels=(32, 32, 64, 64),
+        layers_per_block=1,
+        cross_attention_dim=32,
+        attention_head_dim=(2, 2, 4, 4),
+        sample_size=16,
+    ),
+    "vae": {"block_out_channels": (32, 32, 32, 32), "latent_channels": 4, "sample_size": 128},
+    "text": [
+        {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 37, "projection_dim": 32, "hidden_act": "gelu"},
+    ],
+}  # fmt: skip
+"""SD 2 inpainting's shape (4 UNet levels, three with cross-attention, 4 VAE levels, a 9-channel
+UNet input) at tiny widths, so the CPU runs it in seconds."""
+
+SDXL_INPAINT = {
+    "unet": {
+        "in_channels": 9,
+        "out_channels": 4,
+        "block_out_channels": (320, 640, 1280),
+        "layers_per_block": 2,
+        "down_block_types": ("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        "up_block_types": ("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        "transformer_layers_per_block": (1, 2, 10),
+        "attention_head_dim": (5, 10, 20),
+        "cross_attention_dim": 2048,
+        "addition_embed_type": "text_time",
+        "addition_time_embed_dim": 256,
+        "projection_class_embeddings_input_dim": 2816,
+        "use_linear_projection": True,
+        "sample_size": 128,
+    },
+    "vae": {"block_out_channels": (128, 256, 512, 512), "latent_channels": 4, "sample_size": 1024},
+    "text": [
+        {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+         "intermediate_size": 3072, "projection_dim": 768, "hidden_act": "quick_gelu"},
+        {"hidden_size": 1280, "num_hidden_layers": 32, "num_attention_heads": 20,
+         "intermediate_size": 5120, "projection_dim": 1280, "hidden_act": "gelu"},
+    ],
+}  # fmt: skip
+"""diffusers/stable-diffusion-xl-1.0-inpainting-0.1's published configs, which RORem
+(LetsThink/RORem) fine-tunes: a 9-channel SDXL UNet (``text_time`` micro-conditioning: six size
+numbers of 256 dims and the 1280-dim pooled text, 2816), CLIP ViT-L's text tower and OpenCLIP
+bigG's with its projection (their hidden states concatenated: 2048)."""
+
+SDXL_REDUCED = {
+    "unet": dict(
+        SDXL_INPAINT["unet"],
+        block_out_channels=(32, 32, 64),
+        layers_per_block=1,
+        transformer_layers_per_block=(1, 1, 2),
+        attention_head_dim=(2, 2, 4),
+        cross_attention_dim=64,
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + 32,
+        sample_size=16,
+    ),
+    "vae": {"block_out_channels": (32, 32, 32, 32), "latent_channels": 4, "sample_size": 128},
+    "text": [
+        {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 37, "projection_dim": 32, "hidden_act": "quick_gelu"},
+        {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 37, "projection_dim": 32, "hidden_act": "gelu"},
+    ],
+}  # fmt: skip
+"""SDXL inpainting's shape (3 UNet levels, transformer depth growing with the level,
+``text_time`` conditioning, two text encoders) at tiny widths."""
+
+CLIP_VOCAB = 49408
+"""CLIP's BPE vocabulary (the published text encoders' embedding rows)."""
+
+
+def diffusion_unet(sizes: dict[str, Any]) -> Any:
+    """The ``UNet2DConditionModel`` of ``sizes["unet"]`` (random weights on the current
+    default device: under ``with torch.device("meta")`` nothing is allocated)."""
+    from diffusers import UNet2DConditionModel
+
+    return UNet2DConditionModel(**sizes["unet"])
+
+
+def diffusion_vae(sizes: dict[str, Any]) -> Any:
+    from diffusers import AutoencoderKL
+
+    levels = len(sizes["vae"]["block_out_channels"])
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * levels,
+        up_block_types=("UpDecoderBlock2D",) * levels,
+        layers_per_block=2,
+        **sizes["vae"],
+    )
+
+
+def diffusion_text_encoders(
+    sizes: dict[str, Any], vocab: int = CLIP_VOCAB, tokens: dict[str, int] | None = None
+) -> list[Any]:
+    """The text encoders of ``sizes["text"]``: one ``CLIPTextModel`` (SD 2), or SDXL's
+    ``CLIPTextModel`` and ``CLIPTextModelWithProjection``; ``tokens``: the tokenizer's
+    ``bos``/``eos``/``pad`` ids."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    out = []
+    for i, text in enumerate(sizes["text"]):
+        config = CLIPTextConfig(
+            vocab_size=vocab, max_position_embeddings=77, **text, **(tokens or {})
+        )
+        cls = CLIPTextModelWithProjection if i == 1 else CLIPTextModel
+        out.append(cls(config))
+    return out
+
+
+def param_count(build: Callable[[], Any]) -> int:
+    """Parameters of the model ``build()`` makes, built on the meta device (no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        model = build()
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_diffusion_inpaint(path: Path, sizes: dict[str, Any], seed: int = 0) -> Path:
+    """An SD 2 (one text encoder) or SDXL (two) inpainting pipeline of ``sizes``, random weights
+    seeded ``seed``, the tests' offline CLIP tokenizer, ``save_pretrained`` to ``path`` (what
+    ``--inpaint-model DIR`` loads: ``StableDiffusionInpaintPipeline`` or
+    ``StableDiffusionXLInpaintPipeline``)."""
+    import torch
+    from diffusers import (
+        DDIMScheduler,
+        EulerDiscreteScheduler,
+        StableDiffusionInpaintPipeline,
+        StableDiffusionXLInpaintPipeline,
+    )
+    from transformers import CLIPTokenizer
+
+    from counterfactual.testing import write_clip_tokenizer_files
+
+    write_clip_tokenizer_files(path.parent / f"{path.name}-tok")
+    tokenizer = CLIPTokenizer.from_pretrained(
+        str(path.parent / f"{path.name}-tok"), model_max_length=77
+    )
+    eos = tokenizer.eos_token_id
+    tokens = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos, "pad_token_id": eos}
+    schedule = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear"}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        unet, vae = diffusion_unet(sizes), diffusion_vae(sizes)
+        encoders = diffusion_text_encoders(sizes, len(tokenizer), tokens)
+    if len(encoders) == 1:
+        pipeline: Any = StableDiffusionInpaintPipeline(
+            vae=vae,
+            text_encoder=encoders[0],
+            tokenizer=tokenizer,
+            unet=unet,
+            scheduler=DDIMScheduler(**schedule, steps_offset=1, clip_sample=False),
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )
+    else:
+        pipeline = StableDiffusionXLInpaintPipeline(
+            vae=vae,
+            text_encoder=encoders[0],
+            text_encoder_2=encoders[1],
+            tokenizer=tokenizer,
+            tokenizer_2=tokenizer,
+            unet=unet,
+            scheduler=EulerDiscreteScheduler(
+                **schedule, steps_offset=1, timestep_spacing="leading"
+            ),
+            requires_aesthetics_score=False,
+            force_zeros_for_empty_prompt=True,
+        )
+    pipeline.save_pretrained(str(path))
+    return path

@@ -68,8 +68,9 @@ CASES = [
     (
         ("detect", "inpaint", "verify"),
         one_node(4),
-        {"Detect": (1, 0.1), "Inpaint": (4, 0.8), "Verify": (1, 0.1)},
-        26,
+        # OWLv2 at 0.04 of SD 2's cost: two 0.1 actors give it twice the inpainter's rate
+        {"Detect": (2, 0.1), "Inpaint": (4, 0.8), "Verify": (1, 0.1)},
+        25,
     ),
     # no heavy stage on the GPUs: the GPU stages share every GPU as equals
     (("verify",), one_node(2), {"Verify": (2, 1)}, 30),
@@ -177,3 +178,80 @@ def test_a_layout_the_cluster_cannot_hold_is_one_line(parts, cluster, options, l
     with pytest.raises(SetupError, match=line) as err:
         plan_layout(stages(*parts), cluster, **options)
     assert "\n" not in str(err.value)
+
+
+LAMA_VERIFY = SynthConfig(
+    image=ImageConfig(method="inpaint", backend="lama"), verify=VerifyConfig(mode="record")
+)
+
+
+def lama_verify(batch: int = 8):
+    return plan_stages(LAMA_VERIFY, Runtime(device="cuda", inpaint_batch_size=batch))
+
+
+def capacity(layout, stage: str) -> float:
+    """A stage's items per second: its GPU share over its seconds per item."""
+    (row,) = [s for s in layout.to_json()["stages"] if s["stage"] == stage]
+    return row["actors"] * row["gpus_per_actor"] / row["seconds_per_item"]
+
+
+def lama_cost() -> float:
+    (inpaint,) = [s for s in lama_verify() if s.resources and s.resources.stage == "Inpaint"]
+    return inpaint.resources.cost
+
+
+@pytest.mark.parametrize("cluster", [one_node(1), one_node(8, 96), None])
+def test_verify_keeps_up_at_a_tenth_of_lamas_cost(cluster):
+    """Verify at 0.1 of LaMa's cost per item: its capacity is at least twice the inpainter's
+    rate (VERIFY_HEADROOM), on 1 GPU, 8 GPUs and 2 nodes of 4, and every actor is placed."""
+    cluster = cluster or Cluster((Node(2), Node(12, 4), Node(12, 4)))
+    layout = plan_layout(lama_verify(), cluster, stage_costs={"Verify": 0.1 * lama_cost()})
+    assert capacity(layout, "Verify") >= 2 * capacity(layout, "Inpaint")
+    table_ = table(layout)
+    whole = int(cluster.gpus)
+    assert table_ == {"Inpaint": (whole, 0.8333), "Verify": (whole, 0.1667)}
+    asked = sum(n * g for n, g in table_.values())
+    assert asked <= cluster.gpus + 1e-9
+    rules = {s["stage"]: s["rule"] for s in layout.to_json()["stages"]}
+    assert rules["Verify"].startswith("capacity >= 2 x the heavy stage's rate")
+
+
+def test_a_tiny_verify_cost_keeps_the_one_per_four_minimum():
+    layout = plan_layout(lama_verify(), one_node(8, 96), stage_costs={"Verify": 1e-6})
+    assert table(layout) == {"Inpaint": (8, 0.9), "Verify": (2, 0.1)}
+    assert capacity(layout, "Verify") >= 2 * capacity(layout, "Inpaint")
+    rule = layout.to_json()["stages"][1]["rule"]
+    assert rule.endswith("one 0.1 GPU actor per 4 GPUs (2 actors)"), rule
+
+
+def test_a_middling_cost_takes_more_tenths_before_a_share_per_gpu():
+    """Verify at 0.04 of LaMa: 2 x 0.04 x 0.9 = 0.072 GPU per GPU, 8 GPUs: 6 actors of 0.1."""
+    layout = plan_layout(lama_verify(), one_node(8, 96), stage_costs={"Verify": 0.04 * lama_cost()})
+    assert table(layout) == {"Inpaint": (8, 0.9), "Verify": (6, 0.1)}
+    assert capacity(layout, "Verify") >= 2 * capacity(layout, "Inpaint")
+
+
+def test_the_declared_costs_size_the_coco_layout():
+    """The coco config (LaMa, CLIP ViT-L/14): by the FLOP estimates verify costs about 0.74
+    of LaMa an item, so it gets an actor on every GPU and more of it than the inpainter."""
+    layout = plan_layout(lama_verify(), one_node(8, 96))
+    (inpaint, verify) = layout.to_json()["stages"]
+    assert (inpaint["actors"], verify["actors"]) == (8, 8)
+    assert inpaint["gpus_per_actor"] + verify["gpus_per_actor"] <= 1
+    assert 0.7 < verify["seconds_per_item"] / inpaint["seconds_per_item"] < 0.8
+    assert capacity(layout, "Verify") >= 2 * capacity(layout, "Inpaint")
+
+
+def test_a_stage_cost_is_checked_and_a_stage_without_cost_gets_the_minimum():
+    from counterfactual.pipelines.options import RayOptions
+
+    assert RayOptions(stage_cost=("Verify=0.004", "Inpaint=0.003")).stage_costs == {
+        "Verify": 0.004,
+        "Inpaint": 0.003,
+    }
+    for bad in ("Verify", "Verify=0", "Verify=x", "Verifier=0.1", "Verify=nan"):
+        with pytest.raises(ValueError, match=r"^--stage-cost .*: expected STAGE=SECONDS"):
+            RayOptions(stage_cost=(bad,))
+    layout = plan_layout(lama_verify(), one_node(8, 96), stage_costs={"Inpaint": 0.0})
+    assert table(layout) == {"Inpaint": (8, 0.9), "Verify": (2, 0.1)}
+    assert "the heavy stage declares no cost" in layout.to_json()["stages"][1]["rule"]

@@ -76,7 +76,9 @@ def test_dry_run_prints_the_layout_it_would_use(one_gpu, tmp_path):
     # the models are here (folders): exit 0 (tests/test_first_hour.py: a missing one, exit 1)
     done = _cli("--dry-run", *INPAINT_VERIFY, *unloaded_models(tmp_path), address=one_gpu.address)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {
+    out = json.loads(done.stdout)
+    rules = [(s.pop("rule"), s.pop("seconds_per_item")) for s in out["stages"]]
+    assert out == {
         "gpus": 1,
         "cpus": 4,
         "workers": 2,  # the 4 CPUs less one per model actor
@@ -86,7 +88,39 @@ def test_dry_run_prints_the_layout_it_would_use(one_gpu, tmp_path):
             {"stage": "Verify", "actors": 1, "gpus_per_actor": 0.1},
         ],
     }
+    # SD 2 (30 steps, guidance: 60 UNet calls) costs some 80 times verify's CLIP an item
+    (inpaint_rule, sd2), (verify_rule, clip) = rules
+    assert inpaint_rule == "one actor per GPU, the GPU less the light stages' 0.1"
+    assert 50 < sd2 / clip < 120
+    assert verify_rule.startswith("capacity >= 2 x the heavy stage's rate: 2 x ")
+    assert verify_rule.endswith(": one 0.1 GPU actor per 4 GPUs (1 actor)")
     assert done.stdout.count("\n") == 1  # one JSON object, one line
+
+
+def test_dry_run_sizes_verify_by_a_measured_stage_cost(one_gpu, tmp_path):
+    """``--stage-cost Verify=0.033`` (a quarter of SD 2's 0.13 s): verify needs half the
+    inpainter's share (2 x 0.25), so the GPU goes 2 to 1; a bad value is one line, exit 2."""
+    models = unloaded_models(tmp_path)
+    done = _cli(
+        "--dry-run", *INPAINT_VERIFY, *models, "--stage-cost", "Verify=0.0328", "Inpaint=0.1312",
+        address=one_gpu.address,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    stages = {s["stage"]: s for s in json.loads(done.stdout)["stages"]}
+    assert (stages["Inpaint"]["gpus_per_actor"], stages["Verify"]["gpus_per_actor"]) == (
+        0.6666,
+        0.3334,
+    )
+    assert (stages["Inpaint"]["seconds_per_item"], stages["Verify"]["seconds_per_item"]) == (
+        0.1312,
+        0.0328,
+    )
+    bad = _cli("--dry-run", *INPAINT_VERIFY, *models, "--stage-cost", "Verify=fast", address=None)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == (
+        "counterfactual synth: error: --stage-cost 'Verify=fast': expected STAGE=SECONDS with "
+        "STAGE one of Inpaint, Verify, Detect, Caption and SECONDS > 0\n"
+    )
 
 
 def test_dry_run_of_a_layout_that_does_not_fit_is_one_line_and_exit_2(one_gpu):

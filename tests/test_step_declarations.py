@@ -91,20 +91,26 @@ def test_a_need_no_step_makes_is_a_clear_error(monkeypatch):
 
 
 def test_resources_are_read_from_the_config_and_the_runtime():
+    from counterfactual.synth import costs
+    from counterfactual.synth.costs import inpaint_cost
+
     config = SynthConfig(
         image=ImageConfig(backend="diffusers", diffusers=DiffusersConfig(model="sd")),
         text=TextConfig(method="captioner", model="blip"),
     )
     runtime = Runtime(device="cuda:1", inpaint_batch_size=4, text_batch_size=8)
     by_name = {spec.name: spec.resources for spec in plan_steps(config, runtime)}
+    sd2 = inpaint_cost(config.image).seconds  # SD 2's: 30 steps with guidance, 512 px
     assert by_name == {
         "decode": None,
-        "edit": Resources("Inpaint", "sd", "--inpaint-model", "cuda:1", 4, heavy=True),
-        "rewrite": Resources("Caption", "blip", "--captioner-model", "cuda:1", 8),
+        "edit": Resources("Inpaint", "sd", "--inpaint-model", "cuda:1", 4, heavy=True, cost=sd2),
+        "rewrite": Resources(
+            "Caption", "blip", "--captioner-model", "cuda:1", 8, cost=costs.CAPTION.seconds
+        ),
         "encode": None,
     }
     assert plan_steps(config)[1].resources == Resources(
-        "Inpaint", "sd", "--inpaint-model", "cpu", 1, heavy=True
+        "Inpaint", "sd", "--inpaint-model", "cpu", 1, heavy=True, cost=sd2
     )
     assert Edit.declare(SynthConfig(image=ImageConfig(backend="opencv"))).resources is None
     lama = ImageConfig(backend="lama", lama=LamaConfig(model="big-lama.pt"))

@@ -35,24 +35,24 @@ CASES = [
         8,
         None,
         128,
-        "min(CPUs left 182, 2 x 8 GPU actors x batch 8 = 128)",
+        "min(CPUs left 176, 2 x 8 GPU actors x batch 8 = 128)",
     ),
     (
         Cluster.single(192, 8),
         16,
         None,
-        182,
-        "min(CPUs left 182, 2 x 8 GPU actors x batch 16 = 256)",
+        176,
+        "min(CPUs left 176, 2 x 8 GPU actors x batch 16 = 256)",
     ),
-    (Cluster.single(192, 8), 8, 2, 32, "min(CPUs left 182, 2 x 8 GPU actors x batch 2 = 32)"),
+    (Cluster.single(192, 8), 8, 2, 32, "min(CPUs left 176, 2 x 8 GPU actors x batch 2 = 32)"),
     (Cluster.single(16, 1), 8, None, 14, "min(CPUs left 14, 2 x 1 GPU actor x batch 8 = 16)"),
     (Cluster.single(16, 1), 1, None, 2, "min(CPUs left 14, 2 x 1 GPU actor x batch 1 = 2)"),
     (
         Cluster((Node(8, 0), Node(32, 4), Node(32, 4))),
         4,
         None,
-        62,
-        "min(CPUs left 62, 2 x 8 GPU actors x batch 4 = 64)",
+        56,
+        "min(CPUs left 56, 2 x 8 GPU actors x batch 4 = 64)",
     ),
 ]
 
@@ -71,8 +71,9 @@ def test_the_cap_is_the_rule_at_its_boundary():
     stages = lama_stages(4)
     cap = WORKERS_PER_ITEM * 2 * 4  # two GPUs, one Inpaint actor each
     for cpus, expected in ((cap + 1 + 1, cap), (cap + 1, cap), (cap, cap - 1)):
-        # the one Verify actor holds a CPU, as do the two Inpaint actors
-        layout = plan_layout(stages, Cluster.single(cpus + 2, 2))
+        # the Verify actors (one a GPU: verify's cost sizes them) hold a CPU each, as do the
+        # two Inpaint actors
+        layout = plan_layout(stages, Cluster.single(cpus + 3, 2))
         assert layout.workers == expected, (cpus, layout.rule)
 
 
@@ -101,7 +102,8 @@ def _dry_run(address: str, *argv: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_dry_run_on_two_nodes_of_four_gpus_shows_workers_and_rule(tmp_path):
     """The coco config's layout on 2 x 4 declared GPUs (a head with CPUs only for the driver):
-    one Inpaint actor per GPU, Verify one per four, workers by the rule."""
+    one Inpaint actor per GPU, and by the declared costs (verify's CLIP ViT-L/14 about 0.74 of
+    LaMa an item) one Verify actor beside each, placed; workers by the rule."""
     from ray.cluster_utils import Cluster as RayCluster
 
     lama = tmp_path / "big-lama.pt"
@@ -117,16 +119,20 @@ def test_dry_run_on_two_nodes_of_four_gpus_shows_workers_and_rule(tmp_path):
     # the layout on stdout; the verifier's CLIP is not on this machine: named, exit 1
     assert done.returncode == 1, done.stderr
     assert "dry run: model not available: verifier" in done.stderr, done.stderr
-    assert json.loads(done.stdout) == {
+    out = json.loads(done.stdout)
+    rules = [s.pop("rule") for s in out["stages"]]
+    assert [s.pop("seconds_per_item") for s in out["stages"]] == [0.002221, 0.001638]
+    assert out == {
         "gpus": 8,
         "cpus": 26,
-        "workers": 16,
-        "workers_rule": "min(CPUs left 16, 2 x 8 GPU actors x batch 8 = 128)",
+        "workers": 10,  # 26 CPUs less 16 model actors
+        "workers_rule": "min(CPUs left 10, 2 x 8 GPU actors x batch 8 = 128)",
         "stages": [
-            {"stage": "Inpaint", "actors": 8, "gpus_per_actor": 0.9},
-            {"stage": "Verify", "actors": 2, "gpus_per_actor": 0.1},
+            {"stage": "Inpaint", "actors": 8, "gpus_per_actor": 0.404},
+            {"stage": "Verify", "actors": 8, "gpus_per_actor": 0.596},
         ],
     }
+    assert rules[1].endswith("= 0.596 GPU per GPU: one actor per GPU of that share")
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,17 @@ from gpu_models import (
     CLIP_224_TINY,
     CLIP_VIT_L14,
     REDUCED_LAMA,
+    SD2_INPAINT,
+    SD2_REDUCED,
+    SDXL_INPAINT,
+    SDXL_REDUCED,
     Busy,
     NoBusy,
     bare_loop,
+    diffusion_unet,
+    param_count,
     save_clip,
+    save_diffusion_inpaint,
     save_lama_like,
 )
 
@@ -72,6 +79,53 @@ def bench_gpu(
     return figures
 
 
+DIFFUSION = {"sd2": (SD2_INPAINT, SD2_REDUCED), "rorem": (SDXL_INPAINT, SDXL_REDUCED)}
+"""The diffusion inpainters the section runs: full size on CUDA, reduced on CPU."""
+
+
+def bench_diffusion(
+    work: Path, n: int, ray_run: Callable[..., Any], generated: Callable[..., list[Any]]
+) -> dict[str, float]:
+    """SD 2 inpainting and SDXL inpainting (RORem's architecture, with its recipe) built from
+    their published configs with random weights, saved and run through the real ``synth``
+    path (the diffusers eraser, ``--inpaint-model DIR``) on Ray: float16 on CUDA at full size;
+    on CPU reduced (same shape, tiny widths, 2 steps at 128 px) and the GPU rows not
+    measured."""
+    import torch
+
+    from counterfactual.image import ImageConfig
+    from counterfactual.image.diffusion import RECIPES, DiffusersConfig
+    from counterfactual.synth.plan import Runtime, SynthConfig
+
+    cuda = torch.cuda.is_available()
+    records = generated(work, n, (640, 480))
+    figures: dict[str, float] = {}
+    for name, (full, reduced) in DIFFUSION.items():
+        figures[f"gpu_{name}_unet_params_millions"] = (
+            param_count(lambda full=full: diffusion_unet(full)) / 1e6
+        )
+        folder = save_diffusion_inpaint(work / f"{name}-pipeline", full if cuda else reduced)
+        settings = {k: v for k, v in RECIPES["rorem"].items() if k != "model"}
+        options = dict(settings, recipe="rorem") if name == "rorem" else {}
+        if not cuda:
+            options |= {"steps": 2, "resolution": 128}
+        image = ImageConfig(
+            method="inpaint",
+            backend="diffusers",
+            diffusers=DiffusersConfig(**{**options, "model": str(folder)}),
+        )
+        config = SynthConfig(image=image, images_per_shard=max(4, n // 4))
+        runtime = Runtime(device="cuda", dtype="float16") if cuda else None
+        seconds, _, written, _, _ = ray_run(records, work / f"{name}-run", config, runtime=runtime)
+        key = "items_per_s_per_gpu" if cuda else "cpu_reduced_items_per_s"
+        gpus = max(1, torch.cuda.device_count()) if cuda else 1
+        figures[f"gpu_{name}_samples"] = float(written)
+        figures[f"gpu_{name}_{key}"] = written / seconds / gpus
+    if not cuda:
+        print("GPU rows of SD 2 and RORem (SDXL) at full size: not measured (no CUDA device)")
+    return figures
+
+
 def gpu_images(n: int | None) -> int:
     """The pictures: ``n``, else 2,000 on CUDA and 16 on CPU."""
     import torch
@@ -80,7 +134,9 @@ def gpu_images(n: int | None) -> int:
 
 
 def run(work: Path, args: argparse.Namespace) -> dict[str, float]:
-    return bench_gpu(work, gpu_images(args.gpu_images), ray_run, generated)
+    n = gpu_images(args.gpu_images)
+    figures = bench_gpu(work, n, ray_run, generated)
+    return figures | bench_diffusion(work, min(n, 200), ray_run, generated)
 
 
 SECTION = Section(
@@ -99,5 +155,9 @@ SECTION = Section(
     "NVML busy fraction, ratio to the bare loop) are not measured. bare loop: the model "
     "alone, batch 8 on 512 px canvases, inputs on the device. items/s: samples over the run's "
     "seconds with Ray up (the actors' start and model load inside); steady: between the "
-    "first and last shard.",
+    "first and last shard. sd2, rorem: SD 2 inpainting and SDXL inpainting (RORem's recipe: "
+    "50 steps, no guidance, 512 px) from their published configs, random weights, float16, "
+    "through the diffusers eraser on at most 200 pictures; on CPU reduced widths, 2 steps at "
+    "128 px, the full-size rows not measured; unet_params_millions: the full configs' UNets "
+    "(866M, 2,567M), counted on the meta device.",
 )

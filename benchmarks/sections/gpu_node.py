@@ -8,7 +8,9 @@ that each ``Inpaint`` actor stands for a GPU: it sleeps a fixed time per batch (
 measured cost of a batch) and then makes the batch's edit with the box blur (a few ms on small
 pictures). Each actor logs when it slept; the busy fraction is the time the eight "GPUs" slept
 over eight times the window in which every one of them had work (from the last one's first
-batch to the first one's last batch), and over the whole run. The sleep is long (1 s per batch
+batch to the first one's last batch), and over the whole run. A run too small for such a
+window (shorter than one batch: a GPU done before another started) reports the mean of each
+GPU's busy share between its own first and last batch, and ``window_seconds`` 0. The sleep is long (1 s per batch
 of 8, 64 items/s for the node) so that this 2-core machine's CPU, not the pipeline, would be
 what limits it if anything did.
 """
@@ -77,10 +79,19 @@ def busy_fractions(logs: Path) -> dict[str, float]:
 
     def busy(lo: float, hi: float) -> float:
         inside = sum(max(0.0, min(e, hi) - max(b, lo)) for s in spans for b, e, _ in s)
-        return inside / (GPUS * (hi - lo)) if hi > lo else float("nan")
+        return inside / (GPUS * (hi - lo))
 
+    if window[1] - window[0] < SleepingGpu.SLEEP:
+        # a small run: one GPU finished before the last one started, so no window has all
+        # eight at work; each GPU's busy share between its own first and last batch instead
+        fraction = sum(sum(e - b for b, e, _ in s) / (s[-1][1] - s[0][0]) for s in spans) / len(
+            spans
+        )
+        window = (window[0], window[0])
+    else:
+        fraction = busy(*window)
     return {
-        "busy_fraction": busy(*window),
+        "busy_fraction": fraction,
         "busy_fraction_whole_run": busy(*whole),
         "window_seconds": window[1] - window[0],
         "batches": sum(len(s) for s in spans),

@@ -199,6 +199,7 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("ray (with --runner ray)")
     add_options(r, declared(RayOptions, "address", "num_cpus", "cpu_actors", "model_actors"))
     add_options(r, declared(RayOptions, "gpus_per_actor", "model_batch_size", "in_flight"))
+    add_options(r, declared(RayOptions, "stage_cost"))
     add_options(r, declared(RayOptions, "place_timeout", "load_timeout", "call_timeout"))
     add_options(r, declared(RayOptions, "failure_window"))
     add_options(r, declared(SynthOptions, "dry_run"))

@@ -3,9 +3,14 @@ the output)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from counterfactual.messages import short
 from counterfactual.options import declare
+
+MODEL_STAGES = ("Inpaint", "Verify", "Detect", "Caption")
+"""The model stages a ``--stage-cost`` may name (``steps.Resources.stage``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +22,8 @@ class RayOptions:
     stage (default: :func:`~counterfactual.synth.layout.plan_layout`'s rules; on CPU no model
     actors, the workers run the models themselves, unless ``model_actors`` is set).
     ``model_batch_size``: items per model call (default: the step's own batch size).
+    ``stage_cost``: ``STAGE=SECONDS`` per item on one GPU, over the stages' declared costs
+    (:mod:`counterfactual.synth.costs`), which size the light stages (``stage_costs``).
     ``in_flight``: tasks queued per worker. ``address``: a cluster to join (default:
     ``RAY_ADDRESS``, else local). ``num_cpus`` and ``dashboard`` apply to a local Ray only.
     ``place_timeout``: seconds an actor may wait for the cluster to place it;
@@ -33,16 +40,25 @@ class RayOptions:
     )
     model_actors: int | None = declare(
         None,
-        help="actors per model stage (default: the inpainter one per GPU, a light stage one "
-        "per 4 GPUs; on CPU none, the shard workers run the models themselves)",
+        help="actors per model stage (default: the inpainter one per GPU, a light stage by "
+        "its cost per item, at least one per 4 GPUs; on CPU none, the shard workers run the "
+        "models themselves)",
         kind="positive_int",
     )
     gpus_per_actor: float | None = declare(
         None,
         help="GPUs per actor of the heavy stage (the inpainter), in (0, 8]; a fraction shares "
-        "one GPU (default: one actor per GPU, leaving 0.1 GPU per light stage: detector, "
-        "captioner, verifier)",
+        "one GPU (default: one actor per GPU, leaving the light stages' shares: detector, "
+        "captioner, verifier; see --stage-cost)",
         kind="gpu_share",
+    )
+    stage_cost: tuple[str, ...] = declare(
+        (),
+        help="a model stage's measured seconds per item on one GPU, which sizes its actors "
+        "against the inpainter's (e.g. Verify=0.004; stages: Inpaint, Verify, Detect, "
+        "Caption; default: FLOP-based estimates, see synth --dry-run)",
+        nargs="+",
+        metavar="STAGE=SECONDS",
     )
     model_batch_size: int | None = declare(
         None,
@@ -111,6 +127,26 @@ class RayOptions:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.gpus_per_actor is not None and not 0 < self.gpus_per_actor <= 8:
             raise ValueError(f"gpus_per_actor must be in (0, 8], got {self.gpus_per_actor}")
+        self.stage_costs  # noqa: B018  (refuses a bad --stage-cost now)
         for name in ("place_timeout", "load_timeout", "call_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+
+    @property
+    def stage_costs(self) -> dict[str, float]:
+        """``stage_cost`` as seconds per item by stage name; a ``ValueError`` naming a value
+        that is not ``STAGE=SECONDS`` with a known stage and seconds > 0."""
+        out: dict[str, float] = {}
+        for text in self.stage_cost:
+            stage, sep, seconds = str(text).partition("=")
+            try:
+                value = float(seconds)
+            except ValueError:
+                value = math.nan
+            if not sep or stage not in MODEL_STAGES or not (math.isfinite(value) and value > 0):
+                raise ValueError(
+                    f"--stage-cost {short(text)}: expected STAGE=SECONDS with STAGE one of "
+                    f"{', '.join(MODEL_STAGES)} and SECONDS > 0"
+                )
+            out[stage] = value
+        return out

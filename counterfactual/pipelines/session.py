@@ -282,6 +282,7 @@ def layout_actors(stages: Sequence[Stage], options: RayOptions, cluster: Cluster
         gpus_per_actor=options.gpus_per_actor,
         cpu_actors=options.cpu_actors,
         model_batch_size=options.model_batch_size,
+        stage_costs=options.stage_costs,
     )
 
 

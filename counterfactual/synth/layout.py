@@ -7,11 +7,18 @@ cluster before anything starts; ``pipelines/synth.py`` places what it says on Ra
 - A model stage on CUDA runs on an actor pool of its own (on CPU too with ``model_actors``);
   other stages run in the shard workers. Every model actor holds one CPU.
 - The heavy stage (the inpainter, ``Resources.heavy``) gets one actor per GPU, each of
-  ``1 - LIGHT_GPU x (light stages)`` of a GPU, so every GPU keeps room for one actor of each
-  light stage: on N GPUs the inpainter has nearly all of them.
-- A light stage (detector, captioner, verifier: a fraction of the inpainter's cost per item)
-  gets one actor of ``LIGHT_GPU`` per ``GPUS_PER_LIGHT_ACTOR`` GPUs (at least one), beside the
-  heavy actors. Without a heavy stage on the GPUs, the GPU stages are all shared out as heavy.
+  the GPU less the light stages' shares, so every GPU keeps room for one actor of each
+  light stage.
+- A light stage (detector, captioner, verifier) is sized by its cost per item against the
+  heavy stage's (``Resources.cost``, :mod:`counterfactual.synth.costs`; ``--stage-cost``
+  overrides): its GPU share must give it ``VERIFY_HEADROOM`` times the heavy stage's rate,
+  ``need = HEADROOM x (its seconds / the heavy's) x heavy share`` of each GPU. When one
+  ``LIGHT_GPU`` actor per ``GPUS_PER_LIGHT_ACTOR`` GPUs (at least one) covers the need, it
+  gets that; when more ``LIGHT_GPU`` actors, up to one per GPU, cover it, it gets those; else
+  one actor per GPU of exactly its need, and the heavy share shrinks to what is left
+  (``heavy = (1 - LIGHT_GPU x others) / (1 + sum of HEADROOM x cost ratios)``). A stage
+  without a declared cost gets the minimum. Without a heavy stage on the GPUs, the GPU
+  stages are all shared out as heavy.
 - ``gpus_per_actor`` sets the heavy stage's share (as many actors as fit); ``model_actors``
   sets the actors of every pooled stage. A share above one GPU is a whole number of GPUs.
 - The shard workers (one CPU each) take the CPUs left, at least one (``cpu_actors`` sets them),
@@ -31,11 +38,12 @@ and what the cluster has.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from counterfactual.synth.staging import SetupError, Stage
+from counterfactual.synth.steps import VERIFY_HEADROOM
 
 LIGHT_GPU = 0.1
 """A light stage's actor: a tenth of a GPU beside the heavy stage's."""
@@ -43,6 +51,8 @@ GPUS_PER_LIGHT_ACTOR = 4
 """One actor of each light stage per this many GPUs."""
 MODEL_CPUS = 1.0
 """CPUs each model actor holds (it feeds its GPU)."""
+HEADROOM = VERIFY_HEADROOM
+"""A light stage's capacity over the heavy stage's rate (``steps.VERIFY_HEADROOM``)."""
 WORKERS_PER_ITEM = 2
 """Shard workers per item of a GPU actor's batch (the module doc's rule)."""
 _EPS = 1e-4  # Ray's resolution of fractional resources
@@ -95,11 +105,14 @@ class Cluster:
 @dataclass(frozen=True, slots=True)
 class StagePlan:
     """One stage's place: ``stage`` (its model stage's name, ``None`` for a CPU stage),
-    ``actors`` (0: the shard workers run it) and ``gpus_per_actor``."""
+    ``actors`` (0: the shard workers run it), ``gpus_per_actor``, ``rule`` (how they were
+    decided, in words) and ``seconds_per_item`` (the cost the rule used; 0: none declared)."""
 
     stage: str | None
     actors: int = 0
     gpus_per_actor: float = 0.0
+    rule: str = ""
+    seconds_per_item: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,23 +129,36 @@ class Layout:
     cluster: Cluster = Cluster(())
     rule: str = ""
     """How ``workers`` was decided, in words (``synth --dry-run`` shows it)."""
+    stage_rules: tuple[str, ...] = ()
+    """Per stage: how its actors and share were decided, in words (``""``: a CPU stage)."""
+    costs: tuple[float, ...] = ()
+    """Per stage: the seconds per item the rule used (0: none declared, or a CPU stage)."""
 
     def plans(self) -> list[StagePlan]:
+        n = len(self.stages)
+        rules, costs = self.stage_rules or ("",) * n, self.costs or (0.0,) * n
         return [
-            StagePlan(name, n, g)
-            for name, n, g in zip(self.stages, self.model_actors, self.gpus, strict=True)
+            StagePlan(*row)
+            for row in zip(self.stages, self.model_actors, self.gpus, rules, costs, strict=True)
         ]
 
     def to_json(self) -> dict[str, Any]:
         """What ``synth --dry-run`` prints: the cluster's GPUs and CPUs, the shard workers and
-        every model stage (``actors`` 0: run inside the workers)."""
+        every model stage (``actors`` 0: run inside the workers; ``rule``: why;
+        ``seconds_per_item``: the cost it was sized by, ``null`` when none was declared)."""
         return {
             "gpus": _num(self.cluster.gpus),
             "cpus": _num(self.cluster.cpus),
             "workers": self.workers,
             "workers_rule": self.rule,
             "stages": [
-                {"stage": p.stage, "actors": p.actors, "gpus_per_actor": _num(p.gpus_per_actor)}
+                {
+                    "stage": p.stage,
+                    "actors": p.actors,
+                    "gpus_per_actor": _num(p.gpus_per_actor),
+                    "rule": p.rule,
+                    "seconds_per_item": float(f"{p.seconds_per_item:.4g}") or None,
+                }
                 for p in self.plans()
                 if p.stage is not None
             ],
@@ -156,10 +182,12 @@ def plan_layout(
     gpus_per_actor: float | None = None,
     cpu_actors: int | None = None,
     model_batch_size: int | None = None,
+    stage_costs: Mapping[str, float] | None = None,
 ) -> Layout:
     """The layout of ``stages`` on ``cluster`` by the rules of the module doc, or
     :class:`SetupError` (one line) when it does not fit. ``model_batch_size``: items per model
-    call when it overrides the stages' own (``--model-batch-size``)."""
+    call when it overrides the stages' own (``--model-batch-size``); ``stage_costs``: seconds
+    per item by stage name, over the stages' declared ``Resources.cost`` (``--stage-cost``)."""
     if gpus_per_actor is not None and (
         not 0 < gpus_per_actor <= 8
         or (gpus_per_actor > 1 and not float(gpus_per_actor).is_integer())
@@ -177,16 +205,27 @@ def plan_layout(
     if not any(heavy):  # no inpainter on the GPUs: the GPU stages share them as equals
         heavy = list(gpu)
     light = [g and not h for g, h in zip(gpu, heavy, strict=True)]
-    n_heavy, n_light = sum(heavy), sum(light)
+    n_heavy = sum(heavy)
     slots = [slot for node in cluster.nodes for slot in node.gpu_slots()]
     # the shares are of one GPU; of the largest fraction when the cluster has no whole one
     unit = max(slots) if slots and all(s < 1 - _EPS for s in slots) else 1.0
-    light_share = round(LIGHT_GPU * unit, 4)
+    whole_gpus = sum(1 for s in slots if s >= 1 - _EPS) or len(slots)
+    costs = [_cost(s, stage_costs) for s in stages]
+    heavy_cost = max((c for c, h in zip(costs, heavy, strict=True) if h), default=0.0)
+    if model_actors is not None:  # every pool as asked: light stages at LIGHT_GPU
+        sizes = {i: _Light(1, LIGHT_GPU, f"--model-actors {model_actors}") for i in _at(light)}
+        per_gpu = LIGHT_GPU * len(sizes)
+    else:
+        sizes, per_gpu = _size_light(_at(light), costs, heavy_cost, whole_gpus)
     if gpus_per_actor is not None:
         heavy_share = gpus_per_actor
+        heavy_rule = f"--gpus-per-actor {gpus_per_actor:g}: as many actors as fit"
     else:
-        heavy_share = round((1 - LIGHT_GPU * n_light) * unit / max(1, n_heavy), 4)
-    whole_gpus = sum(1 for s in slots if s >= 1 - _EPS) or len(slots)
+        heavy_share = math.floor((1 - per_gpu) * unit / max(1, n_heavy) * 1e4 + _EPS) / 1e4
+        heavy_rule = "one actor per GPU" if n_heavy else ""
+        if per_gpu:
+            heavy_rule += f", the GPU less the light stages' {_num(per_gpu)}"
+    rules = [""] * len(stages)
 
     actors = [0] * len(stages)
     shares = [0.0] * len(stages)
@@ -195,14 +234,17 @@ def plan_layout(
             continue
         if not gpu[i]:
             actors[i] = model_actors or 1
+            rules[i] = f"--model-actors {actors[i]} on {stage.resources.device}"  # type: ignore[union-attr]
             continue
-        shares[i] = heavy_share if heavy[i] else light_share
+        shares[i] = heavy_share if heavy[i] else round(sizes[i].share * unit, 4)
+        rules[i] = heavy_rule if heavy[i] else sizes[i].rule
         if not cluster.gpus:
             raise SetupError(_ask(stage, model_actors or 1, shares[i], cluster))
         if model_actors is not None:
             actors[i] = model_actors
+            rules[i] = f"--model-actors {model_actors}"
         elif light[i]:
-            actors[i] = max(1, math.ceil(whole_gpus / GPUS_PER_LIGHT_ACTOR))
+            actors[i] = sizes[i].actors
     if model_actors is None and n_heavy:
         actors = _most_heavy(stages, cluster, actors, shares, heavy)
     held = sum(actors) * MODEL_CPUS
@@ -222,7 +264,75 @@ def plan_layout(
             "--cpu-actors or --model-actors"
         )
     names = tuple(s.resources.stage if s.resources is not None else None for s in stages)
-    return Layout(tuple(actors), tuple(shares), workers, names, cluster, rule)
+    used = tuple(c if p else 0.0 for c, p in zip(costs, pooled, strict=True))
+    return Layout(tuple(actors), tuple(shares), workers, names, cluster, rule, tuple(rules), used)
+
+
+@dataclass(frozen=True, slots=True)
+class _Light:
+    """A light stage's size: ``actors`` of ``share`` of a GPU each, and why (``rule``)."""
+
+    actors: int
+    share: float
+    rule: str
+
+
+def _at(flags: Sequence[bool]) -> list[int]:
+    return [i for i, f in enumerate(flags) if f]
+
+
+def _cost(stage: Stage, overrides: Mapping[str, float] | None) -> float:
+    """The stage's seconds per item: the override for its name, else its declared cost."""
+    res = stage.resources
+    if res is None:
+        return 0.0
+    return (overrides or {}).get(res.stage, res.cost)
+
+
+def _ceil4(x: float) -> float:
+    return math.ceil(x * 1e4 - _EPS) / 1e4
+
+
+def _size_light(
+    light: Sequence[int], costs: Sequence[float], heavy_cost: float, gpus: int
+) -> tuple[dict[int, _Light], float]:
+    """Each light stage's actors and share (of one GPU) by the module doc's rule, and the share
+    of every GPU the light stages leave the heavy one out of (``1 -`` the heavy share)."""
+    minimum = max(1, math.ceil(gpus / GPUS_PER_LIGHT_ACTOR))
+    ratio = {i: HEADROOM * costs[i] / heavy_cost for i in light if costs[i] and heavy_cost}
+    spread: set[int] = set()  # one actor per GPU of exactly its need
+    while True:
+        heavy = (1 - LIGHT_GPU * (len(light) - len(spread))) / (1 + sum(ratio[i] for i in spread))
+        more = {i for i in ratio if i not in spread and ratio[i] * heavy > LIGHT_GPU + _EPS}
+        if not more:
+            break
+        spread |= more
+    out: dict[int, _Light] = {}
+    for i in light:
+        if i not in ratio:
+            why = "no cost declared" if heavy_cost else "the heavy stage declares no cost"
+            out[i] = _Light(minimum, LIGHT_GPU, f"{_min_rule(minimum)} ({why})")
+            continue
+        need = ratio[i] * heavy
+        capacity = (
+            f"capacity >= {HEADROOM:g} x the heavy stage's rate: {HEADROOM:g} x "
+            f"{costs[i]:.3g} s / {heavy_cost:.3g} s x heavy share {_num(round(heavy, 4))} = "
+            f"{_num(_ceil4(need))} GPU per GPU"
+        )
+        if i in spread:
+            out[i] = _Light(gpus, _ceil4(need), f"{capacity}: one actor per GPU of that share")
+            continue
+        n = max(minimum, math.ceil(gpus * need / LIGHT_GPU - _EPS))
+        what = _min_rule(minimum) if n == minimum else f"{n} actors of {LIGHT_GPU:g} GPU"
+        out[i] = _Light(n, LIGHT_GPU, f"{capacity}: {what}")
+    per_gpu = sum(s.share for s in out.values())
+    return out, per_gpu
+
+
+def _min_rule(n: int) -> str:
+    return (
+        f"one {LIGHT_GPU:g} GPU actor per {GPUS_PER_LIGHT_ACTOR} GPUs ({n} actor{'s' * (n != 1)})"
+    )
 
 
 def _workers(

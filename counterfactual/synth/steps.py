@@ -48,6 +48,8 @@ from counterfactual.method.verify import (
 )
 from counterfactual.shards.pictures import load_record_picture
 from counterfactual.shards.shards import Sample
+from counterfactual.synth import costs
+from counterfactual.synth.costs import inpaint_cost
 from counterfactual.synth.job import JOB_FIELDS, Job, sample_meta
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import (
@@ -153,7 +155,8 @@ class Resources:
     (for setup errors), its torch ``device`` and ``batch_size`` (items per model call).
     ``heavy``: the run's costly model (the inpainter), which the cluster layout
     (:mod:`counterfactual.synth.layout`) gives nearly every GPU; a light one (detector,
-    captioner, verifier) runs on a small share of a GPU beside it."""
+    captioner, verifier) runs on a share of a GPU beside it, sized by ``cost``: seconds per
+    item on one GPU at its batch (:mod:`counterfactual.synth.costs`; 0: not declared)."""
 
     stage: str
     model: str
@@ -161,6 +164,7 @@ class Resources:
     device: str
     batch_size: int
     heavy: bool = False
+    cost: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,10 @@ class StepSpec:
     def uses_model(self) -> bool:
         """True when the step runs a learned model (GPU-capable, worth an actor pool)."""
         return self.resources is not None
+
+
+def _seconds(cost: costs.StageCost | None) -> float:
+    return 0.0 if cost is None else cost.seconds
 
 
 def _fields(*names: str) -> frozenset[str]:
@@ -372,6 +380,7 @@ class Edit(BatchStep):
                 runtime.device,
                 runtime.inpaint_batch_size,
                 heavy=True,
+                cost=_seconds(inpaint_cost(image)),
             )
         return StepSpec(
             cls.name,
@@ -513,7 +522,12 @@ class Rewrite(BatchStep):
         if model is None:
             return StepSpec(cls.name, needs=needs, makes=_fields("caption"))
         resources = Resources(
-            "Caption", model, "--captioner-model", runtime.device, runtime.text_batch_size
+            "Caption",
+            model,
+            "--captioner-model",
+            runtime.device,
+            runtime.text_batch_size,
+            cost=costs.CAPTION.seconds,
         )
         return StepSpec(cls.name, needs=needs, makes=_fields("caption"), resources=resources)
 
@@ -608,6 +622,7 @@ class Detect(BatchStep):
             "--detector-model",
             runtime.device,
             runtime.detect_batch_size,
+            cost=costs.DETECT.seconds,
         )
         return StepSpec(
             cls.name, needs=_fields("image"), makes=_fields("objects"), resources=resources
@@ -710,7 +725,12 @@ class Verify(BatchStep):
         if not verify.enabled:
             return StepSpec(cls.name)
         resources = Resources(
-            "Verify", verify.model, "--verify-model", runtime.device, runtime.verify_batch_size
+            "Verify",
+            verify.model,
+            "--verify-model",
+            runtime.device,
+            runtime.verify_batch_size,
+            cost=costs.VERIFY.seconds,
         )
         return StepSpec(
             cls.name,
