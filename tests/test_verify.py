@@ -382,8 +382,10 @@ def test_config_fingerprint_and_step_wiring():
     assert (recorded["device"], recorded["batch_size"]) == ("cuda", 7)
     assert fingerprint_of(rec.record(runtime)) == rec.fingerprint()
 
-    from counterfactual.pipelines.synth import RayOptions, layout_actors, plan_stages
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import layout_actors
     from counterfactual.synth.layout import Cluster
+    from counterfactual.synth.staging import plan_stages
 
     stages = plan_stages(rec, runtime)
     assert [s.steps for s in stages] == [("rewrite", "decode", "edit"), ("verify",), ("encode",)]
