@@ -582,7 +582,8 @@ def test_yaml_config_takes_the_verify_keys(coco, clip, tmp_path):
 def test_verify_refuses_a_vocabulary_without_the_dataset_classes(coco, tmp_path, capsys):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("person, man\n")
-    clip = f"hf-clip:{tmp_path / 'clip'}"  # a local model: the vocabulary is refused first
+    (tmp_path / "clip").mkdir()  # a local model that is here (the run checks that first)
+    clip = f"hf-clip:{tmp_path / 'clip'}"  # but never loaded: the vocabulary is refused first
     assert (
         synth(
             coco, tmp_path / "out", "--verify", "--vocabulary", str(vocab), "--verify-model", clip
