@@ -205,7 +205,9 @@ def ray_run(
     the models run (default: ``Runtime()``)."""
     import ray
 
-    from counterfactual.pipelines.synth import RayOptions, init_ray, run_ray
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import init_ray
+    from counterfactual.pipelines.synth import run_ray
 
     cold = time.perf_counter()
     init_ray(work_dir=out.parent, options=RayOptions(dashboard=False))

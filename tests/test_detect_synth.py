@@ -25,13 +25,12 @@ from counterfactual.method.selection import (
     candidates,
     select_many,
 )
-from counterfactual.pipelines.synth import plan_stages
 from counterfactual.readers.coco import read_coco
 from counterfactual.readers.generate import generate_coco
 from counterfactual.shards.pictures import load_record_image
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_of
 from counterfactual.synth.runner import run_local
-from counterfactual.synth.staging import step_order
+from counterfactual.synth.staging import plan_stages, step_order
 from counterfactual.text import TextConfig
 from counterfactual.vocab import coco_vocabulary
 

@@ -242,7 +242,7 @@ def test_mentions_on_ray_equal_in_process_and_are_cached(gallery_texts, tmp_path
     import ray
 
     from counterfactual.pipelines.mentions import index_mentions_ray
-    from counterfactual.pipelines.synth import RayOptions
+    from counterfactual.pipelines.options import RayOptions
 
     indexer = MentionIndexer()
     local = indexer(gallery_texts)

@@ -29,9 +29,14 @@ from counterfactual.models.hub import (
     select_files,
     weight_variant,
 )
-from counterfactual.synth.models import absolute_models, local_model_paths, needed_models
+from counterfactual.synth.models import (
+    absolute_models,
+    local_model_paths,
+    missing_models,
+    needed_models,
+)
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.synth.run import preflight
+from counterfactual.synth.run import check_run
 from counterfactual.synth.staging import SetupError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -262,30 +267,36 @@ def test_local_model_paths_are_absolute_in_the_driver(tmp_path, monkeypatch):
     assert local_model_paths(config) == {"--inpaint-model": str(tmp_path / "models/big-lama.pt")}
     assert absolute_models(config).image.lama.model == str(tmp_path / "models/big-lama.pt")
     assert config.fingerprint() == lama_config("models/big-lama.pt").fingerprint()
-    with pytest.raises(SetupError) as err:
-        preflight(config)
+    with pytest.raises(SetupError) as err:  # a library run: local paths only
+        check_run(tmp_path / "out", config, Runtime())
     assert str(err.value) == (
         f"Inpaint: the model {tmp_path}/models/big-lama.pt does not exist; pass --inpaint-model "
         "a hub id or an existing folder or file"
     )
+    assert not (tmp_path / "out").exists()  # the models are checked before OUT is made
     (tmp_path / "models").mkdir()
     (tmp_path / "models/big-lama.pt").write_bytes(b"x")
-    preflight(config)
+    check_run(tmp_path / "out", config, Runtime())
+    assert not missing_models(config, hub=False)
 
 
-def test_a_relative_model_missing_here_ends_dry_run_in_one_line(tmp_path):
+@pytest.mark.slow
+def test_a_relative_model_missing_here_is_named_by_the_dry_run(tmp_path):
     """A relative model file of the user's (no published one, so no pull can fetch it), run
-    from a folder without it: the dry run says so before it starts Ray. (A missing
-    ``models/big-lama.pt`` is named with the pull command instead: test_first_hour.)"""
+    from a folder without it: the dry run prints the layout, then names it in the one line of
+    what is missing (exit 1). (A missing ``models/big-lama.pt`` is named with the pull command
+    instead: test_first_hour.)"""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [sys.executable, "-m", "counterfactual", "synth", "--config", "coco", "--dry-run"]
-    cmd += ["--inpaint-model", "models/mine.pt", "--no-verify"]
+    cmd += ["--inpaint-model", "models/mine.pt", "--no-verify", "--num-cpus", "1"]
+    cmd += ["--no-dashboard", "--device", "cpu"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == (
-        f"counterfactual synth: error: Inpaint: the model {tmp_path}/models/mine.pt does not "
-        "exist; pass --inpaint-model a hub id or an existing folder or file\n"
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["cpus"] == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"counterfactual synth: dry run: Inpaint: the model {tmp_path}/models/mine.pt does not "
+        "exist; pass --inpaint-model a hub id or an existing folder or file"
     )
 
 
@@ -294,7 +305,7 @@ def test_every_node_is_asked_whether_it_sees_the_models(tmp_path):
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    from counterfactual.pipelines.synth import check_model_paths
+    from counterfactual.pipelines.session import check_model_paths
 
     present = tmp_path / "big-lama.pt"
     present.write_bytes(b"x")
@@ -391,11 +402,13 @@ def test_the_recorded_mask_is_the_grown_one_only_with_grow():
         ("./clip", True),
         ("~/clip", True),
         ("gpt2", False),  # a hub id without an org, or a test's scripted backend
+        ("org/name/sub", True),  # no hub id holds two slashes
+        ("org\\name", True),  # nor a backslash
         ("scripted", False),
         ("openai/clip-vit-large-patch14", False),
     ],
 )
 def test_only_a_certain_path_is_made_absolute_and_checked(name, path):
-    from counterfactual.synth.models import names_a_path
+    from counterfactual.models.hub import is_local
 
-    assert names_a_path(name) is path
+    assert is_local(name) is path

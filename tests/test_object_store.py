@@ -77,7 +77,8 @@ def local_run(coco, tmp_path_factory):
 def ray_s3(s3, tmp_path_factory):
     """A local Ray started after ``s3`` set ``AWS_*``, so its workers inherit them."""
     ray = pytest.importorskip("ray")
-    from counterfactual.pipelines.synth import RayOptions, init_ray
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import init_ray
 
     if ray.is_initialized():
         ray.shutdown()

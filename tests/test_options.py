@@ -20,7 +20,7 @@ from counterfactual.method.masks import MaskConfig
 from counterfactual.method.selection import SelectionConfig
 from counterfactual.method.verify import VerifyConfig
 from counterfactual.options import CliOption, declare, declared, option
-from counterfactual.pipelines.synth import RayOptions
+from counterfactual.pipelines.options import RayOptions
 from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import TextConfig
 from counterfactual.tools.audit.distractors import DistractorConfig

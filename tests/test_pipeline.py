@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """One local Ray for every test here (Ray starts in seconds, not milliseconds)."""
-    from counterfactual.pipelines.synth import RayOptions, init_ray
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import init_ray
 
     info = init_ray(tmp_path_factory.mktemp("ray"), RayOptions(num_cpus=2, dashboard=False))
     yield info
@@ -360,9 +361,11 @@ def test_stages_and_their_resources(image, text, device, expected):
     anything starts, naming the stage and the fix."""
     from counterfactual.image import ImageConfig
     from counterfactual.method.detect import DetectConfig
-    from counterfactual.pipelines.synth import RayOptions, SetupError, layout_actors, plan_stages
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import layout_actors
     from counterfactual.synth.layout import Cluster
     from counterfactual.synth.plan import Runtime, SynthConfig
+    from counterfactual.synth.staging import SetupError, plan_stages
     from counterfactual.text import TextConfig
 
     method = ("inpaint", "diffusers") if image == "diffusers" else (image, "opencv")

@@ -129,8 +129,11 @@ def test_resources_are_read_from_the_config_and_the_runtime():
 def test_stages_are_grouped_from_the_declarations(monkeypatch):
     """The Ray layer knows no step names: a step that declares a model gets a stage (and an
     actor class) of the name it declares, on the device it declares."""
-    from counterfactual.pipelines.synth import RayOptions, SetupError, actor_class, layout_actors
+    from counterfactual.pipelines.actors import actor_class
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import layout_actors
     from counterfactual.synth.layout import Cluster
+    from counterfactual.synth.staging import SetupError
 
     fancy = Resources("Fancy", "m", "--fancy-model", "cuda", 3)
     original = Decode.declare

@@ -299,7 +299,7 @@ def _ray_dir_maker(base: Path) -> subprocess.Popen[str]:
     """A process that makes a Ray folder in ``base`` as a run does, says its path and waits."""
     code = (
         "import sys, time\n"
-        "from counterfactual.pipelines.synth import ray_temp_dir\n"
+        "from counterfactual.pipelines.session import ray_temp_dir\n"
         "print(ray_temp_dir(), flush=True)\n"
         "time.sleep(120)\n"
     )
@@ -344,7 +344,7 @@ def test_a_killed_runs_ray_folder_is_removed_by_the_next_run(tmp_path):
 
 
 def test_a_ray_folder_without_an_owner_or_of_a_live_run_is_kept(tmp_path):
-    from counterfactual.pipelines.synth import RAY_DIR_OWNER, remove_stale_ray_dirs
+    from counterfactual.pipelines.session import RAY_DIR_OWNER, remove_stale_ray_dirs
 
     unknown = tmp_path / "cf-ray-older"
     unknown.mkdir()
@@ -372,7 +372,7 @@ def test_a_ray_folder_without_an_owner_or_of_a_live_run_is_kept(tmp_path):
 
 _PRINT_RAYLET_LINE = """
 import sys
-from counterfactual.pipelines.synth import plain_ray_lines
+from counterfactual.pipelines.session import plain_ray_lines
 plain_ray_lines()
 from ray._private import worker
 worker.print_to_stdstream(

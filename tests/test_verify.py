@@ -382,8 +382,10 @@ def test_config_fingerprint_and_step_wiring():
     assert (recorded["device"], recorded["batch_size"]) == ("cuda", 7)
     assert fingerprint_of(rec.record(runtime)) == rec.fingerprint()
 
-    from counterfactual.pipelines.synth import RayOptions, layout_actors, plan_stages
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import layout_actors
     from counterfactual.synth.layout import Cluster
+    from counterfactual.synth.staging import plan_stages
 
     stages = plan_stages(rec, runtime)
     assert [s.steps for s in stages] == [("rewrite", "decode", "edit"), ("verify",), ("encode",)]
@@ -580,7 +582,8 @@ def test_yaml_config_takes_the_verify_keys(coco, clip, tmp_path):
 def test_verify_refuses_a_vocabulary_without_the_dataset_classes(coco, tmp_path, capsys):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("person, man\n")
-    clip = f"hf-clip:{tmp_path / 'clip'}"  # a local model: the vocabulary is refused first
+    (tmp_path / "clip").mkdir()  # a local model that is here (the run checks that first)
+    clip = f"hf-clip:{tmp_path / 'clip'}"  # but never loaded: the vocabulary is refused first
     assert (
         synth(
             coco, tmp_path / "out", "--verify", "--vocabulary", str(vocab), "--verify-model", clip

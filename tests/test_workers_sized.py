@@ -149,7 +149,7 @@ def local_ray():
 def test_every_actor_runs_one_opencv_and_one_torch_thread(local_ray, tmp_path):
     """A model actor and the shard workers, without and with a pool to call: one thread each,
     whatever the node's cores (OpenCV's default is every core)."""
-    from counterfactual.pipelines.synth import ShardWorker, actor_class
+    from counterfactual.pipelines.actors import ShardWorker, actor_class
 
     config = SynthConfig(image=ImageConfig(method="blur"))
     runtime = Runtime()

@@ -106,10 +106,13 @@ def bench_gpu_node(work: Path, n: int, cpus: int = 8 + 12) -> dict[str, float]:
     from ray import cloudpickle
 
     from counterfactual.image import ImageConfig
-    from counterfactual.pipelines import synth as pipeline
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import cluster_shape, layout_actors
+    from counterfactual.pipelines.synth import run_ray
     from counterfactual.readers.coco import read_coco
     from counterfactual.readers.generate import generate_coco
     from counterfactual.synth.plan import Runtime, SynthConfig
+    from counterfactual.synth.staging import plan_stages
     from counterfactual.text import TextConfig
 
     files = generate_coco(work / "gpu-node-coco", n, seed=4, size=(96, 72))
@@ -135,13 +138,9 @@ def bench_gpu_node(work: Path, n: int, cpus: int = 8 + 12) -> dict[str, float]:
         address="local", num_cpus=cpus, num_gpus=GPUS, include_dashboard=False, log_to_driver=False
     )
     try:
-        layout = pipeline.layout_actors(
-            pipeline.plan_stages(config, runtime), pipeline.RayOptions(), pipeline.cluster_shape()
-        )
+        layout = layout_actors(plan_stages(config, runtime), RayOptions(), cluster_shape())
         start = time.perf_counter()
-        result = pipeline.run_ray(
-            records, work / "gpu-node-out", config, pipeline.RayOptions(), runtime=runtime
-        )
+        result = run_ray(records, work / "gpu-node-out", config, RayOptions(), runtime=runtime)
         seconds = time.perf_counter() - start
     finally:
         loop.actor_class = real

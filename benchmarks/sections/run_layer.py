@@ -189,7 +189,9 @@ def _run_layer_driver_cpu(work: Path, n: int, per_shard: int, profile: Path | No
     outside), reading outside; per input image."""
     import ray
 
-    from counterfactual.pipelines.synth import RayOptions, init_ray, run_ray
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import init_ray
+    from counterfactual.pipelines.synth import run_ray
     from counterfactual.synth.plan import SynthConfig
 
     files = _run_layer_coco(work, n)

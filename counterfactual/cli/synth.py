@@ -31,7 +31,7 @@ from counterfactual.synth.plan import Runtime, SynthConfig
 from counterfactual.text import CUTTING_METHODS, TextConfig
 
 if TYPE_CHECKING:
-    from counterfactual.pipelines.synth import RayOptions
+    from counterfactual.pipelines.options import RayOptions
     from counterfactual.readers.spec import DataSpec, RunInput
 
 LEAD = (
@@ -194,7 +194,7 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_ray_args(p: argparse.ArgumentParser) -> None:
-    from counterfactual.pipelines.synth import RayOptions  # no Ray: its options' declarations
+    from counterfactual.pipelines.options import RayOptions  # no Ray: its options' declarations
 
     r = p.add_argument_group("ray (with --runner ray)")
     add_options(r, declared(RayOptions, "address", "num_cpus", "cpu_actors", "model_actors"))
@@ -281,8 +281,8 @@ def _verify_mode(args: argparse.Namespace) -> str:
 
 
 def ray_options(args: argparse.Namespace) -> RayOptions:
-    """How ``--runner ray`` spreads the work (:class:`counterfactual.pipelines.synth.RayOptions`)."""
-    from counterfactual.pipelines.synth import RayOptions
+    """How ``--runner ray`` spreads the work (:class:`counterfactual.pipelines.options.RayOptions`)."""
+    from counterfactual.pipelines.options import RayOptions
 
     return build(RayOptions, args)
 
@@ -329,19 +329,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--out is required (on the command line or in --config)")
     config, runtime = build_config(args), build_runtime(args)
     check_extras(args, config, runtime)
-    check_models(args, config, runtime)
-    from counterfactual.synth.run import claim_run_out
+    from counterfactual.synth.run import check_run, claim_run_out
 
     made = new_folders(args.out)
     claim_run_out(args.out, args.force_out)  # someone else's folder: refused, nothing written
-    # OUT writable, local model paths, the device: run_shards's entry checks and the runner's
-    # start (each model step checks its device, on Ray on its own node)
+    # before the input is read, once: every model here, the device, OUT writable
+    check_run(args.out, config, runtime, fix=_pull(args), here=args.runner == "local")
     with removed_if_empty(made):
         return _synth(args, config, runtime)
 
 
 def _synth(args: argparse.Namespace, config: SynthConfig, runtime: Runtime) -> int:
     """The run into its checked OUT: read the input, make the shards, print the summary."""
+    from counterfactual.synth.run import RunConfig, run_shards, summary_table
+
     spec = data_spec(args, demo_root(args))
     inputs = open_input(spec, config.images_per_shard)
     records = inputs.records if isinstance(inputs.records, Sequence) else ()
@@ -352,26 +353,19 @@ def _synth(args: argparse.Namespace, config: SynthConfig, runtime: Runtime) -> i
     progress = Progress(
         inputs.image_count(), inputs.shard_count(config.images_per_shard) or 0, unit=inputs.unit
     )
+    run_config = RunConfig(inputs, args.out, config, runtime, progress=progress)
     if args.runner == "ray":
-        from counterfactual.pipelines.synth import run_ray
+        from counterfactual.pipelines.synth import RayRunner
 
-        result = run_ray(
-            inputs,
-            args.out,
-            config,
-            ray_options(args),
-            progress=progress,
-            on_start=_started,
-            runtime=runtime,
-        )
+        options = ray_options(args)
+        with RayRunner(config, args.out, options, runtime, progress, _started) as runner:
+            result = run_shards(run_config, runner)
     else:
-        from counterfactual.synth.runner import run_local
+        from counterfactual.synth.runner import LocalRunner
 
-        result = run_local(inputs, args.out, config, progress=progress, runtime=runtime)
+        result = run_shards(run_config, LocalRunner(config, args.out, runtime, progress=progress))
     if args.contact_sheet:
         _write_contact_sheet(args.out, records, args.contact_sheet)
-    from counterfactual.synth.run import summary_table
-
     print(summary_table(result))
     _note_few_shards(args.out)
     if result.written:
@@ -458,44 +452,31 @@ def check_extras(
 
 def dry_run(args: argparse.Namespace) -> int:
     """``--dry-run``: the layout on the Ray a run would use, as one JSON line on stdout; reads
-    no input (``--out`` is not needed) and loads no model. The models the run would refuse
-    (:func:`check_models`, as ``counterfactual models list`` finds them) are one line on
-    stderr after it, and exit code 1; 0 when every model is here."""
+    no input (``--out`` is not needed) and loads no model. The models the run would stop on
+    (:func:`~counterfactual.synth.models.missing_models`: local paths not here, hub models and
+    published files neither here nor to be had, as ``counterfactual models list`` finds them)
+    are one line on stderr after it, and exit code 1; 0 when every model is here."""
     import json
 
-    from counterfactual.models.hub import ModelUnavailable
     from counterfactual.pipelines.synth import dry_run as layout_of
+    from counterfactual.synth.models import missing_models
 
     config, runtime = build_config(args), build_runtime(args)
-    try:
-        check_models(args, config, runtime)
-    except ModelUnavailable as err:  # the layout still, then every missing model in one line
-        layout = layout_of(config, ray_options(args), runtime, check_paths=False)
-        print(json.dumps(layout.to_json()), flush=True)
-        print(f"counterfactual synth: dry run: {one_line(str(err))}", file=sys.stderr)
-        return 1
+    missing = missing_models(config, runtime)
     layout = layout_of(config, ray_options(args), runtime)
     print(json.dumps(layout.to_json()), flush=True)
+    if missing:
+        line = one_line(missing.line(_pull(args)))
+        print(f"counterfactual synth: dry run: {line}", file=sys.stderr)
+        return 1
     return 0
 
 
-def check_models(args: argparse.Namespace, config: SynthConfig, runtime: Runtime) -> None:
-    """Before anything starts: every hub model and known model file (LaMa's) the run loads is
-    on this machine or can be had from the hub, else one line names each, why, and the
-    ``counterfactual models pull`` command that fetches them (exit 2). Other local paths are
-    left to the steps, which name the stage that cannot load them."""
+def _pull(args: argparse.Namespace) -> str:
+    """The ``counterfactual models pull`` command that fetches what this command line needs."""
     from counterfactual.cli.model_options import pull_command
-    from counterfactual.models.hub import KNOWN_FILES, check_available, is_local
-    from counterfactual.synth.models import needed_models
 
-    refs = [
-        ref
-        for ref in needed_models(config, runtime)
-        if (ref.kind == "hub" and not is_local(ref.name))
-        or (ref.kind == "file" and Path(ref.name).name in KNOWN_FILES)
-    ]
-    if refs:
-        check_available(refs, pull_command(args.config, getattr(args, "_argv", ())))
+    return pull_command(args.config, getattr(args, "_argv", ()))
 
 
 def _describe(inputs: RunInput, spec: DataSpec) -> str:

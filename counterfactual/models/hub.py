@@ -119,12 +119,16 @@ class Located:
 
 
 def is_local(name: str) -> bool:
-    """Whether ``name`` reads as a local path rather than a hub id ``ORG/NAME``."""
+    """Whether a model name is a local path rather than a hub id: the one rule of the
+    project (synth's checks and the paths it makes absolute, ``models list``/``pull``, the
+    loaders' pinned revision). A path for certain starts like one (``/``, ``.``, ``~``), holds
+    a backslash or more than one ``/`` (no hub id does), or is on this disk; anything else,
+    a bare word (``gpt2``) or ``ORG/NAME``, is a hub id."""
     return (
         name.startswith((".", "/", "~"))
-        or os.path.exists(os.path.expanduser(name))
         or "\\" in name
-        or name.count("/") != 1
+        or name.count("/") > 1
+        or os.path.exists(os.path.expanduser(name))
     )
 
 
@@ -540,30 +544,39 @@ def check_available(
     repo_info: RepoInfoFn | None = None,
 ) -> list[Located]:
     """Every model of ``refs`` located; raises :class:`ModelUnavailable` (one line naming
-    each missing model, why, and ``fix``) when one cannot be had. A hub model that is not in
-    the cache can still be had when the hub is reachable, has it, and it has safetensors
-    weights (one metadata call per such model; its weights then download as the run loads
-    it); offline it cannot."""
-    found = [locate(ref, cache_dir) for ref in refs]
-    missing = []
-    for i, loc in enumerate(found):
-        if loc.present:
-            continue
-        ref = loc.ref
-        if loc.source == "missing" and ref.kind == "hub" and not is_local(ref.name):
-            if offline():
-                loc = Located(
-                    ref, "missing", problem="offline (HF_HUB_OFFLINE=1) and not in the cache"
-                )
-            else:
-                try:
-                    info = (repo_info or _repo_info)(ref.name)
-                    select_files(info.files, ref.variant)
-                    found[i] = Located(ref, "hub", revision=info.sha)
-                    continue
-                except hub_errors() as err:
-                    loc = Located(ref, "missing", problem=hub_problem(err))
-        missing.append(loc)
+    each missing model, why, and ``fix``) when one cannot be had (:func:`located`)."""
+    found = located(refs, cache_dir=cache_dir, repo_info=repo_info)
+    missing = [loc for loc in found if not loc.present]
     if missing:
         raise ModelUnavailable(unavailable_line(missing, fix))
+    return found
+
+
+def located(
+    refs: Sequence[ModelRef],
+    *,
+    cache_dir: Path | None = None,
+    repo_info: RepoInfoFn | None = None,
+) -> list[Located]:
+    """Every model of ``refs`` located, in order; one that cannot be had is not
+    :attr:`~Located.present` and its ``problem`` says why. A hub model that is not in the
+    cache can still be had when the hub is reachable, has it, and it has safetensors weights
+    (one metadata call per such model; its weights then download as the run loads it);
+    offline it cannot."""
+    found = [locate(ref, cache_dir) for ref in refs]
+    for i, loc in enumerate(found):
+        ref = loc.ref
+        if loc.present or loc.source != "missing" or ref.kind != "hub" or is_local(ref.name):
+            continue
+        if offline():
+            found[i] = Located(
+                ref, "missing", problem="offline (HF_HUB_OFFLINE=1) and not in the cache"
+            )
+            continue
+        try:
+            info = (repo_info or _repo_info)(ref.name)
+            select_files(info.files, ref.variant)
+            found[i] = Located(ref, "hub", revision=info.sha)
+        except hub_errors() as err:
+            found[i] = Located(ref, "missing", problem=hub_problem(err))
     return found

@@ -36,6 +36,7 @@ started or joined, its folder, the cluster's shape), the actors
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import uuid
@@ -45,24 +46,16 @@ from pathlib import Path
 from typing import Any
 
 from counterfactual import fs
-from counterfactual.pipelines.actors import (  # noqa: F401  (named here too)
-    ModelStageLost,
-    RunBoard,
-    ShardWorker,
-    actor_class,
-)
+from counterfactual.pipelines.actors import RunBoard
 from counterfactual.pipelines.loop import Replacements, kill_actors, map_unordered, start_actors
 from counterfactual.pipelines.options import RayOptions
-from counterfactual.pipelines.session import (  # noqa: F401  (named here too)
-    RAY_DIR_OWNER,
+from counterfactual.pipelines.session import (
     check_model_paths,
     cluster_shape,
     init_ray,
     layout_actors,
     owns_ray,
-    plain_ray_lines,
     ray_temp_dir,
-    remove_stale_ray_dirs,
     stop_ray,
     work_ray_dir,
 )
@@ -73,8 +66,8 @@ from counterfactual.synth import signals
 from counterfactual.synth.layout import Layout
 from counterfactual.synth.models import absolute_models, local_model_paths
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.synth.run import RunConfig, RunResult, preflight, run_shards
-from counterfactual.synth.staging import SetupError, Stage, plan_stages  # noqa: F401
+from counterfactual.synth.run import RunConfig, RunResult, check_run, run_shards
+from counterfactual.synth.staging import plan_stages
 from counterfactual.synth.tasks import ShardDone, ShardTask
 
 
@@ -85,7 +78,8 @@ class RayRunner:
     actors and shard workers (waiting, bounded, until each is ready); :meth:`run` hands the
     tasks to the workers (:func:`~counterfactual.pipelines.loop.map_unordered`, lost workers
     replaced); :meth:`stop` kills every actor. :meth:`close` stops the local Ray it started
-    (``run_ray`` calls it last; a run whose shards were all committed starts none)."""
+    (``run_ray`` calls it last, or a ``with`` block on exit; a run whose shards were all
+    committed starts none)."""
 
     name = "ray"
 
@@ -175,6 +169,12 @@ class RayRunner:
             if logs is not None:
                 print(f"Ray's logs: {logs}", file=sys.stderr)
 
+    def __enter__(self) -> RayRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _seconds(self) -> float:
         return round(time.perf_counter() - self.begin, 3)
 
@@ -184,25 +184,23 @@ def dry_run(
     options: RayOptions | None = None,
     runtime: Runtime | None = None,
     work_dir: fs.PathLike | None = None,
-    check_paths: bool = True,
 ) -> Layout:
     """The layout a run would use: joins or starts Ray as :func:`run_ray` does (``work_dir``:
     where a local Ray keeps its files, ``WORK/.ray``, default a fresh :func:`ray_temp_dir`;
     a local Ray it starts is stopped and its folder removed before it returns), starts no
     actor and loads no model; :class:`SetupError` (one line) when the cluster cannot hold it,
-    or (``check_paths``) a local model path is missing here or on a node that loads it."""
+    or a node that loads a local model lacks it. The models missing here are not its
+    business (:func:`~counterfactual.synth.models.missing_models` names them all): only
+    those present here are looked for on the nodes."""
     options, runtime = options or RayOptions(), runtime or Runtime()
-    if check_paths:
-        preflight(config, runtime)
     stages = plan_stages(config, runtime)
     own = owns_ray(options)
     temp = (work_ray_dir(work_dir) or ray_temp_dir()) if own else None
     try:
         init_ray(None, options, temp)
         layout = layout_actors(stages, options, cluster_shape())
-        if check_paths:
-            gpu_only = any(g > 0 for g in layout.gpus)
-            check_model_paths(local_model_paths(config, runtime), gpu_only, options.place_timeout)
+        here = {o: p for o, p in local_model_paths(config, runtime).items() if os.path.exists(p)}
+        check_model_paths(here, any(g > 0 for g in layout.gpus), options.place_timeout)
         return layout
     finally:
         if temp is not None:
@@ -225,12 +223,11 @@ def run_ray(
     Same contract and same bytes as :func:`counterfactual.synth.runner.run_local`. ``on_start(info)``
     hears where the run goes (address, dashboard, CPUs, GPUs, nodes) once Ray is up; a run
     whose shards are all committed starts no Ray. ``runtime``: device, dtype and batch sizes,
-    as for ``run_local``.
+    as for ``run_local``. The entry checks (:func:`~counterfactual.synth.run.check_run`:
+    local model paths, OUT) run first; each model actor checks its device on its node.
     """
     options, runtime = options or RayOptions(), runtime or Runtime()
-    runner = RayRunner(config, out_dir, options, runtime, progress, on_start)
+    check_run(out_dir, config, runtime)
     run = RunConfig(RunInput.of(inputs, failures), out_dir, config, runtime, on_shard, progress)
-    try:
+    with RayRunner(config, out_dir, options, runtime, progress, on_start) as runner:
         return run_shards(run, runner)
-    finally:
-        runner.close()

@@ -1,18 +1,30 @@
 """The models a synthesis run loads, read off its config: what ``counterfactual models`` lists
-and pulls, what ``synth`` checks before it starts, what ``manifest.json`` records (``models``:
-each with its resolved revision, the hub commit or the file's sha256)."""
+and pulls, what ``synth`` checks before it starts (:func:`missing_models`, one pass: what a dry
+run prints and a run stops on), what ``manifest.json`` records (``models``: each with its
+resolved revision, the hub commit or the file's sha256)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from counterfactual.image import ERASERS, candidate_count, chosen_eraser, image_model
 from counterfactual.models.embed import parse_model_spec
-from counterfactual.models.hub import Located, ModelRef, locate, weight_variant
+from counterfactual.models.hub import (
+    KNOWN_FILES,
+    Located,
+    ModelRef,
+    ModelUnavailable,
+    is_local,
+    locate,
+    located,
+    unavailable_line,
+    weight_variant,
+)
 from counterfactual.synth.plan import Runtime, SynthConfig
+from counterfactual.synth.staging import SetupError, plan_steps
 from counterfactual.text import text_model
 
 
@@ -69,20 +81,13 @@ def located_models(config: SynthConfig, runtime: Runtime | None = None) -> list[
 _LOCAL_PREFIXES = ("hf-clip:", "blip:")
 
 
-def names_a_path(name: str) -> bool:
-    """Whether a model name is a local path for certain: it starts like one (``/``, ``.``,
-    ``~``) or is on this disk. A bare word (``gpt2``, a test's scripted backend) or ``ORG/NAME``
-    that is not on disk may be a hub id, so it is left as it is and not checked as a path."""
-    return name.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(name))
-
-
 def _absolute(name: str, file: bool = False) -> str:
     """A local model path made absolute (``~`` expanded); a hub id or an open_clip spec as it
     is; ``hf-clip:``/``blip:`` before a local folder kept. ``file``: a model file (LaMa's),
     local whatever it looks like (``models/big-lama.pt`` is no hub id)."""
     prefix = next((p for p in _LOCAL_PREFIXES if name.startswith(p)), "")
     path = name.removeprefix(prefix)
-    if not path or path.startswith("open_clip:") or not (file or names_a_path(path)):
+    if not path or path.startswith("open_clip:") or not (file or is_local(path)):
         return name
     return prefix + os.path.abspath(os.path.expanduser(path))
 
@@ -114,6 +119,82 @@ def local_model_paths(config: SynthConfig, runtime: Runtime | None = None) -> di
     left out."""
     out: dict[str, str] = {}
     for ref in needed_models(absolute_models(config), runtime):
-        if ref.kind == "file" or (ref.kind == "hub" and names_a_path(ref.name)):
+        if ref.kind == "file" or (ref.kind == "hub" and is_local(ref.name)):
             out[ref.option] = ref.name
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class MissingPath:
+    """A local model path of the user's (a file or folder no pull fetches) that does not exist
+    here; ``stage`` loads it, ``option`` names it."""
+
+    stage: str
+    option: str
+    path: str
+
+    def line(self) -> str:
+        return (
+            f"{self.stage}: the model {self.path} does not exist; pass {self.option} a hub id "
+            "or an existing folder or file"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MissingModels:
+    """What a run would load and cannot (:func:`missing_models`): ``paths``, local paths that
+    do not exist here; ``unavailable``, hub models and published files (:data:`KNOWN_FILES`,
+    LaMa's) that are neither here nor to be had, each with its ``problem``. Empty: false."""
+
+    paths: tuple[MissingPath, ...] = ()
+    unavailable: tuple[Located, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.paths or self.unavailable)
+
+    def line(self, fix: str) -> str:
+        """One line naming each: the local paths, then the models to fetch and ``fix``, the
+        command that fetches them (``counterfactual models pull ...``)."""
+        parts = [p.line() for p in self.paths]
+        if self.unavailable:
+            parts.append(unavailable_line(self.unavailable, fix))
+        return "; ".join(parts)
+
+    def error(self, fix: str) -> ValueError:
+        """The error a run stops on: :class:`ModelUnavailable` when a model is to be fetched,
+        else :class:`SetupError`."""
+        line = self.line(fix)
+        return ModelUnavailable(line) if self.unavailable else SetupError(line)
+
+
+def missing_models(
+    config: SynthConfig, runtime: Runtime | None = None, *, hub: bool = True
+) -> MissingModels:
+    """Every model ``config`` loads that is not here, in one pass, without loading any: a
+    local path (``/``, ``.``, ``~``, or a model file, relative ones from the working directory)
+    that does not exist, and (``hub``) a hub model or published file that is neither here nor
+    to be had (:func:`~counterfactual.models.hub.located`: the Hugging Face cache, else one
+    metadata call to the hub, none offline). ``hub=False``: local paths only (a library run,
+    which may be handed its own backends, leaves the rest to the steps that load them)."""
+    fetchable = [
+        ref
+        for ref in needed_models(config, runtime)
+        if (ref.kind == "hub" and not is_local(ref.name))
+        or (ref.kind == "file" and Path(ref.name).name in KNOWN_FILES)
+    ]
+    fetched = {ref.option for ref in fetchable} if hub else set()
+    local = local_model_paths(config, runtime)  # option -> absolute path
+    paths = []
+    for spec in plan_steps(config, runtime):
+        res = spec.resources
+        if res is None or res.option in fetched:
+            continue
+        model = res.model
+        path = model.split(":", 1)[1] if model.startswith(("hf-clip:", "blip:")) else model
+        path = local.get(res.option, path)
+        if (res.option in local or path.startswith(("/", "./", "../", "~"))) and not os.path.exists(
+            os.path.expanduser(path)
+        ):
+            paths.append(MissingPath(res.stage, res.option, path))
+    unavailable = [loc for loc in located(fetchable) if not loc.present] if hub else []
+    return MissingModels(tuple(paths), tuple(unavailable))

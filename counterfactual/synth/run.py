@@ -65,10 +65,9 @@ from counterfactual.shards.shards import (
     verify_shard,
 )
 from counterfactual.synth import signals
-from counterfactual.synth.models import model_records
+from counterfactual.synth.models import missing_models, model_records
 from counterfactual.synth.plan import Runtime, SynthConfig, fingerprint_diff, fingerprint_of
 from counterfactual.synth.runlock import FIELDS, LOCK_NAME, LockLost, RunLock, pid_running
-from counterfactual.synth.staging import SetupError, plan_steps
 from counterfactual.synth.tasks import ShardDone, ShardTask, input_change, shard_tasks
 
 RUN_FORMAT = 2
@@ -86,28 +85,6 @@ PACKAGES = (
     "transformers",
     "ray",
 )
-
-
-def preflight(config: SynthConfig, runtime: Runtime | None = None) -> None:
-    """Cheap checks in the driver before anything starts: a model named by a path that does not
-    exist (a relative one, such as ``models/big-lama.pt``, from the working directory)."""
-    from counterfactual.synth.models import local_model_paths
-
-    local = local_model_paths(config, runtime)  # option -> absolute path
-    for spec in plan_steps(config, runtime):
-        res = spec.resources
-        if res is None:
-            continue
-        model = res.model
-        path = model.split(":", 1)[1] if model.startswith(("hf-clip:", "blip:")) else model
-        path = local.get(res.option, path)
-        if (res.option in local or path.startswith(("/", "./", "../", "~"))) and not os.path.exists(
-            os.path.expanduser(path)
-        ):
-            raise SetupError(
-                f"{res.stage}: the model {path} does not exist; pass "
-                f"{res.option} a hub id or an existing folder or file"
-            )
 
 
 def check_out_dir(out_dir: fs.PathLike) -> None:
@@ -426,17 +403,43 @@ class Runner(Protocol):
         ...
 
 
-def check_run(out_dir: fs.PathLike, config: SynthConfig, runtime: Runtime) -> None:
-    """The entry checks of every run, in one place, before the lock is taken: OUT can be
-    written (:func:`check_out_dir`) and every local model path exists (:func:`preflight`)."""
+def check_run(
+    out_dir: fs.PathLike,
+    config: SynthConfig,
+    runtime: Runtime,
+    *,
+    fix: str | None = None,
+    here: bool = False,
+) -> None:
+    """The entry checks of a run, in one place and once, before its input is read (reading
+    COCO's annotations takes seconds, a big CSV longer): a one-line ``ValueError`` for the
+    first that fails.
+
+    1. Every model the run loads is here (:func:`~counterfactual.synth.models.missing_models`:
+       one line naming each missing one); with ``fix``, the command that fetches them
+       (``counterfactual models pull ...``), hub models and published files are asked after
+       too, else only local paths (a library run may be handed its own backends).
+    2. With ``here`` (the steps run in this process: ``--runner local``), a CUDA device this
+       torch cannot use, saying why (on Ray each model actor checks its own node).
+    3. OUT can be written (:func:`check_out_dir`).
+
+    :func:`run_shards` does not repeat them: ``run_local`` and ``run_ray`` call this first, the
+    CLI before it reads the input."""
+    missing = missing_models(config, runtime, hub=fix is not None)
+    if missing:
+        raise missing.error(fix or "")
+    if here and str(runtime.device).startswith("cuda"):
+        from counterfactual.models.runtime import check_cuda
+
+        check_cuda(str(runtime.device))
     check_out_dir(out_dir)
-    preflight(config, runtime)
 
 
 def run_shards(run: RunConfig, runner: Runner) -> RunResult:
     """The driver's loop: tasks out, counts back, records at the end (see the module doc).
 
-    Runs the entry checks (:func:`check_run`), then holds ``OUT/run.lock`` for the length of
+    The entry checks (:func:`check_run`) ran before (the caller's: before the input was read).
+    Holds ``OUT/run.lock`` for the length of
     the run (:class:`~counterfactual.synth.runlock.RunLock`, its heartbeat rewritten by a timer
     thread: a second run into the same OUT is refused while this one lives). The runner is
     started only when a shard is left to make. SIGINT, SIGTERM and SIGHUP end it gracefully
@@ -447,7 +450,6 @@ def run_shards(run: RunConfig, runner: Runner) -> RunResult:
     """
     out_dir = fs.as_path(run.out_dir)
     inputs, config, runtime = run.inputs, run.config, run.runtime
-    check_run(out_dir, config, runtime)
     with signals.watch(), RunLock(out_dir, runner=runner.name) as lock:
         if lock.message:
             print(lock.message, file=sys.stderr)
