@@ -154,10 +154,13 @@ def test_the_same_file_in_another_install_has_the_same_fingerprint(tmp_path):
     assert bundled_form("words.txt") == "words.txt"
 
 
-def test_an_out_recorded_with_the_installed_path_resumes(tmp_path, cache, capsys):
+def test_an_out_recorded_with_the_installed_path_resumes(tmp_path, cache, capsys, monkeypatch):
     """run.json of earlier versions held the absolute path of the installed file, here another
-    venv's that no longer exists: the rerun resumes; another word list is refused, saying so."""
-    out = tmp_path / "out"
+    venv's that no longer exists: the rerun resumes; another word list is refused, saying so.
+    (Run from ``tmp_path`` with relative names, so the refusal's line stays whole under
+    ``MAX_LINE`` however deep pytest's temporary folder is.)"""
+    monkeypatch.chdir(tmp_path)
+    out = Path("out")
     assert main([*DEMO, "--out", str(out)]) == 0
     run_file = out / "run.json"
     old = json.loads(run_file.read_text())
@@ -169,7 +172,7 @@ def test_an_out_recorded_with_the_installed_path_resumes(tmp_path, cache, capsys
     assert {p: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")} == tars
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["shards_resumed"] == manifest["shards"] == 1
-    words = tmp_path / "words.txt"
+    words = Path("words.txt")
     words.write_text(demo_vocabulary_path().read_text())
     assert main([*DEMO, "--out", str(out), "--vocabulary", str(words)]) == 2
     err = capsys.readouterr().err
