@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from bad_coco import synth_args
@@ -16,8 +15,10 @@ from counterfactual.readers.generate import generate_coco
 
 pytestmark = pytest.mark.slow
 
-LIMIT = 30.0
-"""Seconds from the command to its exit, a local Ray's start included."""
+HANG = 150.0
+"""Seconds after which a command that has not exited counts as hung: a bound that tells a hang
+from a slow start on a loaded machine (a local Ray's start included), not a speed figure (speed
+is ``make bench``'s)."""
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +26,15 @@ def coco(tmp_path_factory):
     return generate_coco(tmp_path_factory.mktemp("coco"), 6, seed=1, size=(160, 120))
 
 
-def synth(coco, out, *extra: str) -> tuple[int, str, float]:
-    """Run ``counterfactual synth`` in a subprocess; ``(exit code, stderr, seconds)``."""
+def synth(coco, out, *extra: str) -> tuple[int, str]:
+    """Run ``counterfactual synth`` in a subprocess; ``(exit code, stderr)``."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a fresh local Ray
     cmd = [sys.executable, "-m", "counterfactual", *synth_args(coco, out, *extra)]
-    start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LIMIT + 30)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG)
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"no answer after {err.timeout:.0f} s: {err.stderr!r}")
-    return proc.returncode, proc.stderr, time.monotonic() - start
+    return proc.returncode, proc.stderr
 
 
 def last_line(stderr: str) -> str:
@@ -43,7 +43,7 @@ def last_line(stderr: str) -> str:
 
 def test_gpu_stage_on_a_ray_without_gpus(coco, tmp_path):
     (tmp_path / "sd").mkdir()
-    code, err, seconds = synth(
+    code, err = synth(
         coco,
         tmp_path / "out",
         "--runner",
@@ -64,7 +64,6 @@ def test_gpu_stage_on_a_ray_without_gpus(coco, tmp_path):
     assert line.startswith("counterfactual synth: error: stage Inpaint"), err
     assert "the cluster has no GPU" in line and "--device cpu" in line, err
     assert "Traceback" not in err
-    assert seconds < LIMIT, f"{seconds:.1f} s"
     assert not (tmp_path / "out" / "run.lock").exists()  # released on the way out
 
 
@@ -78,7 +77,7 @@ def test_a_model_that_does_not_load(coco, tmp_path, runner, model):
         path.mkdir()
         (path / "model_index.json").write_text("{not json")
     ray = ("--runner", "ray", "--model-actors", "1") if runner == "ray" else ()
-    code, err, seconds = synth(
+    code, err = synth(
         coco,
         tmp_path / "out",
         *ray,
@@ -99,5 +98,4 @@ def test_a_model_that_does_not_load(coco, tmp_path, runner, model):
         assert "could not start" in line, err
     errors = [x for x in err.splitlines() if "error" in x.lower()]
     assert errors[-1] == line and "Traceback" not in err
-    assert seconds < LIMIT, f"{seconds:.1f} s"
     assert not (tmp_path / "out" / "run.lock").exists()
