@@ -1,6 +1,6 @@
-"""An impossible setup fails in seconds with one line that names the stage, the cause and the
-fix, never a traceback: the real command in a subprocess (a fresh local Ray for the Ray runner),
-under a wall-clock limit."""
+"""An impossible setup fails with one line that names the stage, the cause and the fix, never a
+traceback and never a hang: the real command in a subprocess (a fresh local Ray for the Ray
+runner), stopped as hung after ``HANG`` seconds."""
 
 from __future__ import annotations
 
