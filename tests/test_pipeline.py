@@ -390,8 +390,9 @@ def test_stages_and_their_resources(image, text, device, expected):
             assert (n, gpus) == (0, 0.0)
         elif stage.resources.heavy or not heavy:  # half a GPU each, as many as fit
             assert gpus == 0.5 and n >= 7 // sum(s.uses_model for s in stages)
-        else:  # a light stage beside the inpainter
-            assert (n, gpus) == (1, 0.1)
+        else:  # a light stage beside the inpainter: tenth-GPU actors, as many as its cost
+            # asks against the inpainter's (tests/test_layout.py checks that rule), 1 to 1 a GPU
+            assert gpus == 0.1 and 1 <= n <= 4, (stage.resources.stage, n, gpus)
     assert sum(n * g for n, g in zip(layout.model_actors, layout.gpus, strict=True)) <= 4
     assert layout.workers == 16 - sum(layout.model_actors)  # the CPUs left, one per actor
     if any(s.uses_model for s in stages):
