@@ -29,12 +29,15 @@ Ray usage stats).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,8 +172,20 @@ def test_output_matches() -> None:
 # --- running ----------------------------------------------------------------------------------
 
 
+@functools.cache
+def ray_temp_root() -> str:
+    """A short temp root of this process's own for the Ray a snippet starts (``RAY_TMPDIR``):
+    a bare ``ray.init()`` in a snippet (Ray Data's, say) joins the latest Ray named in the
+    temp root's ``ray_current_cluster``, which under pytest-xdist may be another test file's
+    Ray, started beside it and stopped under it."""
+    root = tempfile.mkdtemp(prefix="snip-ray-", dir="/tmp")
+    atexit.register(shutil.rmtree, root, True)
+    return root
+
+
 def environment() -> dict[str, str]:
     env = dict(os.environ)
+    env.setdefault("RAY_TMPDIR", ray_temp_root())
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.update(
