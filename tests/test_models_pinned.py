@@ -36,7 +36,7 @@ from counterfactual.synth.models import (
     needed_models,
 )
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.synth.run import check_run
+from counterfactual.synth.run import check_entry
 from counterfactual.synth.staging import SetupError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,7 +268,7 @@ def test_local_model_paths_are_absolute_in_the_driver(tmp_path, monkeypatch):
     assert absolute_models(config).image.lama.model == str(tmp_path / "models/big-lama.pt")
     assert config.fingerprint() == lama_config("models/big-lama.pt").fingerprint()
     with pytest.raises(SetupError) as err:  # a library run: local paths only
-        check_run(tmp_path / "out", config, Runtime())
+        check_entry(tmp_path / "out", config, Runtime())
     assert str(err.value) == (
         f"Inpaint: the model {tmp_path}/models/big-lama.pt does not exist; pass --inpaint-model "
         "a hub id or an existing folder or file"
@@ -276,7 +276,7 @@ def test_local_model_paths_are_absolute_in_the_driver(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()  # the models are checked before OUT is made
     (tmp_path / "models").mkdir()
     (tmp_path / "models/big-lama.pt").write_bytes(b"x")
-    check_run(tmp_path / "out", config, Runtime())
+    check_entry(tmp_path / "out", config, Runtime())
     assert not missing_models(config, hub=False)
 
 

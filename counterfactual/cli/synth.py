@@ -329,12 +329,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--out is required (on the command line or in --config)")
     config, runtime = build_config(args), build_runtime(args)
     check_extras(args, config, runtime)
-    from counterfactual.synth.run import check_run, claim_run_out
+    from counterfactual.synth.run import check_entry, claim_run_out
 
     made = new_folders(args.out)
     claim_run_out(args.out, args.force_out)  # someone else's folder: refused, nothing written
     # before the input is read, once: every model here, the device, OUT writable
-    check_run(args.out, config, runtime, fix=_pull(args), here=args.runner == "local")
+    check_entry(args.out, config, runtime, fix=_pull(args), here=args.runner == "local")
     with removed_if_empty(made):
         return _synth(args, config, runtime)
 

@@ -66,7 +66,7 @@ from counterfactual.synth import signals
 from counterfactual.synth.layout import Layout
 from counterfactual.synth.models import absolute_models, local_model_paths
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.synth.run import RunConfig, RunResult, check_run, run_shards
+from counterfactual.synth.run import RunConfig, RunResult, check_entry, run_shards
 from counterfactual.synth.staging import plan_stages
 from counterfactual.synth.tasks import ShardDone, ShardTask
 
@@ -223,11 +223,11 @@ def run_ray(
     Same contract and same bytes as :func:`counterfactual.synth.runner.run_local`. ``on_start(info)``
     hears where the run goes (address, dashboard, CPUs, GPUs, nodes) once Ray is up; a run
     whose shards are all committed starts no Ray. ``runtime``: device, dtype and batch sizes,
-    as for ``run_local``. The entry checks (:func:`~counterfactual.synth.run.check_run`:
+    as for ``run_local``. The entry checks (:func:`~counterfactual.synth.run.check_entry`:
     local model paths, OUT) run first; each model actor checks its device on its node.
     """
     options, runtime = options or RayOptions(), runtime or Runtime()
-    check_run(out_dir, config, runtime)
+    check_entry(out_dir, config, runtime)
     run = RunConfig(RunInput.of(inputs, failures), out_dir, config, runtime, on_shard, progress)
     with RayRunner(config, out_dir, options, runtime, progress, on_start) as runner:
         return run_shards(run, runner)

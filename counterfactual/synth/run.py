@@ -403,7 +403,7 @@ class Runner(Protocol):
         ...
 
 
-def check_run(
+def check_entry(
     out_dir: fs.PathLike,
     config: SynthConfig,
     runtime: Runtime,
@@ -438,7 +438,7 @@ def check_run(
 def run_shards(run: RunConfig, runner: Runner) -> RunResult:
     """The driver's loop: tasks out, counts back, records at the end (see the module doc).
 
-    The entry checks (:func:`check_run`) ran before (the caller's: before the input was read).
+    The entry checks (:func:`check_entry`) ran before (the caller's: before the input was read).
     Holds ``OUT/run.lock`` for the length of
     the run (:class:`~counterfactual.synth.runlock.RunLock`, its heartbeat rewritten by a timer
     thread: a second run into the same OUT is refused while this one lives). The runner is

@@ -18,7 +18,7 @@ from counterfactual.progress import Progress
 from counterfactual.readers.spec import RunInput
 from counterfactual.records import ImageRecord, Status
 from counterfactual.synth.plan import Runtime, SynthConfig
-from counterfactual.synth.run import RunConfig, RunResult, check_run, run_shards
+from counterfactual.synth.run import RunConfig, RunResult, check_entry, run_shards
 from counterfactual.synth.staging import Staged, start_steps
 from counterfactual.synth.tasks import ShardDone, ShardMaker, ShardTask
 from counterfactual.text import TextRewriter
@@ -88,11 +88,11 @@ def run_local(
     of items, ``on_shard(done)`` after every shard; ``progress`` counts every shard, and the
     items of the shard in the making after every batch.
     ``runtime``: device, dtype and batch sizes (default: :class:`Runtime`'s, CPU). The entry
-    checks (:func:`~counterfactual.synth.run.check_run`: local model paths, the device, OUT)
+    checks (:func:`~counterfactual.synth.run.check_entry`: local model paths, the device, OUT)
     run first; hub models are left to the steps.
     """
     runtime = runtime or Runtime()
-    check_run(out_dir, config, runtime, here=True)
+    check_entry(out_dir, config, runtime, here=True)
     runner = LocalRunner(config, out_dir, runtime, editor, rewriter, detector, on_batch, progress)
     run = RunConfig(RunInput.of(inputs, failures), out_dir, config, runtime, on_shard, progress)
     return run_shards(run, runner)
