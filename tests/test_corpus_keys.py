@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 from shard_files import run_outputs
-from test_corpus_synth import _args
+from test_corpus_synth import _args, small_demo_samples
 
 from counterfactual.cli import main
 from counterfactual.readers.corpus import (
@@ -25,7 +25,6 @@ from counterfactual.records import ImageRecord, Status
 from counterfactual.synth.run import read_status
 from counterfactual.testing import build_tiny_owlv2
 from counterfactual.testing.corpora import (
-    demo_samples,
     write_parquet,
     write_pictures,
     write_shard,
@@ -34,7 +33,7 @@ from counterfactual.testing.corpora import (
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory):
-    return demo_samples(tmp_path_factory.mktemp("demo"))
+    return small_demo_samples(tmp_path_factory.mktemp("demo"))
 
 
 def _rows(pieces):
@@ -180,6 +179,20 @@ def owl(tmp_path_factory):
     return build_tiny_owlv2(tmp_path_factory.mktemp("owl") / "owlv2", grid_boxes=True)
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One local Ray that the runs on Ray here join (Ray starts in seconds, not milliseconds)."""
+    ray = pytest.importorskip("ray")
+    from counterfactual.pipelines.options import RayOptions
+    from counterfactual.pipelines.session import init_ray
+
+    if ray.is_initialized():  # a Ray of another test module
+        ray.shutdown()
+    info = init_ray(tmp_path_factory.mktemp("ray"), RayOptions(num_cpus=2, dashboard=False))
+    yield info
+    ray.shutdown()
+
+
 def _check_run(out, keys):
     """Every input sample once among written/skipped/failed rows of its first occurrence, each
     later one a ``duplicate-key`` row, and no key twice in the shards."""
@@ -200,7 +213,9 @@ def _check_run(out, keys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["wds", "parquet"])
-def test_runs_on_both_runners_write_each_key_once_and_resume(owl, samples, tmp_path, capsys, kind):
+def test_runs_on_both_runners_write_each_key_once_and_resume(
+    owl, samples, cluster, tmp_path, capsys, kind
+):
     if kind == "wds":
         pattern = _redownloaded_wds(samples, tmp_path / "in")
         keys = [samples[i][0] for i in (0, 1, 0, 2, 3, 4, 3, 5, 2, 4)]

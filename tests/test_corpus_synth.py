@@ -5,10 +5,12 @@ process and on Ray."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 import webdataset as wds
+from PIL import Image
 from shard_files import shard_members
 
 from counterfactual.cli import main
@@ -23,9 +25,24 @@ def owl(tmp_path_factory):
     return build_tiny_owlv2(tmp_path_factory.mktemp("owl") / "owlv2", grid_boxes=True)
 
 
+def small_demo_samples(folder):
+    """The demo samples with their pictures at a quarter of their size (JPEG, the mode kept):
+    the tiny detector sees 32 x 32 pixels either way, and its processor's anti-aliasing blur
+    of a whole photo costs a second a picture."""
+    samples = []
+    for key, picture, caption, extra in demo_samples(folder):
+        image = Image.open(io.BytesIO(picture))
+        image = image.resize((image.width // 4, image.height // 4), Image.Resampling.LANCZOS)
+        data = io.BytesIO()
+        image.save(data, "JPEG", quality=95)
+        extra = {**extra, "width": image.width, "height": image.height}
+        samples.append((key, data.getvalue(), caption, extra))
+    return samples
+
+
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory):
-    good = demo_samples(tmp_path_factory.mktemp("demo"))
+    good = small_demo_samples(tmp_path_factory.mktemp("demo"))
     broken = [
         ("garbage", b"not a picture", "A dog on a bench next to a person.", {}),
         ("nocaption", good[0][1], None, {}),
@@ -61,6 +78,17 @@ def _args(owl, dataset, root, out, *extra):
 
 def _status(out):
     return [json.loads(line) for line in (out / "status.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def local_run(owl, samples, tmp_path_factory):
+    """The samples as WebDataset tars of 4 (``corpus/{00000..00002}.tar``) and their run on the
+    local runner, which the runs on Ray and on S3 are compared with (the tests only read it)."""
+    where = tmp_path_factory.mktemp("wds")
+    pattern = write_wds(samples, where / "corpus", per_shard=4)
+    out = where / "local"
+    assert main(_args(owl, "wds", pattern, out)) == 0
+    return pattern, out
 
 
 def test_webdataset_corpus_end_to_end_and_resume(owl, samples, tmp_path):
@@ -148,10 +176,9 @@ def test_parquet_and_csv_give_the_samples_of_the_webdataset_run(owl, samples, tm
         assert pixels(out) == pixels(reference), name
 
 
-def test_ray_runner_matches_the_local_run(owl, samples, tmp_path):
-    pattern = write_wds(samples, tmp_path / "corpus", per_shard=4)
-    local, ray = tmp_path / "local", tmp_path / "ray"
-    assert main(_args(owl, "wds", pattern, local)) == 0
+def test_ray_runner_matches_the_local_run(owl, local_run, tmp_path):
+    pattern, local = local_run
+    ray = tmp_path / "ray"
     extra = ("--runner", "ray", "--num-cpus", "2", "--no-dashboard")
     assert main(_args(owl, "wds", pattern, ray, *extra)) == 0
     assert _status(ray) == _status(local)
@@ -188,15 +215,14 @@ def test_corpus_needs_root_and_has_no_dataset_boxes(owl, samples, tmp_path, caps
     assert {r["image_id"] for r in rows if r not in missing} == {samples[0][0], samples[1][0]}
 
 
-def test_webdataset_corpus_read_from_s3_equals_the_local_run(owl, samples, s3, tmp_path):
+def test_webdataset_corpus_read_from_s3_equals_the_local_run(owl, local_run, s3, tmp_path):
     """The corpus's tars on S3 (listed by the driver, read with ranged reads by the worker),
     OUT on S3: the samples of the run on local files; only the source path in the json differs."""
-    pattern = write_wds(samples, tmp_path / "corpus", per_shard=4)
+    _, local = local_run
+    corpus = local.parent / "corpus"
     bucket = s3.bucket()
-    s3.upload(tmp_path / "corpus", f"{bucket}/corpus")
+    s3.upload(corpus, f"{bucket}/corpus")
     url_pattern = f"{bucket}/corpus/{{00000..00002}}.tar"
-    local = tmp_path / "local"
-    assert main(_args(owl, "wds", pattern, local)) == 0
     assert main(_args(owl, "wds", url_pattern, f"{bucket}/out")) == 0
     back = tmp_path / "back"
     s3.download(f"{bucket}/out", back)
@@ -211,7 +237,7 @@ def test_webdataset_corpus_read_from_s3_equals_the_local_run(owl, samples, s3, t
             continue
         a, b = json.loads(data), json.loads(theirs[name])
         tar = a["source"].pop("path").removeprefix(f"{bucket}/corpus/")  # the tar's URL
-        assert tar == b["source"].pop("path").removeprefix(f"{tmp_path / 'corpus'}/")
+        assert tar == b["source"].pop("path").removeprefix(f"{corpus}/")
         assert tar.endswith(".tar") and "/" not in tar
         assert a == b, name
     manifest = json.loads((back / "manifest.json").read_text())

@@ -213,7 +213,8 @@ def test_progress_counts_items_before_their_shard_commits(one_gpu, coco, tmp_pat
     monkeypatch.setattr(cli_synth, "Progress", Recording)
     out = tmp_path / "out"
     extra = ("--image-method", "blur", "--images-per-shard", "8", "--batch-size", "1")
-    assert main(synth_args(coco, out, *extra, "--runner", "ray", "--contact-sheet", "0")) == 0
+    ray_args = ("--runner", "ray", "--cpu-actors", "2")  # 3 shards: one worker makes two
+    assert main(synth_args(coco, out, *extra, *ray_args, "--contact-sheet", "0")) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert Recording.final.items == manifest["items"] > 0  # every item once
     commits = {shard: i for i, (event, shard, _) in enumerate(seen) if event == "commit"}

@@ -6,6 +6,7 @@ samples still opens and says why, ``select`` and shards name images by the same 
 
 The CLI runs as a user runs it, in a child process, where the message or the temp dir matters."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,65 @@ def _cli(*args: str, tmp: Path, cache: Path, timeout: float = 300) -> subprocess
         env=env,
         cwd=tmp.parent,
     )
+
+
+END = "cf-test: exit code"
+DRIVER = f"""
+import json, sys
+from counterfactual.cli import main
+for line in sys.stdin:
+    code = main(json.loads(line))
+    sys.stderr.flush()
+    print("\\n{END}", code, flush=True)
+"""
+"""``python -m counterfactual`` for each line of stdin (a JSON list of ARGS): ``main(ARGS)``,
+then a line with its exit code on stdout."""
+
+
+@contextlib.contextmanager
+def _one_process(tmp: Path, cache: Path, timeout: float = 600):
+    """A child process as :func:`_cli` starts it, which runs one command after the other:
+    yields ``run(*ARGS) -> (exit code, its stderr)``, which returns while the process lives on
+    (paying Python's and the package's start-up once); the process exits 0 at the end."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "TMPDIR": str(tmp),
+        "COUNTERFACTUAL_CACHE": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    log = tmp.parent / f"{tmp.name}.stderr"  # outside TMPDIR
+    with open(log, "w") as err:
+        child = subprocess.Popen(
+            [sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=err, text=True, env=env, cwd=tmp.parent,
+        )  # fmt: skip
+    watchdog = threading.Timer(timeout, child.kill)
+    watchdog.start()
+    read = 0
+
+    def run(*args: str) -> tuple[int, str]:
+        nonlocal read
+        child.stdin.write(json.dumps(args) + "\n")
+        child.stdin.flush()
+        for line in child.stdout:
+            if line.startswith(END):
+                text = log.read_text()
+                text, read = text[read:], len(text)
+                return int(line.split()[-1]), text
+        raise AssertionError(f"the child ended: {log.read_text()[-3000:]}")
+
+    try:
+        yield run
+        child.stdin.close()
+        child.stdout.read()
+        assert child.wait() == 0, log.read_text()[-3000:]
+    finally:
+        watchdog.cancel()
+        child.kill()
+        child.wait()
+        log.unlink(missing_ok=True)
 
 
 def _outputs(out: Path) -> set[str]:
@@ -200,33 +261,37 @@ def test_a_local_run_leaves_nothing_in_the_temp_dir_nor_demo_pictures_in_out(tmp
 
 @pytest.mark.slow
 def test_a_ray_run_keeps_its_files_outside_out_and_removes_them(tmp_path, short_tmp):
+    """Three runs on Ray, one after the other in one child process (each starts a Ray of its
+    own and stops it); the temp dir is looked at after each, and after the process exits."""
     tmp, cache = short_tmp, tmp_path / "cache"
-    ray = ("--runner", "ray", "--num-cpus", "2", "--no-dashboard")
-    out = tmp_path / "out"
-    done = _cli(*DEMO, "--out", str(out), *ray, tmp=tmp, cache=cache)
-    assert done.returncode == 0, done.stderr
-    assert _outputs(out) == OUTPUTS | {"shard-000000.tar", "shard-000000_stats.json"}
-    assert os.listdir(tmp) == []  # Ray's session folder was in it, and is gone
-    # kept on request: the run says where, the manifest too
-    kept = tmp_path / "kept"
-    done = _cli(*DEMO, "--out", str(kept), *ray, "--keep-ray-logs", tmp=tmp, cache=cache)
-    assert done.returncode == 0, done.stderr
-    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Ray's logs: ")]
-    logs = Path(line.removeprefix("Ray's logs: "))
-    assert logs.is_dir() and any(logs.iterdir()) and logs.is_relative_to(tmp)
-    assert json.loads((kept / "manifest.json").read_text())["ray"]["logs"] == str(logs)
-    assert _outputs(kept) == _outputs(out)
-    shutil.rmtree(tmp / logs.relative_to(tmp).parts[0])
-    # a run that fails (a model that does not load in its actor) leaves nothing either
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a TorchScript file")
-    failed = _cli(
-        *BASE, "--out", str(tmp_path / "failed"), *ray, "--inpaint-backend", "lama",
-        "--inpaint-model", str(bad), "--model-actors", "1", tmp=tmp, cache=cache,
-    )  # fmt: skip
-    assert failed.returncode == 2, failed.stderr
-    assert "Inpaint" in failed.stderr
-    assert os.listdir(tmp) == [] and not (tmp_path / "failed" / "run.json").exists()
+    ray = ("--runner", "ray", "--num-cpus", "2", "--no-dashboard", "--cpu-actors", "1")
+    out = tmp_path / "out"  # (the demo is one shard: one shard worker)
+    with _one_process(tmp, cache) as run:
+        code, err = run(*DEMO, "--out", str(out), *ray)
+        assert code == 0, err
+        assert _outputs(out) == OUTPUTS | {"shard-000000.tar", "shard-000000_stats.json"}
+        assert os.listdir(tmp) == []  # Ray's session folder was in it, and is gone
+        # kept on request: the run says where, the manifest too
+        kept = tmp_path / "kept"
+        code, err = run(*DEMO, "--out", str(kept), *ray, "--keep-ray-logs")
+        assert code == 0, err
+        (line,) = [ln for ln in err.splitlines() if ln.startswith("Ray's logs: ")]
+        logs = Path(line.removeprefix("Ray's logs: "))
+        assert logs.is_dir() and any(logs.iterdir()) and logs.is_relative_to(tmp)
+        assert json.loads((kept / "manifest.json").read_text())["ray"]["logs"] == str(logs)
+        assert _outputs(kept) == _outputs(out)
+        shutil.rmtree(tmp / logs.relative_to(tmp).parts[0])
+        # a run that fails (a model that does not load in its actor) leaves nothing either
+        bad = tmp_path / "bad.pt"
+        bad.write_bytes(b"not a TorchScript file")
+        code, err = run(
+            *BASE, "--out", str(tmp_path / "failed"), *ray, "--inpaint-backend", "lama",
+            "--inpaint-model", str(bad), "--model-actors", "1",
+        )  # fmt: skip
+        assert code == 2, err
+        assert "Inpaint" in err
+        assert os.listdir(tmp) == [] and not (tmp_path / "failed" / "run.json").exists()
+    assert os.listdir(tmp) == []  # nor at the process's exit
 
 
 # --- a run without samples ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ import webdataset as wds
 from bad_coco import synth_args
 from PIL import Image
 
+from counterfactual.cli import main
 from counterfactual.image import ImageConfig
 from counterfactual.method.selection import SelectionConfig
 from counterfactual.method.verify import (
@@ -207,27 +208,26 @@ def read_meta(out):
 
 @pytest.mark.slow
 def test_synth_on_ray_verifies_like_the_local_runner(clip, tmp_path):
-    """`counterfactual synth` as a user runs it, with a Verify actor (its crops prepared in the
-    shard workers) against the in-process runner: the same verdicts in every sample."""
+    """`counterfactual synth --runner ray` as a user runs it, with a Verify actor (its crops
+    prepared in the shard workers) against the in-process runner (run here: only its samples
+    are compared): the same verdicts in every sample."""
     files = generate_coco(tmp_path / "coco", 6, seed=3, size=(320, 240))
     common = (
         *("--image-method", "blur", "--policy", "all", "--contact-sheet", "0"),
         *("--verify", "--verify-model", clip, "--verify-k", "40", "--verify-retention-k", "79"),
         *("--images-per-shard", "4"),
     )
-    outs = {}
-    for runner, extra in (("local", ()), ("ray", ("--model-actors", "1", "--num-cpus", "2"))):
-        out = tmp_path / runner
-        args = synth_args(files, out, *common, "--runner", runner, *extra)
-        done = subprocess.run(
-            [sys.executable, "-m", "counterfactual", *args],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        outs[runner] = read_meta(out)
-    local, ray = outs["local"], outs["ray"]
+    assert main(synth_args(files, tmp_path / "local", *common, "--runner", "local")) == 0
+    extra = ("--runner", "ray", "--model-actors", "1", "--num-cpus", "2")
+    args = synth_args(files, tmp_path / "ray", *common, *extra)
+    done = subprocess.run(
+        [sys.executable, "-m", "counterfactual", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    local, ray = read_meta(tmp_path / "local"), read_meta(tmp_path / "ray")
     assert local and set(local) == set(ray)
     for key, meta in local.items():
         a, b = ray[key]["verify"], meta["verify"]
