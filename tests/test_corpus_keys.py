@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 from shard_files import run_outputs
-from test_corpus_synth import _args, small_demo_samples
+from test_corpus_synth import _args
 
 from counterfactual.cli import main
 from counterfactual.readers.corpus import (
@@ -25,6 +25,7 @@ from counterfactual.records import ImageRecord, Status
 from counterfactual.synth.run import read_status
 from counterfactual.testing import build_tiny_owlv2
 from counterfactual.testing.corpora import (
+    demo_samples,
     write_parquet,
     write_pictures,
     write_shard,
@@ -33,7 +34,7 @@ from counterfactual.testing.corpora import (
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory):
-    return small_demo_samples(tmp_path_factory.mktemp("demo"))
+    return demo_samples(tmp_path_factory.mktemp("demo"), shrink=4)
 
 
 def _rows(pieces):

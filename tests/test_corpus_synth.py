@@ -5,12 +5,10 @@ process and on Ray."""
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
 import webdataset as wds
-from PIL import Image
 from shard_files import shard_members
 
 from counterfactual.cli import main
@@ -25,24 +23,9 @@ def owl(tmp_path_factory):
     return build_tiny_owlv2(tmp_path_factory.mktemp("owl") / "owlv2", grid_boxes=True)
 
 
-def small_demo_samples(folder):
-    """The demo samples with their pictures at a quarter of their size (JPEG, the mode kept):
-    the tiny detector sees 32 x 32 pixels either way, and its processor's anti-aliasing blur
-    of a whole photo costs a second a picture."""
-    samples = []
-    for key, picture, caption, extra in demo_samples(folder):
-        image = Image.open(io.BytesIO(picture))
-        image = image.resize((image.width // 4, image.height // 4), Image.Resampling.LANCZOS)
-        data = io.BytesIO()
-        image.save(data, "JPEG", quality=95)
-        extra = {**extra, "width": image.width, "height": image.height}
-        samples.append((key, data.getvalue(), caption, extra))
-    return samples
-
-
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory):
-    good = small_demo_samples(tmp_path_factory.mktemp("demo"))
+    good = demo_samples(tmp_path_factory.mktemp("demo"), shrink=4)
     broken = [
         ("garbage", b"not a picture", "A dog on a bench next to a person.", {}),
         ("nocaption", good[0][1], None, {}),

@@ -23,7 +23,7 @@ from counterfactual.testing.owlv2 import build_tiny_owlv2
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory):
-    return demo_samples(tmp_path_factory.mktemp("demo"))
+    return demo_samples(tmp_path_factory.mktemp("demo"), shrink=4)
 
 
 def _with_bom(path):

@@ -547,7 +547,7 @@ def test_corpus_reports_find_originals_from_anywhere(tmp_path, monkeypatch):
     from counterfactual.testing.corpora import demo_samples, write_csv, write_wds
 
     owl = build_tiny_owlv2(tmp_path / "owl", grid_boxes=True)
-    samples = demo_samples(tmp_path / "demo")
+    samples = demo_samples(tmp_path / "demo", shrink=4)
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir()
     elsewhere.mkdir()

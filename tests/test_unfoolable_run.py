@@ -231,7 +231,7 @@ def test_another_webdataset_corpus_with_the_same_tar_names_is_refused(tmp_path, 
     from counterfactual.testing.corpora import demo_samples, write_wds
 
     owl = build_tiny_owlv2(tmp_path / "owl", grid_boxes=True)
-    samples = demo_samples(tmp_path / "demo")
+    samples = demo_samples(tmp_path / "demo", shrink=4)
     corpus = tmp_path / "corpus"
     pattern = write_wds(samples[:6], corpus, per_shard=3)
     args = ["synth", "--dataset", "wds", "--root", str(corpus), "--out", str(tmp_path / "out")]

@@ -23,9 +23,12 @@ MTIME = 1_700_000_000
 """Fixed member time, so that the same samples give the same bytes."""
 
 
-def demo_samples(tmp_path: Path) -> list[Sample]:
+def demo_samples(tmp_path: Path, shrink: int = 1) -> list[Sample]:
     """The eight demo pictures (JPEG bytes as written) with their first caption, keyed by file
-    stem (``astronaut``, ``coffee``, ...); ``extra`` holds the annotated size and id."""
+    stem (``astronaut``, ``coffee``, ...); ``extra`` holds the annotated size and id. With
+    ``shrink`` > 1 each picture is that many times smaller (JPEG again, its mode kept) and
+    ``extra`` holds its new size: a tiny detector sees 32 x 32 pixels either way, and its
+    processor's anti-aliasing blur of a whole photo costs about a second a picture."""
     from counterfactual.readers.demo import read_demo
 
     dataset = read_demo(tmp_path / "demo-data")
@@ -34,8 +37,20 @@ def demo_samples(tmp_path: Path) -> list[Sample]:
         assert record.root is not None
         extra = {"width": record.width, "height": record.height, "image_id": record.image_id}
         picture = (record.root / record.file).read_bytes()
+        if shrink > 1:
+            picture, extra["width"], extra["height"] = _shrunk(picture, shrink)
         samples.append((Path(record.file).stem, picture, record.captions[0].text, extra))
     return samples
+
+
+def _shrunk(picture: bytes, factor: int) -> tuple[bytes, int, int]:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(picture))
+    image = image.resize((image.width // factor, image.height // factor), Image.Resampling.LANCZOS)
+    data = io.BytesIO()
+    image.save(data, "JPEG", quality=95)
+    return data.getvalue(), image.width, image.height
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
