@@ -2,7 +2,8 @@
 table, image cell) resolves inside its root or its sample (or piece) fails ``unsafe-path``,
 never read; a CSV cell of any size leaves the rows after it read; a repeated COCO annotation
 id and a picture over ``--max-pixels`` say what they are. The readers in process (fast), then
-each scenario through ``python -m counterfactual synth --runner local`` as a user runs it."""
+each scenario through ``python -m counterfactual synth --runner local`` as a user runs it (the
+parquet and the wds run share one process, ``main`` called once for each)."""
 
 from __future__ import annotations
 
@@ -256,18 +257,42 @@ def owl(tmp_path_factory):
     return build_tiny_owlv2(tmp_path_factory.mktemp("owl") / "owlv2", grid_boxes=True)
 
 
-def _synth(owl: Path, kind: str, root: Path, out: Path) -> subprocess.CompletedProcess:
-    args = [
+def _args(owl: Path, kind: str, root: Path, out: Path) -> list[str]:
+    return [
         "synth", "--dataset", kind, "--root", str(root), "--out", str(out),
         "--detector-model", str(owl), "--detect-threshold", "0", "--detect-queries", "caption",
         "--image-method", "blur", "--images-per-shard", "4", "--contact-sheet", "0",
         "--runner", "local",
     ]  # fmt: skip
+
+
+def _synth(owl: Path, kind: str, root: Path, out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "counterfactual", *args],
+        [sys.executable, "-m", "counterfactual", *_args(owl, kind, root, out)],
         capture_output=True, text=True, env=env, cwd=out.parent, timeout=300,
     )  # fmt: skip
+
+
+DRIVER = """\
+import json, sys
+from counterfactual.cli import main
+codes = [main(args) for args in json.loads(sys.argv[1])]
+print(json.dumps(codes))
+"""
+
+
+def _synth_each(owl: Path, runs: list[tuple[str, Path, Path]]) -> tuple[list[int], str]:
+    """Several runs ``(kind, root, out)`` as :func:`_synth` makes them, one after the other in
+    one process (one interpreter start): each run's exit code, and the process's stderr."""
+    argvs = [_args(owl, kind, root, out) for kind, root, out in runs]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(argvs)],
+        capture_output=True, text=True, env=env, cwd=runs[0][2].parent, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
 def _outcome(out: Path) -> tuple[dict[str, dict], list[dict]]:
@@ -333,18 +358,20 @@ def test_parquet_and_wds_runs_read_nothing_outside(owl, tmp_path, samples, outsi
     columns = list(zip(*_table_rows(samples, table, outside), strict=True))
     names = ("key", "caption", "image")
     pq.write_table(pa.table(dict(zip(names, columns, strict=True))), table / "t.parquet")
-    done = _synth(owl, "parquet", table, tmp_path / "out-parquet")
-    assert done.returncode == 0, done.stderr
-    by_id, _ = _outcome(tmp_path / "out-parquet")
-    assert {k for k, r in by_id.items() if r["reason"] == "unsafe-path"} == TABLE_HOSTILE
-    assert set(by_id) == TABLE_HOSTILE | {s[0] for s in samples}
-
     shards = tmp_path / "wds"
     shards.mkdir()
     write_shard(samples, shards / "00000.tar")
     os.symlink(outside / "evil.tar", shards / "00001.tar")
-    done = _synth(owl, "wds", shards, tmp_path / "out-wds")
-    assert done.returncode == 0, done.stderr
+    # both runs in one process: the process here is a means, what is checked is each run's
+    # exit code and what it wrote
+    runs = [("parquet", table, tmp_path / "out-parquet"), ("wds", shards, tmp_path / "out-wds")]
+    codes, stderr = _synth_each(owl, runs)
+    assert codes == [0, 0], stderr
+
+    by_id, _ = _outcome(tmp_path / "out-parquet")
+    assert {k for k, r in by_id.items() if r["reason"] == "unsafe-path"} == TABLE_HOSTILE
+    assert set(by_id) == TABLE_HOSTILE | {s[0] for s in samples}
+
     by_id, _ = _outcome(tmp_path / "out-wds")
     assert by_id[str(shards / "00001.tar")]["reason"] == "unsafe-path"
     assert set(by_id) == {str(shards / "00001.tar")} | {s[0] for s in samples}
