@@ -9,8 +9,11 @@ Weights torch refuses to unpickle, a corrupt safetensors file, a diffusers pipel
 diffusers does not have and a Ray that does not start are one line too. ``models list`` and
 ``models pull`` check a known file against its published checksum.
 
-A few cases of a family that already has its process (the second config of a verifier, the
-other ``model_index.json`` edits, a diffusers component) call ``main`` in this process instead
+Each family keeps its processes: a folder's code (a verifier's ``config.json``, a diffusers
+custom pipeline), weights torch refuses (the verifier's, open_clip's), a Ray that does not
+start, ``models list``. The other cases (the detector, captioner and eval model folders, the
+second config of a verifier, the other ``model_index.json`` edits, a diffusers component, a
+corrupt detector safetensors, a diffusers pickle) call ``main`` in this process instead
 (:func:`cli_here`), with the same ``y`` on stdin and transformers' and diffusers' modules cache
 pointed at a fresh folder: the same line, exit code and checks, without another interpreter
 start.
@@ -150,12 +153,13 @@ def corpus(tmp_path_factory) -> str:
 # --- code a folder brings never runs -----------------------------------------------------------
 
 
-def test_a_detector_folder_with_code_is_refused(built, corpus, tmp_path):
+def test_a_detector_folder_with_code_is_refused(built, corpus, tmp_path, monkeypatch, capsys):
     folder = copy(built, "owlv2", tmp_path)
     marker = tmp_path / "MARKER"
     config = poison(folder, marker)
     args = ["synth", "--dataset", "wds", "--root", corpus, "--out", str(tmp_path / "out")]
-    code, lines = cli(tmp_path, *args, "--detector-model", str(folder), "--image-method", "blur")
+    args += ["--detector-model", str(folder), "--image-method", "blur"]
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *args)
     line = error_line("synth", code, lines)
     assert f"{config}: auto_map names code the folder brings" in line, line
     assert "evil.py" in line and "trust_remote_code=False" in line, line
@@ -182,25 +186,25 @@ def test_a_verifier_folder_with_code_is_refused(built, tmp_path, monkeypatch, ca
     assert not list(out.glob("shard-*.tar"))
 
 
-def test_a_captioner_folder_with_code_is_refused(built, tmp_path):
+def test_a_captioner_folder_with_code_is_refused(built, tmp_path, monkeypatch, capsys):
     folder = copy(built, "blip", tmp_path)
     marker = tmp_path / "MARKER"
     config = poison(folder, marker)
     args = demo_synth(tmp_path / "out", "--image-method", "blur", "--text-method", "captioner")
-    code, lines = cli(tmp_path, *args, "--captioner-model", str(folder))
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *args, "--captioner-model", str(folder))
     line = error_line("synth", code, lines)
     assert f"{config}: auto_map names code the folder brings" in line, line
     nothing_ran(tmp_path, marker)
 
 
-def test_an_eval_model_folder_with_code_is_refused(built, tmp_path):
+def test_an_eval_model_folder_with_code_is_refused(built, tmp_path, monkeypatch, capsys):
     folder = copy(built, "clip", tmp_path)
     marker = tmp_path / "MARKER"
     config = poison(folder, marker)
     queries = tmp_path / "queries"
     assert main(demo_synth(queries, "--image-method", "blur")) == 0
     args = ["eval", "--queries", str(queries), "--out", str(tmp_path / "report")]
-    code, lines = cli(tmp_path, *args, "--model", f"hf-clip:{folder}")
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *args, "--model", f"hf-clip:{folder}")
     line = error_line("eval", code, lines)
     assert f"{config}: auto_map names code the folder brings" in line, line
     nothing_ran(tmp_path, marker)
@@ -282,22 +286,23 @@ def test_a_verifier_pickle_torch_refuses_is_one_line(built, tmp_path):
     assert not marker.exists()
 
 
-def test_a_corrupt_detector_safetensors_is_one_line(built, corpus, tmp_path):
+def test_a_corrupt_detector_safetensors_is_one_line(built, corpus, tmp_path, monkeypatch, capsys):
     folder = copy(built, "owlv2", tmp_path)
     weights = folder / "model.safetensors"
     weights.write_bytes(b"\xff" * 64)
     args = ["synth", "--dataset", "wds", "--root", corpus, "--out", str(tmp_path / "out")]
-    code, lines = cli(tmp_path, *args, "--detector-model", str(folder), "--image-method", "blur")
+    args += ["--detector-model", str(folder), "--image-method", "blur"]
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *args)
     line = error_line("synth", code, lines)
     assert f"{weights}: not a readable safetensors file" in line, line
 
 
-def test_a_diffusers_pickle_torch_refuses_is_one_line(built, tmp_path):
+def test_a_diffusers_pickle_torch_refuses_is_one_line(built, tmp_path, monkeypatch, capsys):
     folder = copy(built, "sd", tmp_path)
     (folder / "unet" / "diffusion_pytorch_model.safetensors").unlink()
     marker = tmp_path / "PICKLED"
     weights = evil_pickle(folder / "unet" / "diffusion_pytorch_model.bin", marker)
-    code, lines = cli(tmp_path, *_inpaint(folder, tmp_path / "out"))
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *_inpaint(folder, tmp_path / "out"))
     line = error_line("synth", code, lines)
     assert str(weights) in line and "torch refused to unpickle it" in line, line
     assert not marker.exists()
