@@ -2,7 +2,8 @@
 table, image cell) resolves inside its root or its sample (or piece) fails ``unsafe-path``,
 never read; a CSV cell of any size leaves the rows after it read; a repeated COCO annotation
 id and a picture over ``--max-pixels`` say what they are. The readers in process (fast), then
-each scenario through ``python -m counterfactual synth --runner local`` as a user runs it."""
+each scenario through ``counterfactual synth --runner local`` as a user runs it (the four runs
+share one process, ``main`` called once for each, each exit code checked)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,12 @@ def samples(tmp_path_factory):
 
 @pytest.fixture
 def outside(tmp_path, samples) -> Path:
+    return _outside(tmp_path / "outside", samples)
+
+
+def _outside(out: Path, samples) -> Path:
     """A folder beside the corpus with what no corpus may read: a caption, a json with a url,
     a picture, a shard folder, a tar and a table."""
-    out = tmp_path / "outside"
     out.mkdir()
     (out / "secret.txt").write_text(f"{SECRET} a dog and a person.")
     (out / "secret.json").write_text(json.dumps({"url": SECRET_URL, "caption": SECRET}))
@@ -256,18 +260,34 @@ def owl(tmp_path_factory):
     return build_tiny_owlv2(tmp_path_factory.mktemp("owl") / "owlv2", grid_boxes=True)
 
 
-def _synth(owl: Path, kind: str, root: Path, out: Path) -> subprocess.CompletedProcess:
-    args = [
+def _args(owl: Path, kind: str, root: Path, out: Path) -> list[str]:
+    return [
         "synth", "--dataset", kind, "--root", str(root), "--out", str(out),
         "--detector-model", str(owl), "--detect-threshold", "0", "--detect-queries", "caption",
         "--image-method", "blur", "--images-per-shard", "4", "--contact-sheet", "0",
         "--runner", "local",
     ]  # fmt: skip
+
+
+DRIVER = """\
+import json, sys
+from counterfactual.cli import main
+codes = [main(args) for args in json.loads(sys.argv[1])]
+print(json.dumps(codes))
+"""
+
+
+def _synth_each(owl: Path, runs: list[tuple[str, Path, Path]]) -> tuple[list[int], str]:
+    """Several runs ``(kind, root, out)``, one after the other in one process (one interpreter
+    start): each run's exit code, and the process's stderr."""
+    argvs = [_args(owl, kind, root, out) for kind, root, out in runs]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "counterfactual", *args],
-        capture_output=True, text=True, env=env, cwd=out.parent, timeout=300,
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(argvs)],
+        capture_output=True, text=True, env=env, cwd=runs[0][2].parent, timeout=300,
     )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
 def _outcome(out: Path) -> tuple[dict[str, dict], list[dict]]:
@@ -288,21 +308,8 @@ def _outcome(out: Path) -> tuple[dict[str, dict], list[dict]]:
     return by_id, loaded
 
 
-@pytest.mark.slow
-def test_files_corpus_run_reads_nothing_outside(owl, tmp_path, samples, outside):
-    corpus = _files_corpus(tmp_path / "files", samples, outside)
-    done = _synth(owl, "files", corpus, tmp_path / "out")
-    assert done.returncode == 0, done.stderr
-    by_id, loaded = _outcome(tmp_path / "out")
-    hostile = HOSTILE_FILES | {str(corpus / "00001"), str(corpus / "00000.parquet")}
-    assert {k for k, r in by_id.items() if r["reason"] == "unsafe-path"} == hostile
-    assert set(by_id) == hostile | {s[0] for s in samples} | {"inlink"}
-    assert loaded, "the demo samples give at least one written sample"
-
-
-@pytest.mark.slow
-def test_csv_run_keeps_every_row_of_a_table_with_a_long_cell(owl, tmp_path, samples, outside):
-    corpus = tmp_path / "csv"
+def _csv_corpus(corpus: Path, samples, outside: Path) -> Path:
+    """The table rows in a CSV with two long cells, and a CSV linked out."""
     corpus.mkdir()
     rows = _table_rows(samples, corpus, outside)
     # row 1: a 200 KB cell (over csv's default field limit) in a column the run does not use,
@@ -313,9 +320,65 @@ def test_csv_run_keeps_every_row_of_a_table_with_a_long_cell(owl, tmp_path, samp
     with open(corpus / "t.csv", "w", newline="") as fh:
         csv.writer(fh).writerows([["key", "caption", "image", "notes"], *rows])
     os.symlink(outside / "evil.csv", corpus / "u.csv")
-    done = _synth(owl, "csv", corpus, tmp_path / "out")
-    assert done.returncode == 0, done.stderr
-    by_id, _ = _outcome(tmp_path / "out")
+    return corpus
+
+
+def _parquet_corpus(table: Path, samples, outside: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table.mkdir()
+    columns = list(zip(*_table_rows(samples, table, outside), strict=True))
+    names = ("key", "caption", "image")
+    pq.write_table(pa.table(dict(zip(names, columns, strict=True))), table / "t.parquet")
+    return table
+
+
+def _wds_corpus(shards: Path, samples, outside: Path) -> Path:
+    shards.mkdir()
+    write_shard(samples, shards / "00000.tar")
+    os.symlink(outside / "evil.tar", shards / "00001.tar")
+    return shards
+
+
+@pytest.fixture(scope="module")
+def runs(owl, samples, tmp_path_factory) -> dict[str, tuple[Path, Path, int, str]]:
+    """Each kind's hostile corpus (files, csv, parquet, wds; beside one folder ``outside``)
+    run by ``synth``, all four one after the other in one process (the process is a means:
+    what the tests check is each run's exit code and what it wrote):
+    kind -> ``(corpus, out, exit code, the process's stderr)``."""
+    root = tmp_path_factory.mktemp("runs")
+    outside = _outside(root / "outside", samples)
+    corpora = {
+        "files": _files_corpus(root / "files", samples, outside),
+        "csv": _csv_corpus(root / "csv", samples, outside),
+        "parquet": _parquet_corpus(root / "parquet", samples, outside),
+        "wds": _wds_corpus(root / "wds", samples, outside),
+    }
+    done = [(kind, corpus, root / f"out-{kind}") for kind, corpus in corpora.items()]
+    codes, stderr = _synth_each(owl, done)
+    return {
+        kind: (corpus, out, code, stderr)
+        for (kind, corpus, out), code in zip(done, codes, strict=True)
+    }
+
+
+@pytest.mark.slow
+def test_files_corpus_run_reads_nothing_outside(runs, samples):
+    corpus, out, code, stderr = runs["files"]
+    assert code == 0, stderr
+    by_id, loaded = _outcome(out)
+    hostile = HOSTILE_FILES | {str(corpus / "00001"), str(corpus / "00000.parquet")}
+    assert {k for k, r in by_id.items() if r["reason"] == "unsafe-path"} == hostile
+    assert set(by_id) == hostile | {s[0] for s in samples} | {"inlink"}
+    assert loaded, "the demo samples give at least one written sample"
+
+
+@pytest.mark.slow
+def test_csv_run_keeps_every_row_of_a_table_with_a_long_cell(runs, samples):
+    corpus, out, code, stderr = runs["csv"]
+    assert code == 0, stderr
+    by_id, _ = _outcome(out)
     unsafe = {k for k, r in by_id.items() if r["reason"] == "unsafe-path"}
     assert unsafe == TABLE_HOSTILE | {str(corpus / "u.csv")}
     assert set(by_id) == unsafe | {s[0] for s in samples}  # every row after the long cells too
@@ -324,27 +387,15 @@ def test_csv_run_keeps_every_row_of_a_table_with_a_long_cell(owl, tmp_path, samp
 
 
 @pytest.mark.slow
-def test_parquet_and_wds_runs_read_nothing_outside(owl, tmp_path, samples, outside):
-    table = tmp_path / "parquet"
-    table.mkdir()
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = list(zip(*_table_rows(samples, table, outside), strict=True))
-    names = ("key", "caption", "image")
-    pq.write_table(pa.table(dict(zip(names, columns, strict=True))), table / "t.parquet")
-    done = _synth(owl, "parquet", table, tmp_path / "out-parquet")
-    assert done.returncode == 0, done.stderr
-    by_id, _ = _outcome(tmp_path / "out-parquet")
+def test_parquet_and_wds_runs_read_nothing_outside(runs, samples):
+    _, out, code, stderr = runs["parquet"]
+    assert code == 0, stderr
+    by_id, _ = _outcome(out)
     assert {k for k, r in by_id.items() if r["reason"] == "unsafe-path"} == TABLE_HOSTILE
     assert set(by_id) == TABLE_HOSTILE | {s[0] for s in samples}
 
-    shards = tmp_path / "wds"
-    shards.mkdir()
-    write_shard(samples, shards / "00000.tar")
-    os.symlink(outside / "evil.tar", shards / "00001.tar")
-    done = _synth(owl, "wds", shards, tmp_path / "out-wds")
-    assert done.returncode == 0, done.stderr
-    by_id, _ = _outcome(tmp_path / "out-wds")
+    shards, out, code, stderr = runs["wds"]
+    assert code == 0, stderr
+    by_id, _ = _outcome(out)
     assert by_id[str(shards / "00001.tar")]["reason"] == "unsafe-path"
     assert set(by_id) == {str(shards / "00001.tar")} | {s[0] for s in samples}

@@ -20,7 +20,7 @@ from bad_coco import synth_args
 from PIL import Image, ImageOps
 
 from counterfactual.imageio import SampleError, load_picture, read_header
-from counterfactual.readers.generate import generate_coco
+from counterfactual.readers.generate import CocoFiles, generate_coco
 from counterfactual.records import ImageRecord
 from counterfactual.shards.frames import FrameRule, choose_frame, scan_rule
 from counterfactual.shards.pictures import load_record_picture
@@ -230,31 +230,41 @@ def test_exif_frame_option_decides_the_ambiguous_pictures(tmp_path: Path) -> Non
     assert '"exif_frame": "oriented"' in (tmp_path / "out" / "manifest.json").read_text()
 
 
-def test_the_dataset_frame_decides_the_ambiguous_pictures(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def told_by_the_dataset(
+    tmp_path_factory,
+) -> tuple[list[Picture], CocoFiles, Path, subprocess.CompletedProcess[str]]:
+    """The ambiguous pictures and one sideways picture annotated upright, their dataset and
+    its local run, one image per shard: ``(pictures, files, out, process)``. Read by the test
+    of that run and by the Ray test, whose shards must be this run's."""
+    root = tmp_path_factory.mktemp("told")
+    pictures = [*ambiguous("oriented"), Picture(6, 8, "oriented")]
+    files = write_dataset(root / "coco", pictures)
+    done = run_synth(files, root / "out", "--images-per-shard", "1")
+    return pictures, files, root / "out", done
+
+
+def test_the_dataset_frame_decides_the_ambiguous_pictures(told_by_the_dataset) -> None:
     """One sideways picture annotated upright tells the frame of the square and upside-down ones,
     the same in every shard (one image per shard here)."""
-    pictures = [*ambiguous("oriented"), Picture(6, 8, "oriented")]
-    files = write_dataset(tmp_path / "coco", pictures)
-    done = run_synth(files, tmp_path / "out", "--images-per-shard", "1")
+    pictures, _, out, done = told_by_the_dataset
     assert done.returncode == 0, done.stderr
-    assert {r["status"] for r in statuses(tmp_path / "out").values()} == {"written"}
-    assert len(check_erased(tmp_path / "out", pictures)) == 12
+    assert {r["status"] for r in statuses(out).values()} == {"written"}
+    assert len(check_erased(out, pictures)) == 12
 
 
 @pytest.mark.slow
-def test_ray_workers_use_the_drivers_frame(tmp_path: Path) -> None:
+def test_ray_workers_use_the_drivers_frame(tmp_path: Path, told_by_the_dataset) -> None:
     """On Ray, one image per shard on two CPUs: every worker gets the frame the driver found,
-    and the shards are the in-process runner's."""
-    pictures = [*ambiguous("oriented"), Picture(6, 8, "oriented")]
-    files = write_dataset(tmp_path / "coco", pictures)
+    and the shards are the in-process runner's (the local run of the same dataset, shared)."""
+    pictures, files, local, done_local = told_by_the_dataset
     ray = ("--runner", "ray", "--num-cpus", "2", "--no-dashboard")
     done = run_synth(files, tmp_path / "out", "--images-per-shard", "1", runner=ray)
     assert done.returncode == 0, done.stderr
     samples = check_erased(tmp_path / "out", pictures)
     assert len(samples) == 12
-    local = run_synth(files, tmp_path / "local", "--images-per-shard", "1")
-    assert local.returncode == 0, local.stderr
-    assert check_erased(tmp_path / "local", pictures) == samples
+    assert done_local.returncode == 0, done_local.stderr
+    assert check_erased(local, pictures) == samples
 
 
 def test_a_size_that_contradicts_the_given_frame_fails(tmp_path: Path) -> None:

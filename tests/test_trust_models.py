@@ -8,10 +8,20 @@ folder's module never runs (no marker file) and nothing is copied into the modul
 Weights torch refuses to unpickle, a corrupt safetensors file, a diffusers pipeline class
 diffusers does not have and a Ray that does not start are one line too. ``models list`` and
 ``models pull`` check a known file against its published checksum.
+
+Each family keeps its processes: a folder's code (a verifier's ``config.json``, a diffusers
+custom pipeline), weights torch refuses (the verifier's, open_clip's), a Ray that does not
+start, ``models list``. The other cases (the detector, captioner and eval model folders, the
+second config of a verifier, the other ``model_index.json`` edits, a diffusers component, a
+corrupt detector safetensors, a diffusers pickle) call ``main`` in this process instead
+(:func:`cli_here`), with the same ``y`` on stdin and transformers' and diffusers' modules cache
+pointed at a fresh folder: the same line, exit code and checks, without another interpreter
+start.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -71,6 +81,25 @@ def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[
     return done.returncode, done.stderr.strip().splitlines()
 
 
+def cli_here(tmp_path: Path, monkeypatch, capsys, *args: str) -> tuple[int, list[str]]:
+    """:func:`cli` in this process: ``main(ARGS)`` in ``tmp_path`` with ``y`` on stdin and
+    transformers' and diffusers' modules cache (where a folder's code would be copied) in
+    ``tmp_path / "modules"``; its exit code and stderr lines."""
+    import diffusers.utils.dynamic_modules_utils as diffusers_modules
+    import transformers.dynamic_module_utils as transformers_modules
+
+    modules = str(tmp_path / "modules")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_MODULES_CACHE", modules)
+    monkeypatch.setattr(transformers_modules, "HF_MODULES_CACHE", modules)
+    monkeypatch.setattr(diffusers_modules, "HF_MODULES_CACHE", modules)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\n"))
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = main(list(args))
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
 def error_line(command: str, code: int, lines: list[str]) -> str:
     """The one error line a setup error ends in (a run may print its plan line first)."""
     text = "\n".join(lines)
@@ -124,12 +153,13 @@ def corpus(tmp_path_factory) -> str:
 # --- code a folder brings never runs -----------------------------------------------------------
 
 
-def test_a_detector_folder_with_code_is_refused(built, corpus, tmp_path):
+def test_a_detector_folder_with_code_is_refused(built, corpus, tmp_path, monkeypatch, capsys):
     folder = copy(built, "owlv2", tmp_path)
     marker = tmp_path / "MARKER"
     config = poison(folder, marker)
     args = ["synth", "--dataset", "wds", "--root", corpus, "--out", str(tmp_path / "out")]
-    code, lines = cli(tmp_path, *args, "--detector-model", str(folder), "--image-method", "blur")
+    args += ["--detector-model", str(folder), "--image-method", "blur"]
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *args)
     line = error_line("synth", code, lines)
     assert f"{config}: auto_map names code the folder brings" in line, line
     assert "evil.py" in line and "trust_remote_code=False" in line, line
@@ -137,7 +167,8 @@ def test_a_detector_folder_with_code_is_refused(built, corpus, tmp_path):
 
 
 @pytest.mark.parametrize("config", ["config.json", "tokenizer_config.json"])
-def test_a_verifier_folder_with_code_is_refused(built, tmp_path, config):
+def test_a_verifier_folder_with_code_is_refused(built, tmp_path, monkeypatch, capsys, config):
+    """``config.json`` in a process, ``tokenizer_config.json`` in this one."""
     folder = copy(built, "clip", tmp_path)
     marker = tmp_path / "MARKER"
     named = poison(folder, marker, config)
@@ -145,32 +176,35 @@ def test_a_verifier_folder_with_code_is_refused(built, tmp_path, config):
     args = demo_synth(
         out, "--image-method", "blur", "--verify", "--verify-model", f"hf-clip:{folder}"
     )
-    code, lines = cli(tmp_path, *args)
+    if config == "config.json":
+        code, lines = cli(tmp_path, *args)
+    else:
+        code, lines = cli_here(tmp_path, monkeypatch, capsys, *args)
     line = error_line("synth", code, lines)
     assert f"{named}: auto_map names code the folder brings" in line, line
     nothing_ran(tmp_path, marker)
     assert not list(out.glob("shard-*.tar"))
 
 
-def test_a_captioner_folder_with_code_is_refused(built, tmp_path):
+def test_a_captioner_folder_with_code_is_refused(built, tmp_path, monkeypatch, capsys):
     folder = copy(built, "blip", tmp_path)
     marker = tmp_path / "MARKER"
     config = poison(folder, marker)
     args = demo_synth(tmp_path / "out", "--image-method", "blur", "--text-method", "captioner")
-    code, lines = cli(tmp_path, *args, "--captioner-model", str(folder))
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *args, "--captioner-model", str(folder))
     line = error_line("synth", code, lines)
     assert f"{config}: auto_map names code the folder brings" in line, line
     nothing_ran(tmp_path, marker)
 
 
-def test_an_eval_model_folder_with_code_is_refused(built, tmp_path):
+def test_an_eval_model_folder_with_code_is_refused(built, tmp_path, monkeypatch, capsys):
     folder = copy(built, "clip", tmp_path)
     marker = tmp_path / "MARKER"
     config = poison(folder, marker)
     queries = tmp_path / "queries"
     assert main(demo_synth(queries, "--image-method", "blur")) == 0
     args = ["eval", "--queries", str(queries), "--out", str(tmp_path / "report")]
-    code, lines = cli(tmp_path, *args, "--model", f"hf-clip:{folder}")
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *args, "--model", f"hf-clip:{folder}")
     line = error_line("eval", code, lines)
     assert f"{config}: auto_map names code the folder brings" in line, line
     nothing_ran(tmp_path, marker)
@@ -190,8 +224,9 @@ def _inpaint(folder: Path, out: Path) -> list[str]:
     ],
 )
 def test_a_diffusers_folder_naming_code_or_an_unknown_class_is_refused(
-    built, tmp_path, key, value, says
+    built, tmp_path, monkeypatch, capsys, key, value, says
 ):
+    """The custom pipeline in a process, the other two in this one."""
     folder = copy(built, "sd", tmp_path)
     marker = tmp_path / "MARKER"
     index = folder / "model_index.json"
@@ -199,17 +234,22 @@ def test_a_diffusers_folder_naming_code_or_an_unknown_class_is_refused(
     data[key] = value
     index.write_text(json.dumps(data))
     (folder / "evil.py").write_text(EVIL.format(marker=str(marker)))
-    code, lines = cli(tmp_path, *_inpaint(folder, tmp_path / "out"))
+    args = _inpaint(folder, tmp_path / "out")
+    if key == "_class_name" and value == ["evil", "EvilPipeline"]:
+        code, lines = cli(tmp_path, *args)
+    else:
+        code, lines = cli_here(tmp_path, monkeypatch, capsys, *args)
     line = error_line("synth", code, lines)
     assert f"{index}: " in line and says in line, line
     nothing_ran(tmp_path, marker)
 
 
-def test_a_diffusers_component_with_code_is_refused(built, tmp_path):
+def test_a_diffusers_component_with_code_is_refused(built, tmp_path, monkeypatch, capsys):
+    """In this process (the diffusers folders' process is the custom pipeline's)."""
     folder = copy(built, "sd", tmp_path)
     marker = tmp_path / "MARKER"
     config = poison(folder / "text_encoder", marker)
-    code, lines = cli(tmp_path, *_inpaint(folder, tmp_path / "out"))
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *_inpaint(folder, tmp_path / "out"))
     line = error_line("synth", code, lines)
     assert f"{config}: auto_map names code the folder brings" in line, line
     nothing_ran(tmp_path, marker)
@@ -246,22 +286,23 @@ def test_a_verifier_pickle_torch_refuses_is_one_line(built, tmp_path):
     assert not marker.exists()
 
 
-def test_a_corrupt_detector_safetensors_is_one_line(built, corpus, tmp_path):
+def test_a_corrupt_detector_safetensors_is_one_line(built, corpus, tmp_path, monkeypatch, capsys):
     folder = copy(built, "owlv2", tmp_path)
     weights = folder / "model.safetensors"
     weights.write_bytes(b"\xff" * 64)
     args = ["synth", "--dataset", "wds", "--root", corpus, "--out", str(tmp_path / "out")]
-    code, lines = cli(tmp_path, *args, "--detector-model", str(folder), "--image-method", "blur")
+    args += ["--detector-model", str(folder), "--image-method", "blur"]
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *args)
     line = error_line("synth", code, lines)
     assert f"{weights}: not a readable safetensors file" in line, line
 
 
-def test_a_diffusers_pickle_torch_refuses_is_one_line(built, tmp_path):
+def test_a_diffusers_pickle_torch_refuses_is_one_line(built, tmp_path, monkeypatch, capsys):
     folder = copy(built, "sd", tmp_path)
     (folder / "unet" / "diffusion_pytorch_model.safetensors").unlink()
     marker = tmp_path / "PICKLED"
     weights = evil_pickle(folder / "unet" / "diffusion_pytorch_model.bin", marker)
-    code, lines = cli(tmp_path, *_inpaint(folder, tmp_path / "out"))
+    code, lines = cli_here(tmp_path, monkeypatch, capsys, *_inpaint(folder, tmp_path / "out"))
     line = error_line("synth", code, lines)
     assert str(weights) in line and "torch refused to unpickle it" in line, line
     assert not marker.exists()
