@@ -39,7 +39,7 @@ SECRET_URL = "http://secret.example/leak.jpg"
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory):
-    return demo_samples(tmp_path_factory.mktemp("demo"))
+    return demo_samples(tmp_path_factory.mktemp("demo"), shrink=4)
 
 
 @pytest.fixture
