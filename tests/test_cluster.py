@@ -148,14 +148,14 @@ def test_a_lost_node_costs_at_most_its_shards_and_the_rerun_resumes(
     _wait_until_dead(cluster, second)
 
     # the only worker node dies mid-run: one line once the replacement waited --place-timeout
-    # (15 s, not the default 120), the committed shards stay, a rerun on a new node resumes
+    # (10 s, not the default 120), the committed shards stay, a rerun on a new node resumes
     killing = _killing_progress(cluster, first, monkeypatch)
     out = tmp_path / "resumed"
-    assert main(synth_args(files, out, *LOSS, *address, "--place-timeout", "15")) == 2
+    assert main(synth_args(files, out, *LOSS, *address, "--place-timeout", "10")) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(
         "counterfactual synth: error: all 1 shard workers were lost (their nodes or processes "
-        "died) and no replacement was ready within 15 s (--place-timeout); shard "
+        "died) and no replacement was ready within 10 s (--place-timeout); shard "
     ), err
     assert err.endswith("and the rest were not made; rerun the same command to resume"), err
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}

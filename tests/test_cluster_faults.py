@@ -6,9 +6,6 @@ tiny TorchScript file with LaMa's interface (the lama backend's real loading cod
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +23,6 @@ from counterfactual.cli import main  # noqa: E402
 from counterfactual.image import EditRequest, ImageConfig, LamaConfig, make_editor  # noqa: E402
 from counterfactual.readers.generate import generate_coco  # noqa: E402
 from counterfactual.synth.steps import DeviceFailure, model_outputs  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class IllegalAddress(nn.Module):
@@ -119,10 +114,11 @@ def test_a_device_error_is_not_an_item_error(models) -> None:
 # ------------------------------------------------------------------ on a cluster
 
 
-@pytest.fixture
-def gpu_nodes():
+@pytest.fixture(scope="module")
+def gpu_cluster():
     """A head that takes no work and two nodes of 2 CPUs and 1 declared GPU each; a dead node
-    is noticed within about a second."""
+    is noticed within about a second. One cluster for the module: ``gpu_nodes`` replaces a
+    node a test removed."""
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
@@ -138,23 +134,45 @@ def gpu_nodes():
         cluster.shutdown()
 
 
-def _cli(argv: list[str], address: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    env["RAY_ADDRESS"] = address
-    cmd = [sys.executable, "-m", "counterfactual", *argv]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+@pytest.fixture
+def gpu_nodes(gpu_cluster):
+    """The module's cluster with two live GPU nodes (one a test removed is replaced, once the
+    cluster has marked it dead); the test's driver leaves it afterwards."""
+    from test_cluster import _wait_until_dead
+
+    cluster, nodes = gpu_cluster
+    for node in [n for n in nodes if n not in cluster.worker_nodes]:
+        _wait_until_dead(cluster, node)
+        nodes.remove(node)
+    while len(nodes) < 2:
+        nodes.append(cluster.add_node(num_cpus=2, num_gpus=1))
+    cluster.wait_for_nodes()
+    try:
+        yield cluster, list(nodes)
+    finally:
+        ray.shutdown()
+        nodes[:] = [n for n in nodes if n in cluster.worker_nodes]
+        nodes.extend(n for n in cluster.worker_nodes if n not in nodes)
+
+
+def _cli(argv: list[str], address: str, monkeypatch, capsys) -> tuple[int, str]:
+    """``counterfactual synth`` in this process, joining the cluster through ``RAY_ADDRESS``:
+    its exit code and stderr."""
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    code = main(argv)
+    return code, capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_a_broken_gpu_ends_the_run_in_one_line_naming_it(gpu_nodes, coco, models, tmp_path):
+def test_a_broken_gpu_ends_the_run_in_one_line_naming_it(
+    gpu_nodes, coco, models, tmp_path, monkeypatch, capsys
+):
     cluster, _ = gpu_nodes
     out = tmp_path / "out"
-    done = _cli(
-        synth_args(coco, out, *_lama(models["cuda"], "--call-timeout", "60")), cluster.address
-    )
-    assert done.returncode == 2, done.stderr
-    line = done.stderr.strip().splitlines()[-1]
+    argv = synth_args(coco, out, *_lama(models["cuda"], "--call-timeout", "60"))
+    code, err = _cli(argv, cluster.address, monkeypatch, capsys)
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
     assert line.startswith("counterfactual synth: error: all 2 actors of a model stage are lost")
     assert "last device failure: " in line and "illegal memory access" in line
     assert "rerun the same command to resume" in line and len(line) <= 430
@@ -162,12 +180,14 @@ def test_a_broken_gpu_ends_the_run_in_one_line_naming_it(gpu_nodes, coco, models
 
 
 @pytest.mark.slow
-def test_a_stage_whose_items_all_fail_ends_the_run(gpu_nodes, coco, models, tmp_path):
+def test_a_stage_whose_items_all_fail_ends_the_run(
+    gpu_nodes, coco, models, tmp_path, monkeypatch, capsys
+):
     cluster, _ = gpu_nodes
     argv = synth_args(coco, tmp_path / "out", *_lama(models["failing"], "--failure-window", "4"))
-    done = _cli(argv, cluster.address)
-    assert done.returncode == 2, done.stderr
-    line = done.stderr.strip().splitlines()[-1]
+    code, err = _cli(argv, cluster.address, monkeypatch, capsys)
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
     assert line == (
         "counterfactual synth: error: stage Inpaint: 4 of its last 4 items failed with "
         "model-error (more than 50%); the model or its device is failing, see the status rows' "
@@ -176,7 +196,7 @@ def test_a_stage_whose_items_all_fail_ends_the_run(gpu_nodes, coco, models, tmp_
     print(line)
 
 
-def _actor_killing_progress(monkeypatch, lost_node=None, cluster=None):
+def _actor_killing_progress(monkeypatch, cluster, lost_node=None):
     """Progress that, once a shard has committed, kills one Inpaint actor for good (or, with
     ``lost_node``, removes that node and every process on it)."""
     import counterfactual.cli.synth as cli_synth
@@ -196,8 +216,11 @@ def _actor_killing_progress(monkeypatch, lost_node=None, cluster=None):
                     return
                 from ray.util.state import list_actors
 
+                job = ray.get_runtime_context().get_job_id()  # this run's, not an earlier one's
                 inpaint = [
-                    a for a in list_actors() if a.class_name == "Inpaint" and a.state == "ALIVE"
+                    a
+                    for a in list_actors(address=cluster.address)
+                    if a.class_name == "Inpaint" and a.state == "ALIVE" and a.job_id == job
                 ]
                 ray.kill(ray.get_actor(inpaint[0].name), no_restart=True)
 
@@ -210,7 +233,7 @@ def test_a_killed_model_actor_leaves_the_run_to_the_other(
     gpu_nodes, coco, models, tmp_path, monkeypatch, capsys
 ):
     cluster, _ = gpu_nodes
-    killing = _actor_killing_progress(monkeypatch)
+    killing = _actor_killing_progress(monkeypatch, cluster)
     out = tmp_path / "out"
     argv = synth_args(coco, out, *_lama(models["good"], "--ray-address", cluster.address))
     assert main(argv) == 0
@@ -228,7 +251,7 @@ def test_a_node_lost_mid_shard_with_its_model_actor(
     gpu_nodes, coco, models, tmp_path, monkeypatch, capsys
 ):
     cluster, (_, second) = gpu_nodes
-    killing = _actor_killing_progress(monkeypatch, second, cluster)
+    killing = _actor_killing_progress(monkeypatch, cluster, second)
     out = tmp_path / "out"
     extra = ("--ray-address", cluster.address, "--call-timeout", "5")
     argv = synth_args(coco, out, *_lama(models["good"], *extra))

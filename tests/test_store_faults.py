@@ -49,9 +49,10 @@ def coco(tmp_path_factory):
     return generate_coco(tmp_path_factory.mktemp("coco"), 12, seed=4, size=(320, 240))
 
 
-@pytest.fixture
-def store():
-    """A moto server of its own behind a forwarder: ``(server, its process, forwarder)``."""
+@pytest.fixture(scope="module")
+def moto_behind_proxy():
+    """A moto server of the module's own behind a forwarder: ``(server, its process,
+    forwarder)``; each test makes its own buckets."""
     proc, endpoint = start_moto()
     proxy = TcpProxy(int(endpoint.rsplit(":", 1)[1]))
     proxy.start()
@@ -62,6 +63,17 @@ def store():
         with_signal(proc, signal.SIGCONT)
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def store(moto_behind_proxy):
+    """The module's moto server and forwarder, both up (a test that paused the server or stopped
+    the forwarder healed them; a failed one may not have): ``(server, its process, forwarder)``."""
+    _, proc, proxy = moto_behind_proxy
+    with_signal(proc, signal.SIGCONT)
+    if proxy._listener is None:
+        proxy.start()
+    return moto_behind_proxy
 
 
 def with_signal(proc: subprocess.Popen, sig: int) -> None:

@@ -5,9 +5,6 @@ two nodes with four declared GPUs each, and the thread counts inside real Ray ac
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -91,35 +88,43 @@ def test_cpu_actors_sets_the_workers_and_says_so():
 ray = pytest.importorskip("ray")
 
 
-def _dry_run(address: str, *argv: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    env["RAY_ADDRESS"] = address
-    cmd = [sys.executable, "-m", "counterfactual", "synth", "--dry-run", *argv]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
-
-
-@pytest.mark.slow
-def test_dry_run_on_two_nodes_of_four_gpus_shows_workers_and_rule(tmp_path):
-    """The coco config's layout on 2 x 4 declared GPUs (a head with CPUs only for the driver):
-    one Inpaint actor per GPU, and by the declared costs (verify's CLIP ViT-L/14 about 0.74 of
-    LaMa an item) one Verify actor beside each, placed; workers by the rule."""
+@pytest.fixture(scope="module")
+def gpu_cluster():
+    """Two nodes of 12 CPUs and 4 declared GPUs each, and a head with CPUs only for the
+    driver; the thread test's actors (no CPU asked) run there too."""
     from ray.cluster_utils import Cluster as RayCluster
 
-    lama = tmp_path / "big-lama.pt"
-    lama.write_bytes(b"not loaded by a dry run")
+    if ray.is_initialized():
+        ray.shutdown()
     cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 2})
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=12, num_gpus=4)
         cluster.wait_for_nodes()
-        done = _dry_run(cluster.address, "--config", "coco", "--inpaint-model", str(lama))
+        yield cluster
     finally:
+        ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_dry_run_on_two_nodes_of_four_gpus_shows_workers_and_rule(
+    gpu_cluster, tmp_path, monkeypatch, capsys
+):
+    """The coco config's layout on 2 x 4 declared GPUs (a head with CPUs only for the driver):
+    one Inpaint actor per GPU, and by the declared costs (verify's CLIP ViT-L/14 about 0.74 of
+    LaMa an item) one Verify actor beside each, placed; workers by the rule."""
+    from counterfactual.cli import main
+
+    lama = tmp_path / "big-lama.pt"
+    lama.write_bytes(b"not loaded by a dry run")
+    monkeypatch.setenv("RAY_ADDRESS", gpu_cluster.address)
+    code = main(["synth", "--dry-run", "--config", "coco", "--inpaint-model", str(lama)])
+    stdout, stderr = capsys.readouterr()
     # the layout on stdout; the verifier's CLIP is not on this machine: named, exit 1
-    assert done.returncode == 1, done.stderr
-    assert "dry run: model not available: verifier" in done.stderr, done.stderr
-    out = json.loads(done.stdout)
+    assert code == 1, stderr
+    assert "dry run: model not available: verifier" in stderr, stderr
+    out = json.loads(stdout)
     rules = [s.pop("rule") for s in out["stages"]]
     assert [s.pop("seconds_per_item") for s in out["stages"]] == [0.002221, 0.001638]
     assert out == {
@@ -135,18 +140,15 @@ def test_dry_run_on_two_nodes_of_four_gpus_shows_workers_and_rule(tmp_path):
     assert rules[1].endswith("= 0.596 GPU per GPU: one actor per GPU of that share")
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    # address="local": a Ray of its own, never the latest cluster on the machine (a test's
-    # Cluster in another pytest worker writes /tmp/ray/ray_current_cluster)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+@pytest.fixture
+def cluster_ray(gpu_cluster):
+    """The module's cluster, joined by this process (a dry run may have joined it already)."""
+    if not ray.is_initialized():
+        ray.init(address=gpu_cluster.address, log_to_driver=False)
     yield
-    ray.shutdown()
 
 
-def test_every_actor_runs_one_opencv_and_one_torch_thread(local_ray, tmp_path):
+def test_every_actor_runs_one_opencv_and_one_torch_thread(cluster_ray, tmp_path):
     """A model actor and the shard workers, without and with a pool to call: one thread each,
     whatever the node's cores (OpenCV's default is every core)."""
     from counterfactual.pipelines.actors import ShardWorker, actor_class
