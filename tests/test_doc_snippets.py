@@ -270,28 +270,46 @@ def run_script(snippet: Snippet, folder: Path) -> None:
 
 
 @dataclass
+class Demo:
+    """What the quick start's demo writes (``out/demo``), run once in ``folder`` when a snippet
+    first needs it and copied into each document's working folder: the same files as a run of
+    its own there (nothing in them names the folder they were made in)."""
+
+    folder: Path
+
+    def copy_to(self, folder: Path) -> None:
+        made = self.folder / "out" / "demo"
+        if not (made / "manifest.json").exists():
+            config = (
+                REPO / "counterfactual" / "pipelines" / "configs" / "demo.yaml"
+            )  # or the bundled config's name
+            name = str(config) if config.is_file() else "demo"
+            command = [sys.executable, "-m", "counterfactual", "synth", "--config", name]
+            result = run([*command, "--runner", "local", "--out", "out/demo"], self.folder)
+            assert result.returncode == 0, explain("the demo", result, None)
+        shutil.copytree(made, folder / "out" / "demo", dirs_exist_ok=True)
+
+
+@dataclass
 class Workspace:
     """A document's working folder and the lines of the snippets tried in it."""
 
     folder: Path
+    demo: Demo
     tried: set[int] = field(default_factory=set)
 
 
 @pytest.fixture(scope="module")
 def workspaces(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Workspace]:
     """One working folder per document, shared by its snippets in order."""
-    return {doc: Workspace(tmp_path_factory.mktemp(doc.stem)) for doc in DOCS}
+    demo = Demo(tmp_path_factory.mktemp("demo"))
+    return {doc: Workspace(tmp_path_factory.mktemp(doc.stem), demo) for doc in DOCS}
 
 
-def prepare(snippet: Snippet, folder: Path) -> None:
+def prepare(snippet: Snippet, space: Workspace) -> None:
+    folder = space.folder
     if "demo" in snippet.options and not (folder / "out" / "demo" / "manifest.json").exists():
-        config = (
-            REPO / "counterfactual" / "pipelines" / "configs" / "demo.yaml"
-        )  # or the bundled config's name
-        name = str(config) if config.is_file() else "demo"
-        command = [sys.executable, "-m", "counterfactual", "synth", "--config", name]
-        result = run([*command, "--runner", "local", "--out", "out/demo"], folder)
-        assert result.returncode == 0, explain("the demo", result, None)
+        space.demo.copy_to(folder)
     if "toloka" in snippet.options:
         if not all((TOLOKA / name).is_file() for name in TOLOKA_FILES):
             pytest.skip(f"the Toloka VQA test files are not in {TOLOKA} (COUNTERFACTUAL_TOLOKA)")
@@ -302,7 +320,7 @@ def prepare(snippet: Snippet, folder: Path) -> None:
 
 def execute(snippet: Snippet, space: Workspace) -> None:
     space.tried.add(snippet.line)
-    prepare(snippet, space.folder)
+    prepare(snippet, space)
     if snippet.lang == "console" and any(
         line.startswith("$ ") for line in snippet.body.splitlines()
     ):

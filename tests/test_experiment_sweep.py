@@ -144,7 +144,7 @@ def test_sentence_captions_name_every_class_once_with_a_verb(tmp_path: Path) -> 
 def test_a_tiny_sweep_and_grid_as_a_user_runs_them(tmp_path: Path) -> None:
     out = tmp_path / "exp"
     done = _cli(
-        "experiment", "--out", str(out), "--seeds", "1", "--images", "300", "--test", "100",
+        "experiment", "--out", str(out), "--seeds", "1", "--images", "150", "--test", "50",
         "--steps", "4", "--batch-size", "32", "--caption-style", "sentences",
         "--ratios", "0,0.05,0.2", "--image-methods", "inpaint,blur", "--text-methods",
         "np-removal,prompt",

@@ -162,29 +162,12 @@ def test_load_reads_the_variant_the_files_have(request, which, variant):
     assert locate(ref).to_dict()["variant"] == (variant or "plain")  # the manifest agrees
 
 
-@pytest.mark.slow
-def test_load_passes_the_commit_the_cache_pins(tiny_sd, tmp_path):
-    """A hub id in the cache loads at the commit ``models pull`` wrote to ``refs/main``
-    (``revision=`` that commit, offline; in a process of its own, since huggingface_hub reads
-    ``HF_HUB_CACHE`` at import)."""
-    cache = tmp_path / "hub"
-    fake_cache(cache, "org/tiny-sd", tiny_sd)
-    code = (
-        "from counterfactual.image.diffusion import _variants, load_pipeline\n"
-        "print(_variants('org/tiny-sd', 'float32'))\n"
-        "pipeline, variant = load_pipeline('org/tiny-sd', 'float32')\n"
-        "print(type(pipeline).__name__, repr(variant))\n"
-    )
-    env = os.environ | {"PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
-        f"[('', '{SHA}')]",
-        "StableDiffusionInpaintPipeline ''",
-    ]
-
+PINNED_PIPELINE = """
+from counterfactual.image.diffusion import _variants, load_pipeline
+print(_variants('org/tiny-sd', 'float32'))
+pipeline, variant = load_pipeline('org/tiny-sd', 'float32')
+print(type(pipeline).__name__, repr(variant))
+"""
 
 PINNED_LOADERS = """
 import json
@@ -209,28 +192,54 @@ out["absent"] = hf.pinned_revision("org/not-pulled")
 print(json.dumps(out))
 """
 
+BETWEEN = "--- the transformers loaders ---"
 
-@pytest.mark.slow
-def test_every_transformers_loader_passes_the_commit_the_cache_pins(tmp_path):
-    """The verifier (hf-clip), the detector (OWLv2) and the captioner (BLIP) load a hub id of
-    the cache at the commit ``models pull`` wrote to ``refs/main``, as the inpainter does: every
-    ``from_pretrained`` gets ``revision=`` that commit (real loading, offline, in a process of
-    its own); a folder or a model not in the cache gets none."""
+
+@pytest.fixture(scope="module")
+def pinned_loads(tiny_sd, tmp_path_factory) -> tuple[list[str], list[str]]:
+    """A cache that ``models pull`` wrote (``refs/main``: the commit) holding the tiny
+    inpainting pipeline, a CLIP, an OWLv2 and a BLIP, loaded for real, offline, in one process
+    of its own (huggingface_hub reads ``HF_HUB_CACHE`` at import): the stdout lines of
+    :data:`PINNED_PIPELINE` and of :data:`PINNED_LOADERS`, run in turn."""
     from tiny_captioner import build_tiny_blip
     from tiny_clip import build_tiny_clip
 
     from counterfactual.testing import build_tiny_owlv2
 
-    cache = tmp_path / "hub"
-    fake_cache(cache, "org/tiny-clip", build_tiny_clip(tmp_path / "clip"))
-    fake_cache(cache, "org/tiny-owl", build_tiny_owlv2(tmp_path / "owl"))
-    fake_cache(cache, "org/tiny-blip", build_tiny_blip(tmp_path / "blip"))
+    root = tmp_path_factory.mktemp("pinned")
+    cache = root / "hub"
+    fake_cache(cache, "org/tiny-sd", tiny_sd)
+    fake_cache(cache, "org/tiny-clip", build_tiny_clip(root / "clip"))
+    fake_cache(cache, "org/tiny-owl", build_tiny_owlv2(root / "owl"))
+    fake_cache(cache, "org/tiny-blip", build_tiny_blip(root / "blip"))
+    code = f"{PINNED_PIPELINE}\nprint({BETWEEN!r})\n{PINNED_LOADERS}"
     env = os.environ | {"PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", PINNED_LOADERS], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == {
+    pipeline, loaders = done.stdout.split(f"{BETWEEN}\n")
+    return pipeline.splitlines(), loaders.splitlines()
+
+
+@pytest.mark.slow
+def test_load_passes_the_commit_the_cache_pins(pinned_loads):
+    """A hub id in the cache loads at the commit ``models pull`` wrote to ``refs/main``
+    (``revision=`` that commit, offline; in a process of its own, since huggingface_hub reads
+    ``HF_HUB_CACHE`` at import)."""
+    assert pinned_loads[0] == [
+        f"[('', '{SHA}')]",
+        "StableDiffusionInpaintPipeline ''",
+    ]
+
+
+@pytest.mark.slow
+def test_every_transformers_loader_passes_the_commit_the_cache_pins(pinned_loads):
+    """The verifier (hf-clip), the detector (OWLv2) and the captioner (BLIP) load a hub id of
+    the cache at the commit ``models pull`` wrote to ``refs/main``, as the inpainter does: every
+    ``from_pretrained`` gets ``revision=`` that commit (real loading, offline, in a process of
+    its own); a folder or a model not in the cache gets none."""
+    assert json.loads(pinned_loads[1][-1]) == {
         "verifier": [SHA],
         "detector": [SHA],
         "captioner": [SHA],

@@ -252,10 +252,22 @@ def kernels() -> dict[str, dict[str, str]]:
     return out
 
 
-def _run(args: list[str], env_extra: dict[str, str], cwd: Path) -> None:
+_DRIVER = """
+import json, sys
+from counterfactual.cli import main
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    if code:
+        sys.exit(code)
+"""
+
+
+def _run(runs: list[list[str]], env_extra: dict[str, str], cwd: Path) -> None:
+    """The CLI commands ``runs``, in turn, in one child process started under ``env_extra``:
+    the kernel settings are read at interpreter start, so one child per kernel."""
     env = {**os.environ, **env_extra, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "counterfactual", *args],
+        [sys.executable, "-c", _DRIVER, json.dumps(runs)],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -292,12 +304,15 @@ def coco_file(tmp_path_factory) -> Path:
 def test_select_writes_the_same_bytes_under_every_kernel(coco_file, tmp_path):
     digests = {}
     for name, env in kernels().items():
+        runs = []
         for policy in ("all", "spurious"):
             out = tmp_path / name / f"{policy}.jsonl"
             out.parent.mkdir(exist_ok=True)
             args = ["select", "--annotations", str(coco_file), "--policy", policy, "--rejected"]
-            _run([*args, "--out", str(out), "--workers", "1"], env, tmp_path)
-            digests[(name, policy)] = _digest([out])
+            runs.append([*args, "--out", str(out), "--workers", "1"])
+        _run(runs, env, tmp_path)
+        for policy in ("all", "spurious"):
+            digests[(name, policy)] = _digest([tmp_path / name / f"{policy}.jsonl"])
     for policy in ("all", "spurious"):
         seen = {name: d for (name, p), d in digests.items() if p == policy}
         assert len(set(seen.values())) == 1, seen
@@ -307,10 +322,14 @@ def test_select_writes_the_same_bytes_under_every_kernel(coco_file, tmp_path):
 def test_synth_writes_the_same_shards_under_every_kernel(tmp_path):
     digests = {}
     for name, env in kernels().items():
+        args = ["synth", "--dataset", "demo", "--runner", "local", "--policy", "all"]
+        runs = [
+            [*args, "--image-method", method, "--out", str(tmp_path / f"{name}-{method}")]
+            for method in ("inpaint", "mean", "blur")
+        ]
+        _run(runs, env, tmp_path)
         for method in ("inpaint", "mean", "blur"):
             out = tmp_path / f"{name}-{method}"
-            args = ["synth", "--dataset", "demo", "--runner", "local", "--policy", "all"]
-            _run([*args, "--image-method", method, "--out", str(out)], env, tmp_path)
             files = sorted(out.glob("shard-*.tar")) + [out / "status.jsonl"]
             assert len(files) > 1
             digests[(name, method)] = _digest(files)
