@@ -54,9 +54,9 @@ def short_tmp():
     shutil.rmtree(where, ignore_errors=True)
 
 
-def _cli(*args: str, tmp: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m counterfactual ARGS`` in a child process whose ``TMPDIR`` is ``tmp``."""
-    env = {
+def _child_env(tmp: Path, cache: Path) -> dict[str, str]:
+    """The environment of a child run: this checkout first on the path, ``TMPDIR`` ``tmp``."""
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "TMPDIR": str(tmp),
@@ -64,6 +64,11 @@ def _cli(*args: str, tmp: Path, cache: Path, timeout: float = 300) -> subprocess
         "HF_HUB_OFFLINE": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
     }
+
+
+def _cli(*args: str, tmp: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m counterfactual ARGS`` in a child process whose ``TMPDIR`` is ``tmp``."""
+    env = _child_env(tmp, cache)
     return subprocess.run(
         [sys.executable, "-m", "counterfactual", *args],
         capture_output=True,
@@ -92,14 +97,7 @@ def _one_process(tmp: Path, cache: Path, timeout: float = 600):
     """A child process as :func:`_cli` starts it, which runs one command after the other:
     yields ``run(*ARGS) -> (exit code, its stderr)``, which returns while the process lives on
     (paying Python's and the package's start-up once); the process exits 0 at the end."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "TMPDIR": str(tmp),
-        "COUNTERFACTUAL_CACHE": str(cache),
-        "HF_HUB_OFFLINE": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
+    env = _child_env(tmp, cache)
     log = tmp.parent / f"{tmp.name}.stderr"  # outside TMPDIR
     with open(log, "w") as err:
         child = subprocess.Popen(
