@@ -8,13 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
+from one_child import main_in_one_child
 
 import counterfactual.method.selection as selection
 from counterfactual.boxtable import SNAP_BITS, BoxTable, snap_bits, snap_bits_of
@@ -252,29 +251,12 @@ def kernels() -> dict[str, dict[str, str]]:
     return out
 
 
-_DRIVER = """
-import json, sys
-from counterfactual.cli import main
-for argv in json.loads(sys.argv[1]):
-    code = main(argv)
-    if code:
-        sys.exit(code)
-"""
-
-
 def _run(runs: list[list[str]], env_extra: dict[str, str], cwd: Path) -> None:
     """The CLI commands ``runs``, in turn, in one child process started under ``env_extra``:
     the kernel settings are read at interpreter start, so one child per kernel."""
     env = {**os.environ, **env_extra, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, json.dumps(runs)],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    codes, stderr = main_in_one_child(runs, env, cwd)
+    assert codes == [0] * len(runs), stderr[-3000:]
 
 
 def _digest(paths: list[Path]) -> str:

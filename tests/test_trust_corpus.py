@@ -10,12 +10,11 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import webdataset as wds
+from one_child import main_in_one_child
 
 from counterfactual.imageio import SampleError, load_rgb
 from counterfactual.readers.coco import read_coco
@@ -269,25 +268,12 @@ def _args(owl: Path, kind: str, root: Path, out: Path) -> list[str]:
     ]  # fmt: skip
 
 
-DRIVER = """\
-import json, sys
-from counterfactual.cli import main
-codes = [main(args) for args in json.loads(sys.argv[1])]
-print(json.dumps(codes))
-"""
-
-
 def _synth_each(owl: Path, runs: list[tuple[str, Path, Path]]) -> tuple[list[int], str]:
     """Several runs ``(kind, root, out)``, one after the other in one process (one interpreter
     start): each run's exit code, and the process's stderr."""
     argvs = [_args(owl, kind, root, out) for kind, root, out in runs]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(argvs)],
-        capture_output=True, text=True, env=env, cwd=runs[0][2].parent, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+    return main_in_one_child(argvs, env, runs[0][2].parent, timeout=300)
 
 
 def _outcome(out: Path) -> tuple[dict[str, dict], list[dict]]:
