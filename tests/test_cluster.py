@@ -16,6 +16,8 @@ from counterfactual.readers.generate import generate_coco
 
 ray = pytest.importorskip("ray")
 
+from ray_nodes import kill_node, wait_until_dead  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 EXTRA = ("--image-method", "blur", "--images-per-shard", "2", "--contact-sheet", "0")
@@ -79,36 +81,6 @@ def worker_nodes():
 LOSS = ("--image-method", "blur", "--images-per-shard", "3", "--batch-size", "1")
 
 
-def _kill_node(cluster, node) -> None:
-    """SIGKILL the node's worker processes (children of its raylet), then the node, as a lost
-    machine goes; on this machine a worker process could outlive its raylet long enough to
-    finish its shard."""
-    import psutil
-
-    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
-    for child in raylet.children(recursive=True):
-        child.kill()
-    cluster.remove_node(node, allow_graceful=False)
-
-
-def _wait_until_dead(cluster, node, timeout: float = 60.0) -> None:
-    """Wait until the cluster has marked ``node`` dead (a run started before that would plan a
-    worker on it, which then dies while starting: a failed start, not a loss mid-run)."""
-    import time
-
-    joined = not ray.is_initialized()
-    if joined:
-        ray.init(address=cluster.address, log_to_driver=False)
-    try:
-        deadline = time.monotonic() + timeout
-        while any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
-            assert time.monotonic() < deadline, "the killed node is still alive"
-            time.sleep(0.2)
-    finally:
-        if joined:
-            ray.shutdown()
-
-
 def _killing_progress(cluster, node, monkeypatch):
     """Progress that removes ``node`` (all its processes, SIGKILL) from inside the driver's
     loop the first time a shard is reported half made after another has committed."""
@@ -122,7 +94,7 @@ def _killing_progress(cluster, node, monkeypatch):
             super().shard_items(shard, items)
             if Killing.killed_at is None and self.counts.shards >= 1:
                 Killing.killed_at = self.counts.shards
-                _kill_node(cluster, node)
+                kill_node(cluster, node)
 
     monkeypatch.setattr(cli_synth, "Progress", Killing)
     return Killing
@@ -145,7 +117,7 @@ def test_a_lost_node_costs_at_most_its_shards_and_the_rerun_resumes(
     assert killing.killed_at is not None and killing.killed_at < total, "no kill mid-run"
     assert run_outputs(survived) == run_outputs(local)
     assert "a shard worker was lost" in capsys.readouterr().err
-    _wait_until_dead(cluster, second)
+    wait_until_dead(cluster, second)
 
     # the only worker node dies mid-run: one line once the replacement waited --place-timeout
     # (10 s, not the default 120), the committed shards stay, a rerun on a new node resumes

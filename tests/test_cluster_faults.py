@@ -16,6 +16,7 @@ from bad_coco import synth_args
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
+from ray_nodes import kill_node, wait_until_dead  # noqa: E402
 from tiny_lama import build_tiny_lama  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -138,11 +139,9 @@ def gpu_cluster():
 def gpu_nodes(gpu_cluster):
     """The module's cluster with two live GPU nodes (one a test removed is replaced, once the
     cluster has marked it dead); the test's driver leaves it afterwards."""
-    from test_cluster import _wait_until_dead
-
     cluster, nodes = gpu_cluster
     for node in [n for n in nodes if n not in cluster.worker_nodes]:
-        _wait_until_dead(cluster, node)
+        wait_until_dead(cluster, node)
         nodes.remove(node)
     while len(nodes) < 2:
         nodes.append(cluster.add_node(num_cpus=2, num_gpus=1))
@@ -210,9 +209,7 @@ def _actor_killing_progress(monkeypatch, cluster, lost_node=None):
             if not Killing.killed and self.counts.shards >= 1:
                 Killing.killed = True
                 if lost_node is not None:
-                    from test_cluster import _kill_node
-
-                    _kill_node(cluster, lost_node)
+                    kill_node(cluster, lost_node)
                     return
                 from ray.util.state import list_actors
 
