@@ -180,20 +180,6 @@ def owl(tmp_path_factory):
     return build_tiny_owlv2(tmp_path_factory.mktemp("owl") / "owlv2", grid_boxes=True)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """One local Ray that the runs on Ray here join (Ray starts in seconds, not milliseconds)."""
-    ray = pytest.importorskip("ray")
-    from counterfactual.pipelines.options import RayOptions
-    from counterfactual.pipelines.session import init_ray
-
-    if ray.is_initialized():  # a Ray of another test module
-        ray.shutdown()
-    info = init_ray(tmp_path_factory.mktemp("ray"), RayOptions(num_cpus=2, dashboard=False))
-    yield info
-    ray.shutdown()
-
-
 def _check_run(out, keys):
     """Every input sample once among written/skipped/failed rows of its first occurrence, each
     later one a ``duplicate-key`` row, and no key twice in the shards."""
@@ -215,7 +201,7 @@ def _check_run(out, keys):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["wds", "parquet"])
 def test_runs_on_both_runners_write_each_key_once_and_resume(
-    owl, samples, cluster, tmp_path, capsys, kind
+    owl, samples, module_ray, tmp_path, capsys, kind
 ):
     if kind == "wds":
         pattern = _redownloaded_wds(samples, tmp_path / "in")

@@ -74,17 +74,9 @@ def local_run(coco, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ray_s3(s3, tmp_path_factory):
-    """A local Ray started after ``s3`` set ``AWS_*``, so its workers inherit them."""
-    ray = pytest.importorskip("ray")
-    from counterfactual.pipelines.options import RayOptions
-    from counterfactual.pipelines.session import init_ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    info = init_ray(tmp_path_factory.mktemp("ray"), RayOptions(num_cpus=2, dashboard=False))
-    yield info
-    ray.shutdown()
+def ray_s3(s3, module_ray):
+    """The module's local Ray, started after ``s3`` set ``AWS_*``, so its workers inherit them."""
+    return module_ray
 
 
 def test_local_runner_reads_and_writes_s3_with_the_bytes_of_a_local_run(

@@ -24,17 +24,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """One local Ray for every test here (Ray starts in seconds, not milliseconds)."""
-    from counterfactual.pipelines.options import RayOptions
-    from counterfactual.pipelines.session import init_ray
-
-    info = init_ray(tmp_path_factory.mktemp("ray"), RayOptions(num_cpus=2, dashboard=False))
-    yield info
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def coco(tmp_path_factory):
     return make_bad_coco(tmp_path_factory.mktemp("coco"), n=14)
 
@@ -59,7 +48,7 @@ def local_run(coco, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ray_run(coco, cluster, tmp_path_factory):
+def ray_run(coco, module_ray, tmp_path_factory):
     out = tmp_path_factory.mktemp("ray")
     extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
     assert main(args(coco, out, *extra, "--runner", "ray", "--contact-sheet", "2")) == 0
@@ -168,10 +157,10 @@ def _committed(out):
     }
 
 
-def test_resume_after_sigkill_of_the_driver(cluster, big, big_clean, tmp_path):
+def test_resume_after_sigkill_of_the_driver(module_ray, big, big_clean, tmp_path):
     out = tmp_path / "out"
     total = len(list(big_clean.glob("shard-*.tar")))
-    assert _run_and_kill(cluster, big, out, "driver", 2) == -signal.SIGKILL
+    assert _run_and_kill(module_ray, big, out, "driver", 2) == -signal.SIGKILL
     done = _committed(out)
     assert 2 <= len(done) < total, "the kill did not land mid-run"
     # (the kill landed while a worker was inside a shard; its actors die with the driver, and
@@ -184,10 +173,10 @@ def test_resume_after_sigkill_of_the_driver(cluster, big, big_clean, tmp_path):
     assert manifest["shards_resumed"] == len(done) and not list(out.glob("*.tmp"))
 
 
-def test_a_killed_worker_loses_nothing(cluster, big, big_clean, tmp_path):
+def test_a_killed_worker_loses_nothing(module_ray, big, big_clean, tmp_path):
     out = tmp_path / "out"
     # The lost worker's shard goes to the other worker, so the run finishes by itself.
-    assert _run_and_kill(cluster, big, out, "worker", 8) == 0
+    assert _run_and_kill(module_ray, big, out, "worker", 8) == 0
     assert "killed worker" in (tmp_path / "out.log").read_text()
     assert run_outputs(out) == run_outputs(big_clean)
 
@@ -197,7 +186,7 @@ def _samples(out):
     return list(wds.WebDataset(urls, shardshuffle=False).decode("rgb8"))
 
 
-def test_model_stage_runs_as_an_actor_pool(coco, cluster, tmp_path):
+def test_model_stage_runs_as_an_actor_pool(coco, module_ray, tmp_path):
     """The diffusion stage on CPU with a tiny pipeline saved to disk: its own actor pool between
     a CPU stage that decodes and one that encodes, and the same bytes as in-process."""
     from counterfactual.testing import build_tiny_inpaint_pipeline
