@@ -151,6 +151,10 @@ class TcpProxy:
         self._guard = threading.Lock()
 
     def start(self) -> None:
+        """Listen on :attr:`port` (again, after :meth:`stop`); a forwarder listening already
+        goes on as it is."""
+        if self._listener is not None:
+            return
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))

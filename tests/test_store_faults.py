@@ -71,8 +71,7 @@ def store(moto_behind_proxy):
     the forwarder healed them; a failed one may not have): ``(server, its process, forwarder)``."""
     _, proc, proxy = moto_behind_proxy
     with_signal(proc, signal.SIGCONT)
-    if proxy._listener is None:
-        proxy.start()
+    proxy.start()
     return moto_behind_proxy
 
 
