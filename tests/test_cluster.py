@@ -29,7 +29,9 @@ def two_nodes():
 
     if ray.is_initialized():  # a Ray of another test module: this one joins the cluster
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
@@ -68,7 +70,10 @@ def worker_nodes():
     if ray.is_initialized():
         ray.shutdown()
     quick = {"health_check_period_ms": 200, "health_check_failure_threshold": 3}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": quick})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "_system_config": quick, "include_dashboard": False},
+    )
     try:
         nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
         cluster.wait_for_nodes()

@@ -320,7 +320,9 @@ def test_every_node_is_asked_whether_it_sees_the_models(tmp_path):
     present.write_bytes(b"x")
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
     try:
         cluster.add_node(num_cpus=1, num_gpus=2)
         cluster.wait_for_nodes()

@@ -49,7 +49,10 @@ def one_gpu():
 
     if ray.is_initialized():  # a Ray of another test module
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 1})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 4, "num_gpus": 1, "include_dashboard": False},
+    )
     try:
         ray.init(address=cluster.address, log_to_driver=False)
         yield cluster

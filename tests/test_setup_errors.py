@@ -48,6 +48,7 @@ def test_gpu_stage_on_a_ray_without_gpus(coco, tmp_path):
         tmp_path / "out",
         "--runner",
         "ray",
+        "--no-dashboard",
         "--image-method",
         "inpaint",
         "--inpaint-backend",
@@ -76,7 +77,7 @@ def test_a_model_that_does_not_load(coco, tmp_path, runner, model):
     if model == "broken":
         path.mkdir()
         (path / "model_index.json").write_text("{not json")
-    ray = ("--runner", "ray", "--model-actors", "1") if runner == "ray" else ()
+    ray = ("--runner", "ray", "--model-actors", "1", "--no-dashboard") if runner == "ray" else ()
     code, err = synth(
         coco,
         tmp_path / "out",

@@ -328,7 +328,7 @@ def test_a_killed_runs_ray_folder_is_removed_by_the_next_run(tmp_path):
         env = {**os.environ, "TMPDIR": str(base)}
         proc = subprocess.run(
             [sys.executable, "-m", "counterfactual", "synth", "--runner", "ray", "--dry-run",
-             "--num-cpus", "1", "--image-method", "blur"],
+             "--num-cpus", "1", "--no-dashboard", "--image-method", "blur"],
             capture_output=True, text=True, env=env, timeout=300,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr

@@ -218,7 +218,7 @@ def test_synth_on_ray_verifies_like_the_local_runner(clip, tmp_path):
         *("--images-per-shard", "4"),
     )
     assert main(synth_args(files, tmp_path / "local", *common, "--runner", "local")) == 0
-    extra = ("--runner", "ray", "--model-actors", "1", "--num-cpus", "2")
+    extra = ("--runner", "ray", "--model-actors", "1", "--num-cpus", "2", "--no-dashboard")
     args = synth_args(files, tmp_path / "ray", *common, *extra)
     done = subprocess.run(
         [sys.executable, "-m", "counterfactual", *args],

@@ -96,7 +96,9 @@ def gpu_cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster = RayCluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
+    )
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=12, num_gpus=4)
