@@ -125,10 +125,8 @@ def gpu_cluster():
     if ray.is_initialized():
         ray.shutdown()
     quick = {"health_check_period_ms": 200, "health_check_failure_threshold": 3}
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "_system_config": quick, "include_dashboard": False},
-    )
+    # the dashboard stays: the actor-killing helper finds the actors through its state API
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": quick})
     try:
         nodes = [cluster.add_node(num_cpus=2, num_gpus=1) for _ in range(2)]
         cluster.wait_for_nodes()
