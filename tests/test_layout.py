@@ -129,6 +129,17 @@ def test_the_heavy_share_and_the_actors_can_be_set():
         plan_layout(inpaint_verify, one_node(8), gpus_per_actor=1.5)
 
 
+def test_a_run_starts_no_more_workers_than_shards_left():
+    layout = plan_layout(stages("inpaint", "verify"), one_node(8))
+    assert layout.workers > 3
+    three = layout.for_shards(3)
+    assert three.workers == 3 and three.model_actors == layout.model_actors
+    assert three.rule == f"{layout.rule}; at most the 3 shards left to make"
+    assert layout.for_shards(1).rule.endswith("; at most the 1 shard left to make")
+    for unchanged in (None, 0, layout.workers, layout.workers + 5):
+        assert layout.for_shards(unchanged) is layout  # unknown, nothing left, or enough
+
+
 @pytest.mark.parametrize(
     ("parts", "cluster", "options", "line"),
     [

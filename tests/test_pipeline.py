@@ -4,6 +4,7 @@ SIGKILL of the driver or of a worker, the model stage as an actor pool, YAML con
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,6 +121,21 @@ def test_rerun_keeps_finished_shards_and_refuses_another_config(ray_run, coco, c
     assert "from an earlier run" in capsys.readouterr().out
     code = main(args(coco, ray_run, "--image-method", "zero", "--images-per-shard", "3"))
     assert code == 2 and "different config" in capsys.readouterr().err
+
+
+def test_a_resumed_run_starts_no_more_workers_than_shards_left(ray_run, coco, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(ray_run, out)
+    lost = sorted(out.glob("shard-000001*"))
+    assert lost
+    for path in lost:
+        path.unlink()
+    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
+    assert main(args(coco, out, *extra, "--runner", "ray", "--contact-sheet", "2")) == 0
+    assert sorted(out.glob("shard-000001*")) == lost
+    layout = json.loads((out / "manifest.json").read_text())["ray"]["layout"]
+    assert layout["workers"] == 1, layout  # the Ray has 2 CPUs: 2 workers for a fresh run
+    assert layout["rule"].endswith("; at most the 1 shard left to make"), layout["rule"]
 
 
 KILLING_RUN = Path(__file__).with_name("killing_run.py")

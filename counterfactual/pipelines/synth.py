@@ -104,7 +104,7 @@ class RayRunner:
         self.board = ""
         self.begin = 0.0
 
-    def start(self) -> None:
+    def start(self, shards: int | None = None) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -117,7 +117,7 @@ class RayRunner:
         if self.owned and options.keep_ray_logs:
             info["logs"] = str(self.owned[0] / "session_latest" / "logs")
         signals.rearm()  # ray.init replaced the SIGTERM handler with its own
-        layout = layout_actors(self.stages, options, cluster_shape())
+        layout = layout_actors(self.stages, options, cluster_shape()).for_shards(shards)
         gpu_only = any(g > 0 for g in layout.gpus)
         paths = local_model_paths(self.config, self.runtime)
         check_model_paths(paths, gpu_only, options.place_timeout)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from counterfactual.synth.staging import SetupError, Stage
@@ -133,6 +133,15 @@ class Layout:
     """Per stage: how its actors and share were decided, in words (``""``: a CPU stage)."""
     costs: tuple[float, ...] = ()
     """Per stage: the seconds per item the rule used (0: none declared, or a CPU stage)."""
+
+    def for_shards(self, shards: int | None) -> Layout:
+        """This layout with no more shard workers than the ``shards`` a run has left to make
+        (``None``: not known, unchanged): a worker makes one shard at a time, so more would only
+        start and load their steps to wait. The rule says so."""
+        if shards is None or not 0 < shards < self.workers:
+            return self
+        cap = f"at most the {shards} shard{'s' if shards > 1 else ''} left to make"
+        return replace(self, workers=shards, rule=f"{self.rule}; {cap}" if self.rule else cap)
 
     def plans(self) -> list[StagePlan]:
         n = len(self.stages)

@@ -385,9 +385,11 @@ class Runner(Protocol):
     name: str
     """The runner named in ``manifest.json`` (``local``, ``ray``)."""
 
-    def start(self) -> None:
+    def start(self, shards: int | None = None) -> None:
         """Start the workers (load the models); when it returns, the first shard starts
-        (``run.json`` is written then: a run that fails to start leaves none)."""
+        (``run.json`` is written then: a run that fails to start leaves none). ``shards``: how
+        many shards are left to make, ``None`` when the input's length is not known; a runner
+        starts no more workers than that."""
 
     def run(self, tasks: Iterator[ShardTask]) -> Iterator[ShardDone]:
         """Make each task's shard, taking the tasks lazily; yield each shard's counts when it
@@ -433,6 +435,11 @@ def check_entry(
 
         check_cuda(str(runtime.device))
     check_out_dir(out_dir)
+
+
+def shards_left(shards: int | None, plan: RunPlan) -> int | None:
+    """How many of the run's ``shards`` are not committed yet (``None``: not known)."""
+    return None if shards is None else shards - sum(1 for i in plan.committed if i < shards)
 
 
 def run_shards(run: RunConfig, runner: Runner) -> RunResult:
@@ -496,7 +503,7 @@ def run_shards(run: RunConfig, runner: Runner) -> RunResult:
             first = next(todo, None)
             if first is not None:
                 started.append(iter(()))
-                runner.start()
+                runner.start(shards_left(inputs.shard_count(config.images_per_shard), plan))
                 plan.begin()  # run.json now: a run that failed to start leaves none
                 started[0] = runner.run(itertools.chain([first], todo))
                 for done in started[0]:

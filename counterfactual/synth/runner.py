@@ -47,7 +47,7 @@ class LocalRunner:
         self.on_batch, self.progress = on_batch, progress
         self.maker: ShardMaker | None = None
 
-    def start(self) -> None:
+    def start(self, shards: int | None = None) -> None:  # one maker, whatever is left
         config, runtime = self.config, self.runtime
         steps = start_steps(config, None, self.editor, self.rewriter, self.detector, runtime)
         staged = Staged.local(config, steps, runtime)
