@@ -44,7 +44,7 @@ DEMO_OFFLINE = $(if $(filter demo,$(DATASET)),$(OFFLINE))
 # make test: pytest-xdist workers (auto: one per core); each test file runs whole on one worker,
 # so its module fixtures (a Ray, tiny models, a generated COCO) are built once (tests/conftest.py)
 WORKERS ?= auto
-PARALLEL = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
+PARALLEL = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 # make experiment: where and how many seeds
 EXP_OUT ?= out/experiment
 SEEDS ?= 3
