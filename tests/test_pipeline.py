@@ -40,19 +40,21 @@ def args(files, out, *extra):
     return synth_args(files, out, "--max-pixels", "1000000", *extra)
 
 
+BLUR = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
+"""The runs the shared ``local_run``/``ray_run`` make (a rerun with them resumes)."""
+
+
 @pytest.fixture(scope="module")
 def local_run(coco, tmp_path_factory):
     out = tmp_path_factory.mktemp("local")
-    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
-    assert main(args(coco, out, *extra, "--contact-sheet", "0")) == 0
+    assert main(args(coco, out, *BLUR, "--contact-sheet", "0")) == 0
     return out
 
 
 @pytest.fixture(scope="module")
 def ray_run(coco, module_ray, tmp_path_factory):
     out = tmp_path_factory.mktemp("ray")
-    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
-    assert main(args(coco, out, *extra, "--runner", "ray", "--contact-sheet", "2")) == 0
+    assert main(args(coco, out, *BLUR, "--runner", "ray", "--contact-sheet", "2")) == 0
     return out
 
 
@@ -115,8 +117,7 @@ def test_shards_load_the_way_clip_training_reads_them(ray_run):
 
 def test_rerun_keeps_finished_shards_and_refuses_another_config(ray_run, coco, capsys):
     before = {p.name: p.stat().st_mtime_ns for p in ray_run.glob("shard-*")}
-    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
-    assert main(args(coco, ray_run, *extra, "--runner", "ray", "--contact-sheet", "0")) == 0
+    assert main(args(coco, ray_run, *BLUR, "--runner", "ray", "--contact-sheet", "0")) == 0
     assert {p.name: p.stat().st_mtime_ns for p in ray_run.glob("shard-*")} == before
     assert "from an earlier run" in capsys.readouterr().out
     code = main(args(coco, ray_run, "--image-method", "zero", "--images-per-shard", "3"))
@@ -130,8 +131,7 @@ def test_a_resumed_run_starts_no_more_workers_than_shards_left(ray_run, coco, tm
     assert lost
     for path in lost:
         path.unlink()
-    extra = ("--image-method", "blur", "--policy", "all", "--images-per-shard", "3")
-    assert main(args(coco, out, *extra, "--runner", "ray", "--contact-sheet", "2")) == 0
+    assert main(args(coco, out, *BLUR, "--runner", "ray", "--contact-sheet", "2")) == 0
     assert sorted(out.glob("shard-000001*")) == lost
     layout = json.loads((out / "manifest.json").read_text())["ray"]["layout"]
     assert layout["workers"] == 1, layout  # the Ray has 2 CPUs: 2 workers for a fresh run

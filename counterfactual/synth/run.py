@@ -224,6 +224,10 @@ class RunPlan:
             if on_resumed is not None:
                 on_resumed(done)
 
+    def left(self, shards: int | None) -> int | None:
+        """How many of the run's ``shards`` are not committed yet (``None``: not known)."""
+        return None if shards is None else shards - sum(1 for i in self.committed if i < shards)
+
     def check_input(self, task: ShardTask) -> None:
         """``ValueError`` naming the shard and what changed when ``task``'s shard is committed
         and was made from other input."""
@@ -437,11 +441,6 @@ def check_entry(
     check_out_dir(out_dir)
 
 
-def shards_left(shards: int | None, plan: RunPlan) -> int | None:
-    """How many of the run's ``shards`` are not committed yet (``None``: not known)."""
-    return None if shards is None else shards - sum(1 for i in plan.committed if i < shards)
-
-
 def run_shards(run: RunConfig, runner: Runner) -> RunResult:
     """The driver's loop: tasks out, counts back, records at the end (see the module doc).
 
@@ -457,6 +456,7 @@ def run_shards(run: RunConfig, runner: Runner) -> RunResult:
     """
     out_dir = fs.as_path(run.out_dir)
     inputs, config, runtime = run.inputs, run.config, run.runtime
+    shards = inputs.shard_count(config.images_per_shard)  # None: not known before reading
     with signals.watch(), RunLock(out_dir, runner=runner.name) as lock:
         if lock.message:
             print(lock.message, file=sys.stderr)
@@ -464,7 +464,7 @@ def run_shards(run: RunConfig, runner: Runner) -> RunResult:
             out_dir,
             config,
             runtime,
-            shards=inputs.shard_count(config.images_per_shard),
+            shards=shards,
             token=lock.token,
             spare=_maybe_alive(lock.took_over),
         )
@@ -493,7 +493,7 @@ def run_shards(run: RunConfig, runner: Runner) -> RunResult:
         tasks: Iterable[ShardTask] = shard_tasks(
             inputs, config, InputStamps(content=runtime.hash_inputs)
         )
-        if plan.committed and inputs.shard_count(config.images_per_shard) is not None:
+        if plan.committed and shards is not None:
             tasks = list(tasks)  # the input is held already: refuse changed input before work
             for task in tasks:
                 plan.check_input(task)
@@ -503,7 +503,7 @@ def run_shards(run: RunConfig, runner: Runner) -> RunResult:
             first = next(todo, None)
             if first is not None:
                 started.append(iter(()))
-                runner.start(shards_left(inputs.shard_count(config.images_per_shard), plan))
+                runner.start(plan.left(shards))
                 plan.begin()  # run.json now: a run that failed to start leaves none
                 started[0] = runner.run(itertools.chain([first], todo))
                 for done in started[0]:
