@@ -5,11 +5,13 @@ on/off switches are exempt."""
 
 import argparse
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from counterfactual.cli import build_parser
+from counterfactual.cli import SUBCOMMANDS, build_parser
 
 FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction)
 """On/off switches: their default is "not given", which ``--help`` need not spell out."""
@@ -180,3 +182,30 @@ def test_no_help_cites_an_internal_document():
     """No "SPEC 1.1" (a document the repository does not hold); SPEC as a metavar is fine."""
     for p in parsers(build_parser()):
         assert not re.search(r"SPEC \d", p.format_help()), p.prog
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_a_named_command_gets_the_parser_it_has_among_all(name):
+    """``main`` builds only the parser of the command it is given: the same, to its help."""
+    (alone,) = build_parser(name)._defaults["_subcommands"].values()
+    among = build_parser()._defaults["_subcommands"][name]
+    assert alone.format_help() == among.format_help()
+    assert [p.format_help() for p in parsers(alone)] == [p.format_help() for p in parsers(among)]
+
+
+def test_a_named_command_imports_no_other_commands_module():
+    script = (
+        "import sys\n"
+        "from counterfactual.cli import main\n"
+        "assert main(['--debug', 'configs']) == 0\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('counterfactual.cli.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    imported = set(done.stdout.split("\n")[-2].split())
+    assert "counterfactual.cli.configs" in imported
+    others = {f"counterfactual.cli.{n.replace('-', '_')}" for n in SUBCOMMANDS} - {
+        "counterfactual.cli.configs"
+    }
+    assert not imported & others, sorted(imported & others)

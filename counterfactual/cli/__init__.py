@@ -82,7 +82,10 @@ class CliParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {one_line(message)}\nTry '{self.prog} --help'.\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of ``command``'s alone: what ``main`` builds when
+    the arguments name one (each subcommand's module imports the library parts it needs, so
+    ``counterfactual synth`` does not import eval's, train's or report's)."""
     parser = CliParser(
         prog="counterfactual",
         description="Counterfactual image-text data against spurious object correlations.",
@@ -90,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     parser.add_argument("--version", "-V", action=_Version)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in SUBCOMMANDS if command is None else (command,):
         module = importlib.import_module(f"counterfactual.cli.{name.replace('-', '_')}")
         module.register(subparsers)
     _add_debug(parser, set())
@@ -178,15 +181,23 @@ def error_message(err: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; a setup error ends it with one line on stderr and exit code 2
     (``--debug``: the traceback instead)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     with warnings.catch_warnings():  # a plugin skipped while the commands are imported
         warnings.formatwarning = _one_line_warning("", warnings.formatwarning)
-        parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
+        parser = build_parser(_command(argv))
     args = _parse(parser, argv)
     with warnings.catch_warnings():
         if not args.debug:
             warnings.formatwarning = _one_line_warning(args.command, warnings.formatwarning)
         return _run(parser, argv, args)
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option; the top-level
+    options take no value), or ``None`` when it names none or an unknown one: then every
+    subcommand's parser is built, for the list of commands or the "invalid choice" error."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in SUBCOMMANDS else None
 
 
 def _one_line_warning(command: str, default: Callable[..., str]) -> Callable[..., str]:
