@@ -1,6 +1,5 @@
 """Test-wide settings: nothing may reach the network, and Ray/HF stay offline and local."""
 
-import gc
 import os
 
 import pytest
@@ -10,12 +9,6 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
-# A test process holds torch, transformers, diffusers, spaCy and Ray at once, and Python's
-# default thresholds walk all of it in a full collection (about 0.2 s each) every few seconds:
-# 5-6% of an in-process test's CPU time, measured over five files. Young collections are made
-# rarer and full ones rarer still; the suite's child processes (CLI, Ray) keep the defaults.
-gc.set_threshold(50_000, 20, 20)
 
 from tests.s3server import s3  # noqa: E402, F401  (the session-wide S3 server fixture)
 
