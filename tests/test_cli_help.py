@@ -203,7 +203,7 @@ def test_a_named_command_imports_no_other_commands_module():
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
-    imported = set(done.stdout.split("\n")[-2].split())
+    imported = set(done.stdout.splitlines()[-1].split())
     assert "counterfactual.cli.configs" in imported
     others = {f"counterfactual.cli.{n.replace('-', '_')}" for n in SUBCOMMANDS} - {
         "counterfactual.cli.configs"
