@@ -32,6 +32,8 @@ transformers = pytest.importorskip("transformers")
 from tiny_blip_retrieval import MAX_POSITIONS, build_tiny_blip_retrieval  # noqa: E402
 from tiny_captioner import build_tiny_blip  # noqa: E402
 from tiny_clip import build_tiny_clip  # noqa: E402
+from tiny_open_clip import EMBED_DIM as TINY_OPEN_CLIP_DIM  # noqa: E402
+from tiny_open_clip import register_tiny_open_clip  # noqa: E402
 
 TEXTS = [
     "a dog",
@@ -405,21 +407,23 @@ def test_cuda_half_matches_cpu(model_path: Path) -> None:
 
 
 def test_open_clip_checkpoint_roundtrip(tmp_path: Path) -> None:
-    """A random open_clip model saved as a training checkpoint and loaded by path."""
+    """A random open_clip model saved as a training checkpoint and loaded by path (the tiny
+    architecture of ``tiny_open_clip``, registered as open_clip lets users add their own)."""
     open_clip = pytest.importorskip("open_clip")
+    arch = register_tiny_open_clip(tmp_path / "configs")
     torch.manual_seed(0)
-    model = open_clip.create_model("RN50")
+    model = open_clip.create_model(arch)
     checkpoint = tmp_path / "epoch_1.pt"
     torch.save({"epoch": 1, "state_dict": model.state_dict()}, checkpoint)
-    embedder = load_embedder(f"open_clip:RN50:{checkpoint}", device="cpu", batch_size=2)
-    assert embedder.spec == ModelSpec("open_clip", "RN50", str(checkpoint))
-    assert embedder.dim == 1024
+    embedder = load_embedder(f"open_clip:{arch}:{checkpoint}", device="cpu", batch_size=2)
+    assert embedder.spec == ModelSpec("open_clip", arch, str(checkpoint))
+    assert embedder.dim == TINY_OPEN_CLIP_DIM
     images = embedder.embed_images(_images()[:3])
     texts = embedder.embed_texts(TEXTS[:3] + ["dog " * 200])
-    _check_unit_rows(images, 3, 1024)
-    _check_unit_rows(texts, 4, 1024)
-    _, _, preprocess = open_clip.create_model_and_transforms("RN50")
-    tokenizer = open_clip.get_tokenizer("RN50")
+    _check_unit_rows(images, 3, TINY_OPEN_CLIP_DIM)
+    _check_unit_rows(texts, 4, TINY_OPEN_CLIP_DIM)
+    _, _, preprocess = open_clip.create_model_and_transforms(arch)
+    tokenizer = open_clip.get_tokenizer(arch)
     model.eval()
     with torch.inference_mode():
         direct_images = model.encode_image(torch.stack([preprocess(i) for i in _images()[:3]]))
@@ -429,4 +433,4 @@ def test_open_clip_checkpoint_roundtrip(tmp_path: Path) -> None:
     np.testing.assert_allclose(images, direct_images, rtol=0, atol=1e-4)
     np.testing.assert_allclose(texts[:3], direct_texts, rtol=0, atol=1e-4)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_embedder(f"open_clip:RN50:{tmp_path / 'missing' / 'epoch_2.pt'}", device="cpu")
+        load_embedder(f"open_clip:{arch}:{tmp_path / 'missing' / 'epoch_2.pt'}", device="cpu")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from bad_coco import make_bad_coco, synth_args
+from tiny_open_clip import tiny_open_clip_dir
 
 from counterfactual.load import shard_sizes, shard_urls
 from counterfactual.shards.indexes import LOADER_WORKERS, few_shards_note
@@ -232,8 +233,6 @@ def test_hf_datasets_loads_the_folder(out, written, tmp_path):
 
 # --- open_clip's trainer --------------------------------------------------------------------------
 
-MODEL = "ViT-S-32-alt"  # the smallest plain CLIP config in open_clip's model_configs/
-
 
 @pytest.mark.slow
 def test_open_clip_trains_with_two_workers_on_the_mix_flags(out, tmp_path):
@@ -251,10 +250,9 @@ def test_open_clip_trains_with_two_workers_on_the_mix_flags(out, tmp_path):
     flags = shlex.split(printed[printed.index("open_clip flags:") + 1])
     assert "--dataset-resampled" in flags
     assert int(flags[flags.index("--train-num-samples") + 1]) > 8
-    logs = tmp_path / "logs"
+    logs, model = tmp_path / "logs", tiny_open_clip_dir(tmp_path / "model")
     command = [sys.executable, "-m", "open_clip_train.main", *flags]
-    command += ["--dataset-type", "webdataset", "--model", MODEL, "--device", "cpu"]
-    command += ["--force-image-size", "64", "--force-context-length", "16"]
+    command += ["--dataset-type", "webdataset", "--model", model, "--device", "cpu"]
     command += ["--precision", "fp32", "--batch-size", "2", "--workers", "2", "--epochs", "1"]
     command += ["--lr", "1e-5", "--warmup", "1", "--seed", "0", "--log-every-n-steps", "1"]
     command += ["--report-to", "", "--logs", str(logs), "--name", "w2", "--save-frequency", "1"]

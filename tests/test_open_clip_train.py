@@ -1,8 +1,8 @@
 """open_clip's own trainer on our shards, installed beside the project (the dev extra installs
 ``open_clip_torch[training]``): original jpg+txt shards and the shards of a real
 ``counterfactual synth`` run, mixed with the flags ``counterfactual mix`` prints (one brace
-pattern and one weight per side), trained for two steps on CPU with a small model config from
-open_clip's wheel and random weights."""
+pattern and one weight per side), trained for two steps on CPU with a tiny model config (``tiny_open_clip``, read as a
+``local-dir:`` model) and random weights."""
 
 import io
 import json
@@ -16,6 +16,7 @@ import pytest
 import webdataset as wds
 from bad_coco import synth_args
 from PIL import Image
+from tiny_open_clip import tiny_open_clip_dir
 
 from counterfactual.cli import main
 from counterfactual.readers.generate import generate_coco
@@ -23,7 +24,6 @@ from counterfactual.train.mix import PLAN_VERSION
 
 pytestmark = pytest.mark.slow
 
-MODEL = "ViT-S-32-alt"  # the smallest plain CLIP config in open_clip's model_configs/
 SHARDS, PER_SHARD = 2, 2  # 4 original samples: an epoch of 4 at ratio 0.1 is two steps of 2
 
 
@@ -68,10 +68,9 @@ def test_open_clip_trains_on_the_flags_counterfactual_mix_prints(shards, capsys,
     assert factors.split("::")[0] == "1" and len(factors.split("::")) == 2  # one per pattern
     assert flags[flags.index("--train-num-samples") + 1] == "4"  # round(4 * 1.1)
 
-    logs = tmp_path / "logs"
+    logs, model = tmp_path / "logs", tiny_open_clip_dir(tmp_path / "model")
     command = [sys.executable, "-m", "open_clip_train.main", *flags]
-    command += ["--dataset-type", "webdataset", "--model", MODEL, "--device", "cpu"]
-    command += ["--force-image-size", "64", "--force-context-length", "16"]  # less compute
+    command += ["--dataset-type", "webdataset", "--model", model, "--device", "cpu"]
     command += ["--precision", "fp32", "--batch-size", "2", "--workers", "0", "--epochs", "1"]
     command += ["--lr", "1e-5", "--warmup", "1", "--seed", "0", "--log-every-n-steps", "1"]
     command += ["--report-to", "", "--logs", str(logs), "--name", "mix", "--save-frequency", "1"]
@@ -85,4 +84,4 @@ def test_open_clip_trains_on_the_flags_counterfactual_mix_prints(shards, capsys,
     # open_clip skips a sample or shard it cannot read with this warning, and trains on
     assert "Handling webdataset error" not in log + done.stderr
     params = (logs / "mix" / "params.txt").read_text()
-    assert f"train_data: {train_data}" in params and f"model: {MODEL}" in params
+    assert f"train_data: {train_data}" in params and f"model: {model}" in params
