@@ -3,6 +3,7 @@
 import io
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -210,6 +211,21 @@ def test_resume_gives_the_same_weights_as_one_run(data):
         train_clip(config(data, epochs=2, lr_decay_every=1, shuffle_buffer=8, lr=1e-4), split)
     with pytest.raises(ValueError, match="more than epochs"):
         train_clip(one, split)
+
+
+def test_one_loader_worker_trains_the_weights_of_none(data):
+    """What ``experiment --workers`` says: decoding in one DataLoader worker beside the step
+    trains the same weights to the bit as decoding in the step; two workers shuffle each their
+    own share of the samples, and train others."""
+    cfg = config(data, shuffle_buffer=8)
+    weights = {}
+    for workers in (0, 1, 2):
+        out = data["root"] / f"workers-{workers}"
+        assert train_clip(replace(cfg, num_workers=workers), out).steps == 4
+        weights[workers] = state_dict(out / "final")
+    for k, v in weights[0].items():
+        assert torch.equal(v, weights[1][k]), k
+    assert any(not torch.equal(v, weights[2][k]) for k, v in weights[0].items())
 
 
 @pytest.mark.parametrize(

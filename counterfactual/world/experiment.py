@@ -170,8 +170,9 @@ class ExperimentConfig:
     threads: int = declare(1, help="torch CPU threads (default: %(default)s)", kind="positive_int")
     workers: int = declare(
         1,
-        help="train's DataLoader workers: pictures decoded beside the training step; the "
-        "weights trained do not depend on it (default: %(default)s)",
+        help="train's DataLoader workers: pictures decoded beside the training step; 0 and 1 "
+        "train the same weights, 2 or more shuffle in each worker and train others "
+        "(default: %(default)s)",
         kind="nonnegative_int",
     )
 
