@@ -185,7 +185,7 @@ def ray_temp_root() -> str:
 
 def environment() -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("RAY_TMPDIR", ray_temp_root())
+    env["RAY_TMPDIR"] = ray_temp_root()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.update(
