@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import tempfile
 
 import pytest
 
@@ -22,12 +21,16 @@ inherits it makes one of its own too."""
 def pytest_configure(config: pytest.Config) -> None:
     """Ray's default temp root (``RAY_TMPDIR``: what ``ray.cluster_utils.Cluster``, a bare
     ``ray.init()`` and ``address="local"`` keep their sessions under, ``/tmp/ray`` otherwise)
-    is a short folder of this test process's own, removed at its end: the suite leaves no Ray
-    sessions behind in ``/tmp/ray`` (it left about a dozen, 1.2 MB each, per run), and a Ray
-    one xdist worker starts is never another's latest. A ``RAY_TMPDIR`` the user set stays."""
+    is a folder of this test process's own, made as a run makes its Ray folder (short enough
+    for Ray's sockets; a killed process's is removed by the next run), removed at its end: the
+    suite leaves no Ray sessions behind in ``/tmp/ray`` (it left about a dozen, 1.2 MB each, per
+    run), and a Ray one xdist worker starts is never another's latest. A ``RAY_TMPDIR`` the
+    user set stays."""
     if "RAY_TMPDIR" in os.environ and _OWN_RAY_TMPDIR not in os.environ:
         return
-    root = tempfile.mkdtemp(prefix="cft-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    from counterfactual.pipelines.session import ray_temp_dir
+
+    root = str(ray_temp_dir())
     os.environ["RAY_TMPDIR"] = os.environ[_OWN_RAY_TMPDIR] = root
     config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
 

@@ -3,7 +3,6 @@
 import io
 import json
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -217,11 +216,10 @@ def test_one_loader_worker_trains_the_weights_of_none(data):
     """What ``experiment --workers`` says: decoding in one DataLoader worker beside the step
     trains the same weights to the bit as decoding in the step; two workers shuffle each their
     own share of the samples, and train others."""
-    cfg = config(data, shuffle_buffer=8)
     weights = {}
     for workers in (0, 1, 2):
         out = data["root"] / f"workers-{workers}"
-        assert train_clip(replace(cfg, num_workers=workers), out).steps == 4
+        assert train_clip(config(data, shuffle_buffer=8, num_workers=workers), out).steps == 4
         weights[workers] = state_dict(out / "final")
     for k, v in weights[0].items():
         assert torch.equal(v, weights[1][k]), k
