@@ -70,10 +70,27 @@ def test_gpu_section_runs_reduced_on_cpu(tmp_path, capsys):
         pytest.skip("on CUDA the section runs at full size")
     import common
 
-    figures = gpu.bench_gpu(tmp_path, 8, common.ray_run, common.generated)
+    runtimes = []
+
+    def ray_run(*args, runtime=None, **kwargs):
+        runtimes.append(runtime)
+        return common.ray_run(*args, runtime=runtime, **kwargs)
+
+    figures = gpu.bench_gpu(tmp_path, 8, ray_run, common.generated)
     assert "GPU rows: not measured (no CUDA device)" in capsys.readouterr().out
     assert figures["gpu_samples"] > 0 and figures["gpu_pipeline_items_per_s"] > 0
     assert "gpu_lama_items_per_s_per_gpu" not in figures
+    assert runtimes == [gpu.models_runtime(False, "float32")]
+
+
+def test_the_gpu_section_puts_its_models_on_cuda_when_it_has_one():
+    """Both halves hand the run a runtime: without one, its models stayed on the CPU in every
+    shard worker on a GPU machine (seen on an H200: no model actor, the GPU idle)."""
+    from counterfactual.synth.plan import Runtime
+
+    assert gpu.models_runtime(True, "float32") == Runtime(device="cuda", dtype="float32")
+    assert gpu.models_runtime(True, "float16") == Runtime(device="cuda", dtype="float16")
+    assert gpu.models_runtime(False, "float16") == Runtime()
 
 
 gpu_node = pytest.importorskip("sections.gpu_node")

@@ -28,6 +28,15 @@ from gpu_models import (
 )
 
 
+def models_runtime(cuda: bool, dtype: str) -> Any:
+    """Where the section's models run: every model step on ``cuda`` in ``dtype`` with CUDA,
+    else the CPU in float32. Without it a run's models stay on ``Runtime``'s default, the CPU,
+    in every shard worker, GPU or not."""
+    from counterfactual.synth.plan import Runtime
+
+    return Runtime(device="cuda", dtype=dtype) if cuda else Runtime()
+
+
 def bench_gpu(
     work: Path, n: int, ray_run: Callable[..., Any], generated: Callable[..., list[Any]]
 ) -> dict[str, float]:
@@ -51,7 +60,9 @@ def bench_gpu(
         images_per_shard=max(8, n // 8),
     )
     with Busy() if cuda else NoBusy() as busy:
-        seconds, _, written, _, clock = ray_run(records, work / "gpu-run", config)
+        seconds, _, written, _, clock = ray_run(
+            records, work / "gpu-run", config, runtime=models_runtime(cuda, "float32")
+        )
     gpus = max(1, torch.cuda.device_count()) if cuda else 1
     figures = {
         "gpu_lama_params_millions": params / 1e6,
@@ -95,7 +106,7 @@ def bench_diffusion(
 
     from counterfactual.image import ImageConfig
     from counterfactual.image.diffusion import RECIPES, DiffusersConfig
-    from counterfactual.synth.plan import Runtime, SynthConfig
+    from counterfactual.synth.plan import SynthConfig
 
     cuda = torch.cuda.is_available()
     records = generated(work, n, (640, 480))
@@ -115,7 +126,7 @@ def bench_diffusion(
             diffusers=DiffusersConfig(**{**options, "model": str(folder)}),
         )
         config = SynthConfig(image=image, images_per_shard=max(4, n // 4))
-        runtime = Runtime(device="cuda", dtype="float16") if cuda else None
+        runtime = models_runtime(cuda, "float16")
         seconds, _, written, _, _ = ray_run(records, work / f"{name}-run", config, runtime=runtime)
         key = "items_per_s_per_gpu" if cuda else "cpu_reduced_items_per_s"
         gpus = max(1, torch.cuda.device_count()) if cuda else 1
