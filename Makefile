@@ -50,7 +50,8 @@ PARALLEL = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 # PYTHONDONTWRITEBYTECODE is set (CI, many Docker images) Python never writes one itself: every
 # CLI, Ray worker and test process then compiles each module it imports again (0.2 s per start).
 # compileall writes regardless of that variable and skips the files that are current; a file
-# that does not compile is left to pytest to report, with its test.
+# that does not compile is left to pytest to report, with its test. (pytest's own rewritten
+# bytecode of the test modules is written by the test processes: tests/conftest.py.)
 BYTECODE = $(BIN)/python -m compileall -q counterfactual tests benchmarks >/dev/null || true
 # make experiment: where and how many seeds
 EXP_OUT ?= out/experiment

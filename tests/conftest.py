@@ -2,8 +2,16 @@
 
 import os
 import shutil
+import sys
 
 import pytest
+
+sys.dont_write_bytecode = False
+"""pytest keeps each test module's assertion-rewritten bytecode (``__pycache__/*-pytest-*.pyc``)
+unless ``sys.dont_write_bytecode``. With ``PYTHONDONTWRITEBYTECODE`` set (CI, many images),
+every xdist worker rewrote all ~130 test modules on every run: about 5 of a worker's 12 s of
+collection. This process only (its children keep the variable); ``make test`` compiles the
+project's own bytecode anyway (the Makefile's ``BYTECODE``)."""
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
