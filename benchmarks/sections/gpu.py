@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common import Arg, Section, generated, ray_run
 from gpu_models import (
@@ -27,8 +27,11 @@ from gpu_models import (
     save_lama_like,
 )
 
+if TYPE_CHECKING:
+    from counterfactual.synth.plan import Runtime
 
-def models_runtime(cuda: bool, dtype: str) -> Any:
+
+def models_runtime(cuda: bool, dtype: str) -> Runtime:
     """Where the section's models run: every model step on ``cuda`` in ``dtype`` with CUDA,
     else the CPU in float32. Without it a run's models stay on ``Runtime``'s default, the CPU,
     in every shard worker, GPU or not."""
