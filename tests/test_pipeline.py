@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +145,12 @@ KILL_ARGS = ("--image-method", "blur", "--images-per-shard", "4", "--batch-size"
 
 def _run_and_kill(cluster, files, out, target, n):
     """Run the command in another process joined to the test's Ray, with a SIGKILL of
-    ``target`` at a fixed point (see killing_run.py); return the process's exit code."""
+    ``target`` at a fixed point (see killing_run.py); return the process's exit code once that
+    run's actors are gone too: Ray ends a job's actors only when it sees its driver dead, and
+    until then a shard worker may still commit the shard it is in."""
+    import ray
+
+    before = set(_named_actors(ray))
     env = {**os.environ, "RAY_ADDRESS": cluster["address"]}
     extra = (*KILL_ARGS, "--runner", "ray", "--contact-sheet", "0")
     cmd = [sys.executable, str(KILLING_RUN), target, str(n), *args(files, out, *extra)]
@@ -152,7 +158,15 @@ def _run_and_kill(cluster, files, out, target, n):
     with open(log, "w") as f:
         code = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=240)
     assert code.returncode != 1, log.read_text()[-3000:]
+    deadline = time.monotonic() + 60
+    while left := set(_named_actors(ray)) - before:  # the run's board and workers are named
+        assert time.monotonic() < deadline, f"the killed run's actors are still alive: {left}"
+        time.sleep(0.2)
     return code.returncode
+
+
+def _named_actors(ray) -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
 
 
 @pytest.fixture(scope="module")
